@@ -1,0 +1,227 @@
+"""numpy mirror of native/include/c4d/record.h — the one record schema.
+
+Records are 128-byte little-endian structs that share a 16-byte header (kind tag
+first). A batch or a trace body is decoded once with ``numpy.frombuffer`` into
+``RAW`` rows, then viewed per kind with the dtypes below: never one Python object
+per record. tests/test_schema.py compiles a probe against the C header and checks
+every size and offset here byte for byte.
+
+Version rule (same as the header): SCHEMA_VERSION changes when a field moves,
+changes type or meaning; old versions are normalised in ``upgrade`` only.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import numpy as np
+
+SCHEMA_VERSION = 1
+RECORD_SIZE = 128
+BATCH_MAGIC = 0x42443443  # "C4DB"
+
+
+class Kind(enum.IntEnum):
+    REGISTER = 1
+    OP = 2
+    HEARTBEAT = 3
+    COMM = 4
+    PEER = 5
+
+
+class Op(enum.IntEnum):
+    """NCCL operation kinds, c4d's stable numbering (record.h: c4d_op_kind)."""
+
+    AllReduce = 0
+    Broadcast = 1
+    Reduce = 2
+    AllGather = 3
+    ReduceScatter = 4
+    AlltoAll = 5
+    Gather = 6
+    Scatter = 7
+    Send = 8
+    Recv = 9
+
+
+class OpFlag(enum.IntFlag):
+    DEVICE_TIMING = 1 << 0
+    IN_GROUP = 1 << 1
+    P2P = 1 << 2
+    INPLACE = 1 << 3
+    CONFIG_CALL = 1 << 4
+    NO_EVENT = 1 << 5
+    EVENT_ERROR = 1 << 6
+
+
+class CommEvent(enum.IntEnum):
+    INIT_RANK = 1
+    INIT_RANK_CONFIG = 2
+    INIT_ALL = 3
+    INIT_SCALABLE = 4
+    SPLIT = 5
+    SHRINK = 6
+    FINALIZE = 7
+    DESTROY = 8
+    ABORT = 9
+
+
+# ncclDataType_t -> bytes per element (nccl_abi.h: c4d_dtype_size)
+DTYPE_SIZE = np.array([1, 1, 4, 4, 8, 8, 2, 4, 8, 2, 1, 1], dtype=np.uint64)
+DTYPE_NAMES = [
+    "int8", "uint8", "int32", "uint32", "int64", "uint64",
+    "float16", "float32", "float64", "bfloat16", "float8e4m3", "float8e5m2",
+]  # fmt: skip
+
+LOG_LEVELS = ["TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL"]
+
+_HEADER = [("kind", "<u2"), ("version", "<u2"), ("rank", "<i4"), ("time_ns", "<u8")]
+
+BATCH_HEADER = np.dtype(
+    [("magic", "<u4"), ("version", "<u2"), ("record_size", "<u2"), ("n_records", "<u4"), ("rank", "<i4")]
+)
+
+HEADER = np.dtype(_HEADER + [("body", "V112")])
+
+REGISTER = np.dtype(
+    _HEADER
+    + [
+        ("hang_timeout_us", "<u8"),
+        ("pid", "<i4"),
+        ("world_size", "<i4"),
+        ("local_rank", "<i4"),
+        ("cuda_device", "<i4"),
+        ("nccl_version", "<i4"),
+        ("hang_times", "<i4"),
+        ("bw_check_period_s", "<i4"),
+        ("heartbeat_ms", "<i4"),
+        ("build_rev", "<u4"),
+        ("log_level", "u1"),
+        ("stats_output", "u1"),
+        ("device_timing", "u1"),
+        ("reserved0", "u1"),
+        ("node", "S40"),
+        ("job", "S24"),
+    ]
+)
+
+OP = np.dtype(
+    _HEADER
+    + [
+        ("comm_id", "<u8"),
+        ("seq", "<u8"),
+        ("issue_ns", "<u8"),
+        ("start_ns", "<u8"),
+        ("end_ns", "<u8"),
+        ("count", "<u8"),
+        ("bytes", "<u8"),
+        ("stream", "<u8"),
+        ("group_id", "<u8"),
+        ("return_ns", "<u8"),
+        ("comm_rank", "<i4"),
+        ("comm_nranks", "<i4"),
+        ("peer", "<i4"),
+        ("device", "<i4"),
+        ("result", "<i4"),
+        ("op", "u1"),
+        ("dtype", "u1"),
+        ("redop", "u1"),
+        ("flags", "u1"),
+        ("reserved", "V8"),
+    ]
+)
+
+HEARTBEAT = np.dtype(
+    _HEADER
+    + [
+        ("comm_id", "<u8"),
+        ("n_issued", "<u8"),
+        ("n_arrived", "<u8"),
+        ("n_done", "<u8"),
+        ("last_arrive_ns", "<u8"),
+        ("last_done_ns", "<u8"),
+        ("pend_seq", "<u8"),
+        ("pend_issue_ns", "<u8"),
+        ("pend_start_ns", "<u8"),
+        ("dropped", "<u8"),
+        ("comm_rank", "<i4"),
+        ("comm_nranks", "<i4"),
+        ("pend_peer", "<i4"),
+        ("pend_op", "u1"),
+        ("pend_flags", "u1"),
+        ("reserved0", "<u2"),
+        ("p2p_in_flight", "<u4"),
+        ("device", "<i4"),
+        ("sent", "<u8"),
+    ]
+)
+
+COMM = np.dtype(
+    _HEADER
+    + [
+        ("comm_id", "<u8"),
+        ("parent_id", "<u8"),
+        ("handle", "<u8"),
+        ("comm_rank", "<i4"),
+        ("comm_nranks", "<i4"),
+        ("color", "<i4"),
+        ("key", "<i4"),
+        ("device", "<i4"),
+        ("result", "<i4"),
+        ("event", "u1"),
+        ("reserved", "V63"),
+    ]
+)
+
+PEER = np.dtype(
+    _HEADER
+    + [
+        ("comm_id", "<u8"),
+        ("seq", "<u8"),
+        ("first_ns", "<u8"),
+        ("last_ns", "<u8"),
+        ("bytes_done", "<u8"),
+        ("comm_rank", "<i4"),
+        ("peer", "<i4"),
+        ("steps_total", "<u4"),
+        ("steps_done", "<u4"),
+        ("direction", "u1"),
+        ("state", "u1"),
+        ("op", "u1"),
+        ("done", "u1"),
+        ("reserved", "V52"),
+    ]
+)
+
+DTYPES: dict[Kind, np.dtype] = {
+    Kind.REGISTER: REGISTER,
+    Kind.OP: OP,
+    Kind.HEARTBEAT: HEARTBEAT,
+    Kind.COMM: COMM,
+    Kind.PEER: PEER,
+}
+
+UINT64_MAX = np.uint64(0xFFFFFFFFFFFFFFFF)
+
+for _name, _dt in [("HEADER", HEADER), *((k.name, d) for k, d in DTYPES.items())]:
+    assert _dt.itemsize == RECORD_SIZE, (_name, _dt.itemsize)
+assert BATCH_HEADER.itemsize == 16
+
+
+def upgrade(raw: np.ndarray) -> np.ndarray:
+    """Normalise records of older schema versions to the current layout.
+
+    Version 1 is the first; records from a newer writer are refused by the caller
+    (``version > SCHEMA_VERSION``), never guessed at.
+    """
+    return raw
+
+
+def by_kind(raw: np.ndarray) -> dict[Kind, np.ndarray]:
+    """Split ``HEADER``-typed rows into typed arrays, one per known kind (unknown kinds are skipped)."""
+    kinds = raw["kind"]
+    out: dict[Kind, np.ndarray] = {}
+    for kind, dt in DTYPES.items():
+        sel = raw[kinds == kind]
+        out[kind] = sel.view(dt) if len(sel) else np.empty(0, dtype=dt)
+    return out

@@ -1,0 +1,208 @@
+/*
+ * c4d record schema — the one definition of what travels from a rank to the master.
+ *
+ * Every record is C4D_RECORD_SIZE bytes, little-endian, and starts with the same
+ * 16-byte header whose first field is the kind tag. Records travel in batches: one
+ * ZeroMQ message = one c4d_batch_header followed by `n_records` records. The trace
+ * file stores the same records back to back after its own header (see c4d/trace.py).
+ *
+ * Python mirrors this file in c4d/schema.py; tests/test_schema.py compiles a probe
+ * against this header and checks every size and offset byte for byte.
+ *
+ * Version bump rule: C4D_SCHEMA_VERSION changes whenever a field moves, changes type
+ * or changes meaning. Adding a new record kind, or giving meaning to reserved bytes
+ * that were zero, does not bump it (old readers skip unknown kinds; zero = "unknown").
+ * Readers normalise old versions in one place (c4d/schema.py: upgrade()).
+ *
+ * Clocks: every *_ns field is nanoseconds since the Unix epoch on the rank's host
+ * (CLOCK_REALTIME plus C4D_CLOCK_OFFSET_NS, which the simulator uses to fake skew).
+ * Device times are CUDA event times mapped onto that clock through anchor events
+ * (see native/shim/timing.cc); 0 means "not known".
+ */
+#ifndef C4D_RECORD_H
+#define C4D_RECORD_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define C4D_SCHEMA_VERSION 1
+#define C4D_RECORD_SIZE 128
+#define C4D_BATCH_MAGIC 0x42443443u /* "C4DB" little-endian */
+
+enum c4d_record_kind {
+  C4D_REC_REGISTER = 1,  /* one per process at start-up, repeated every 10 heartbeats */
+  C4D_REC_OP = 2,        /* one per NCCL operation, sent once its device times are known */
+  C4D_REC_HEARTBEAT = 3, /* per communicator (comm_id 0: the process) every heartbeat */
+  C4D_REC_COMM = 4,      /* communicator lifecycle: init, split, shrink, finalize, destroy, abort */
+  C4D_REC_PEER = 5       /* per-peer transfer progress from the NCCL profiler plugin API */
+};
+
+/* NCCL operation kinds (c4d's own numbering, stable across NCCL releases). */
+enum c4d_op_kind {
+  C4D_OP_ALLREDUCE = 0,
+  C4D_OP_BROADCAST = 1, /* ncclBroadcast and ncclBcast */
+  C4D_OP_REDUCE = 2,
+  C4D_OP_ALLGATHER = 3,
+  C4D_OP_REDUCESCATTER = 4,
+  C4D_OP_ALLTOALL = 5,
+  C4D_OP_GATHER = 6,
+  C4D_OP_SCATTER = 7,
+  C4D_OP_SEND = 8,
+  C4D_OP_RECV = 9,
+  C4D_OP_COUNT = 10
+};
+
+/* c4d_op_record.flags */
+enum c4d_op_flags {
+  C4D_OPF_DEVICE_TIMING = 1u << 0, /* start_ns/end_ns come from CUDA events */
+  C4D_OPF_IN_GROUP = 1u << 1,      /* issued inside ncclGroupStart/End; shares the group's events */
+  C4D_OPF_P2P = 1u << 2,           /* seq counts per (comm, direction, peer) */
+  C4D_OPF_INPLACE = 1u << 3,       /* sendbuff aliases recvbuff */
+  C4D_OPF_CONFIG_CALL = 1u << 4,   /* the ...Config variant was called */
+  C4D_OPF_NO_EVENT = 1u << 5,      /* event pool empty: host times only */
+  C4D_OPF_EVENT_ERROR = 1u << 6    /* an event query failed: times unreliable */
+};
+
+/* c4d_comm_record.event */
+enum c4d_comm_event {
+  C4D_COMM_INIT_RANK = 1,
+  C4D_COMM_INIT_RANK_CONFIG = 2,
+  C4D_COMM_INIT_ALL = 3,
+  C4D_COMM_INIT_SCALABLE = 4,
+  C4D_COMM_SPLIT = 5,
+  C4D_COMM_SHRINK = 6,
+  C4D_COMM_FINALIZE = 7,
+  C4D_COMM_DESTROY = 8,
+  C4D_COMM_ABORT = 9
+};
+
+typedef struct c4d_batch_header {
+  uint32_t magic;       /* C4D_BATCH_MAGIC */
+  uint16_t version;     /* C4D_SCHEMA_VERSION */
+  uint16_t record_size; /* C4D_RECORD_SIZE */
+  uint32_t n_records;   /* records that follow */
+  int32_t rank;         /* sender's global rank (-1 unknown) */
+} c4d_batch_header;     /* 16 bytes */
+
+typedef struct c4d_record_header {
+  uint16_t kind;    /* enum c4d_record_kind */
+  uint16_t version; /* C4D_SCHEMA_VERSION */
+  int32_t rank;     /* global rank of the process (RANK env and friends; -1 unknown) */
+  uint64_t time_ns; /* host time the record was written */
+} c4d_record_header; /* 16 bytes */
+
+typedef struct c4d_register_record {
+  c4d_record_header h;
+  uint64_t hang_timeout_us;   /* C4D_HANG_TIMEOUT in force */
+  int32_t pid;
+  int32_t world_size;         /* WORLD_SIZE and friends; -1 unknown */
+  int32_t local_rank;         /* LOCAL_RANK; -1 unknown */
+  int32_t cuda_device;        /* device at registration; -1 none */
+  int32_t nccl_version;       /* ncclGetVersion(); 0 unknown */
+  int32_t hang_times;         /* C4D_HANG_TIMES */
+  int32_t bw_check_period_s;  /* C4D_CONN_BW_CHECK_PERIOD */
+  int32_t heartbeat_ms;       /* C4D_HEARTBEAT_MS */
+  uint32_t build_rev;         /* first 8 hex digits of the shim's git revision */
+  uint8_t log_level;          /* 0 TRACE .. 5 FATAL */
+  uint8_t stats_output;       /* C4D_ENABLE_STATS_OUTPUT */
+  uint8_t device_timing;      /* 1 when the CUDA runtime was found */
+  uint8_t reserved0;
+  char node[40];              /* C4D_NODE_NAME or hostname, NUL-terminated, truncated */
+  char job[24];               /* C4D_JOB_ID / TORCHELASTIC_RUN_ID / SLURM_JOB_ID, truncated */
+} c4d_register_record;
+
+typedef struct c4d_op_record {
+  c4d_record_header h;
+  uint64_t comm_id;   /* communicator id, equal on every rank of the communicator */
+  uint64_t seq;       /* collectives: per-comm sequence; p2p: per (comm, direction, peer) */
+  uint64_t issue_ns;  /* host: the application called NCCL */
+  uint64_t start_ns;  /* device: the stream reached the op (start event fired); 0 unknown */
+  uint64_t end_ns;    /* device: the op completed on this rank (end event fired); 0 unknown */
+  uint64_t count;     /* elements, as passed to NCCL */
+  uint64_t bytes;     /* count x datatype size (per rank send size for gathers) */
+  uint64_t stream;    /* cudaStream_t value */
+  uint64_t group_id;  /* per-process group counter; 0 outside ncclGroupStart/End */
+  uint64_t return_ns; /* host: the NCCL call returned */
+  int32_t comm_rank;
+  int32_t comm_nranks;
+  int32_t peer;       /* root for rooted collectives, peer for p2p, -1 otherwise */
+  int32_t device;     /* CUDA device of the communicator */
+  int32_t result;     /* ncclResult_t returned by NCCL */
+  uint8_t op;         /* enum c4d_op_kind */
+  uint8_t dtype;      /* ncclDataType_t */
+  uint8_t redop;      /* ncclRedOp_t (255 none) */
+  uint8_t flags;      /* enum c4d_op_flags */
+  uint8_t reserved[8];
+} c4d_op_record;
+
+typedef struct c4d_heartbeat_record {
+  c4d_record_header h;
+  uint64_t comm_id;        /* 0: process-level heartbeat */
+  uint64_t n_issued;       /* collectives issued on this comm (next seq) */
+  uint64_t n_arrived;      /* collectives whose start event fired */
+  uint64_t n_done;         /* collectives whose end event fired */
+  uint64_t last_arrive_ns; /* device start time of the latest arrived collective */
+  uint64_t last_done_ns;   /* device end time of the latest completed collective */
+  uint64_t pend_seq;       /* oldest op (coll or p2p) not done; UINT64_MAX none */
+  uint64_t pend_issue_ns;  /* its host issue time */
+  uint64_t pend_start_ns;  /* its device start time; 0 not arrived */
+  uint64_t dropped;        /* process total: records dropped (queue full, no master) */
+  int32_t comm_rank;
+  int32_t comm_nranks;
+  int32_t pend_peer;       /* its root/peer, -1 none */
+  uint8_t pend_op;         /* its enum c4d_op_kind, 255 none */
+  uint8_t pend_flags;      /* its enum c4d_op_flags */
+  uint16_t reserved0;
+  uint32_t p2p_in_flight;  /* p2p ops issued and not done */
+  int32_t device;
+  uint64_t sent;           /* process total: records handed to ZeroMQ */
+} c4d_heartbeat_record;
+
+typedef struct c4d_comm_record {
+  c4d_record_header h;
+  uint64_t comm_id;
+  uint64_t parent_id; /* split/shrink: parent communicator id; 0 otherwise */
+  uint64_t handle;    /* ncclComm_t value in this process (for debugging) */
+  int32_t comm_rank;
+  int32_t comm_nranks;
+  int32_t color;      /* split color (-1 otherwise) */
+  int32_t key;        /* split key */
+  int32_t device;
+  int32_t result;     /* ncclResult_t of the call */
+  uint8_t event;      /* enum c4d_comm_event */
+  uint8_t reserved[63];
+} c4d_comm_record;
+
+typedef struct c4d_peer_record {
+  c4d_record_header h;
+  uint64_t comm_id;
+  uint64_t seq;         /* collective sequence (profiler seqNumber) or p2p seq */
+  uint64_t first_ns;    /* first progress seen for this (op, peer, direction) */
+  uint64_t last_ns;     /* latest progress */
+  uint64_t bytes_done;  /* bytes moved so far in this direction */
+  int32_t comm_rank;
+  int32_t peer;         /* the peer of this transfer */
+  uint32_t steps_total; /* ProxyOp nSteps (summed over channels) */
+  uint32_t steps_done;
+  uint8_t direction;    /* 0 send, 1 recv */
+  uint8_t state;        /* last ProxyStep state (ncclProfilerEventState_t), 0 none */
+  uint8_t op;           /* enum c4d_op_kind */
+  uint8_t done;         /* 1 when every step finished */
+  uint8_t reserved[52];
+} c4d_peer_record;
+
+#ifdef __cplusplus
+static_assert(sizeof(c4d_batch_header) == 16, "batch header size");
+static_assert(sizeof(c4d_record_header) == 16, "record header size");
+static_assert(sizeof(c4d_register_record) == C4D_RECORD_SIZE, "register size");
+static_assert(sizeof(c4d_op_record) == C4D_RECORD_SIZE, "op size");
+static_assert(sizeof(c4d_heartbeat_record) == C4D_RECORD_SIZE, "heartbeat size");
+static_assert(sizeof(c4d_comm_record) == C4D_RECORD_SIZE, "comm size");
+static_assert(sizeof(c4d_peer_record) == C4D_RECORD_SIZE, "peer size");
+}
+#endif
+
+#endif /* C4D_RECORD_H */
