@@ -27,6 +27,7 @@ class Kind(enum.IntEnum):
     HEARTBEAT = 3
     COMM = 4
     PEER = 5
+    TICK = 6  # master-written: the engine ran at time_ns (master clock)
 
 
 class Op(enum.IntEnum):
@@ -52,6 +53,9 @@ class OpFlag(enum.IntFlag):
     CONFIG_CALL = 1 << 4
     NO_EVENT = 1 << 5
     EVENT_ERROR = 1 << 6
+
+
+HBF_FINAL = 1  # heartbeat hb_flags: the process is exiting cleanly
 
 
 class CommEvent(enum.IntEnum):
@@ -149,7 +153,7 @@ HEARTBEAT = np.dtype(
         ("pend_peer", "<i4"),
         ("pend_op", "u1"),
         ("pend_flags", "u1"),
-        ("reserved0", "<u2"),
+        ("hb_flags", "<u2"),
         ("p2p_in_flight", "<u4"),
         ("device", "<i4"),
         ("sent", "<u8"),

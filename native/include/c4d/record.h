@@ -37,7 +37,14 @@ enum c4d_record_kind {
   C4D_REC_OP = 2,        /* one per NCCL operation, sent once its device times are known */
   C4D_REC_HEARTBEAT = 3, /* per communicator (comm_id 0: the process) every heartbeat */
   C4D_REC_COMM = 4,      /* communicator lifecycle: init, split, shrink, finalize, destroy, abort */
-  C4D_REC_PEER = 5       /* per-peer transfer progress from the NCCL profiler plugin API */
+  C4D_REC_PEER = 5,      /* per-peer transfer progress from the NCCL profiler plugin API */
+  C4D_REC_TICK = 6       /* written by the master into traces only: "the engine ran at h.time_ns"
+                            (master clock), so an offline replay evaluates exactly when the live run did */
+};
+
+/* c4d_heartbeat_record.hb_flags */
+enum c4d_heartbeat_flags {
+  C4D_HBF_FINAL = 1u << 0 /* the process is exiting cleanly: its silence from now on is not a loss */
 };
 
 /* NCCL operation kinds (c4d's own numbering, stable across NCCL releases). */
@@ -155,7 +162,7 @@ typedef struct c4d_heartbeat_record {
   int32_t pend_peer;       /* its root/peer, -1 none */
   uint8_t pend_op;         /* its enum c4d_op_kind, 255 none */
   uint8_t pend_flags;      /* its enum c4d_op_flags */
-  uint16_t reserved0;
+  uint16_t hb_flags;       /* enum c4d_heartbeat_flags */
   uint32_t p2p_in_flight;  /* p2p ops issued and not done */
   int32_t device;
   uint64_t sent;           /* process total: records handed to ZeroMQ */

@@ -1,0 +1,5 @@
+import sys
+
+from c4d.cli import main
+
+sys.exit(main())

@@ -1,0 +1,276 @@
+"""The `c4d` command line (DESIGN.md's public contract: extend it, don't break it)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import tempfile
+
+from c4d import __version__
+
+LOG_LEVELS = {"trace": logging.DEBUG, "debug": logging.DEBUG, "info": logging.INFO,
+              "warning": logging.WARNING, "error": logging.ERROR, "fatal": logging.CRITICAL}  # fmt: skip
+
+
+def _log_level(text: str) -> int:
+    try:
+        return LOG_LEVELS[text.lower()]
+    except KeyError:
+        raise argparse.ArgumentTypeError(f"log level must be one of {', '.join(LOG_LEVELS)}") from None
+
+
+def _setup_logging(level: int) -> None:
+    logging.basicConfig(level=level, stream=sys.stderr, format="c4d %(levelname)s %(message)s", force=True)
+
+
+def _positive(kind):
+    def conv(text: str):
+        try:
+            v = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if v <= 0:
+            raise argparse.ArgumentTypeError(f"{text!r} must be > 0")
+        return v
+
+    return conv
+
+
+def _engine_overrides(args) -> dict:
+    out = {}
+    if getattr(args, "hang_timeout", None):
+        out["hang_timeout_us"] = args.hang_timeout
+    if getattr(args, "hang_times", None):
+        out["hang_times"] = args.hang_times
+    return out
+
+
+def _add_master_opts(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--trace", metavar="FILE", help="write the trace here")
+    p.add_argument("--json", action="store_true", help="print every diagnosis as a JSON line on stdout")
+    p.add_argument("--live", action="store_true", help="show the live view")
+    p.add_argument("--blacklist", metavar="FILE", help="append culprit nodes of localized ERRORs here")
+    p.add_argument(
+        "--log-level",
+        type=_log_level,
+        default=logging.WARNING,
+        metavar="L",
+        help="Info, Warning (default) or Error: filters the human-readable log only",
+    )
+    p.add_argument(
+        "--hang-timeout", type=_positive(int), metavar="US", help="override the job's C4D_HANG_TIMEOUT (µs)"
+    )
+    p.add_argument("--hang-times", type=_positive(int), metavar="N", help="override the job's C4D_HANG_TIMES")
+
+
+# -- commands ---------------------------------------------------------------------------
+def cmd_lib(args) -> int:
+    from c4d import native
+
+    try:
+        print(native.lib_path())
+    except native.NativeMissing as e:
+        print(f"c4d: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _make_master(args, meta: dict, bind: str):
+    from c4d.master import Master, MasterConfig
+
+    cfg = MasterConfig(bind=bind, trace=args.trace, json_out=args.json, blacklist=args.blacklist, meta=meta,
+                       engine_overrides=_engine_overrides(args))  # fmt: skip
+    return Master(cfg)
+
+
+def cmd_master(args) -> int:
+    _setup_logging(args.log_level)
+    try:
+        m = _make_master(args, {"command": "master"}, args.bind)
+    except OSError as e:
+        print(f"c4d: {e}", file=sys.stderr)
+        return 1
+    logging.getLogger("c4d").info("master listening on %s", m.endpoint)
+    print(f"c4d master listening on {m.endpoint}", file=sys.stderr, flush=True)
+    try:
+        m.run()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        m.close()
+    return 0
+
+
+def _sim_config(args):
+    from c4d import faults
+    from c4d.sim import SimConfig
+
+    nodes = (args.ranks + args.ranks_per_node - 1) // args.ranks_per_node
+    fl = [faults.parse(s, world=args.ranks, nodes=nodes) for s in args.fault]
+    cfg = SimConfig(ranks=args.ranks, ranks_per_node=args.ranks_per_node, tp=args.tp, pp=args.pp,
+                    steps=args.steps, faults=fl, clock_skew_s=args.clock_skew, seed=args.seed)  # fmt: skip
+    cfg.validate()
+    return cfg
+
+
+def cmd_sim(args) -> int:
+    from c4d import faults, sim
+
+    _setup_logging(args.log_level)
+    try:
+        cfg = _sim_config(args)
+    except (faults.FaultSpecError, ValueError) as e:
+        print(f"c4d sim: {e}", file=sys.stderr)
+        return 64
+    sim_meta = {"ranks": cfg.ranks, "ranks_per_node": cfg.ranks_per_node, "tp": cfg.tp, "pp": cfg.pp,
+                "steps": cfg.steps, "faults": args.fault, "clock_skew_s": cfg.clock_skew_s}  # fmt: skip
+    meta = {"command": "sim", "sim": sim_meta}
+    master = None
+    tmp = None
+    try:
+        if args.master:
+            endpoint = args.master
+        else:
+            tmp = tempfile.mkdtemp(prefix="c4d-master-")
+            master = _make_master(args, meta, f"ipc://{tmp}/master.sock")
+            endpoint = None
+        view = None
+        if args.live and master is not None:
+            from c4d.live import LiveView
+
+            view = LiveView(master)
+        try:
+            res = sim.run(cfg, master=master, endpoint=endpoint, max_seconds=args.max_seconds,
+                          on_poll=(view.update if view else None))  # fmt: skip
+        finally:
+            if view is not None:
+                view.close()
+    except Exception as e:  # a missing binary, a bind failure: one line, not a traceback
+        from c4d.native import NativeMissing
+
+        if isinstance(e, NativeMissing | OSError):
+            print(f"c4d sim: {e}", file=sys.stderr)
+            return 1
+        raise
+    finally:
+        if master is not None:
+            master.close()
+        if tmp:
+            import shutil
+
+            shutil.rmtree(tmp, ignore_errors=True)
+    print(f"c4d sim: {res.reason} ({res.seconds:.1f} s)", file=sys.stderr)
+    return res.status
+
+
+def cmd_demo(args) -> int:
+    from c4d.demo import run_demo
+
+    return run_demo(args)
+
+
+def cmd_analyze(args) -> int:
+    from c4d import analyze
+    from c4d.trace import TraceError, load
+
+    try:
+        tr = load(args.path)
+    except TraceError as e:
+        print(f"c4d analyze: {e}", file=sys.stderr)
+        return 1
+    if tr.raw.truncated_bytes:
+        print(f"c4d analyze: the trace ends in a cut record ({tr.raw.truncated_bytes} bytes ignored)",
+              file=sys.stderr)  # fmt: skip
+    from c4d.master import make_engine
+
+    diags = analyze.replay(tr.raw, make_engine(_engine_overrides(args)))
+    if args.json:
+        for d in diags:
+            print(json.dumps(d.to_json()))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console()
+    s = analyze.summary(tr)
+    t = Table(title=f"{args.path}: {len(tr.registrations.drop_duplicates('rank'))} ranks, {len(tr.ops)} ops")
+    for c in ["comm", "op", "ranks", "ops", "bytes", "median µs", "p99 µs"]:
+        t.add_column(c, justify="left" if c in ("comm", "op") else "right")
+    for row in s.itertuples(index=False):
+        t.add_row(row.comm, row.op, str(row.ranks), str(row.ops), f"{row.bytes:,}",
+                  f"{row.median_us:,.1f}", f"{row.p99_us:,.1f}")  # fmt: skip
+    con.print(t)
+    if diags:
+        for d in diags:
+            con.print(d.summary())
+    else:
+        con.print("no diagnoses")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="c4d", description=__doc__)
+    ap.add_argument("--version", action="version", version=f"c4d {__version__}")
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("lib", help="print the absolute path of libc4d.so (for LD_PRELOAD)")
+    p.set_defaults(func=cmd_lib)
+
+    p = sub.add_parser("master", help="collect records from the ranks, diagnose, act")
+    p.add_argument("--bind", default=os.environ.get("C4D_MASTER_ADDR", "tcp://127.0.0.1:5555"), metavar="EP")
+    _add_master_opts(p)
+    p.set_defaults(func=cmd_master)
+
+    p = sub.add_parser("sim", help="run a simulated job on simnccl with the shim preloaded")
+    p.add_argument("--ranks", type=_positive(int), default=8)
+    p.add_argument("--ranks-per-node", type=_positive(int), default=4)
+    p.add_argument("--tp", type=_positive(int), default=1)
+    p.add_argument("--pp", type=_positive(int), default=1)
+    p.add_argument("--steps", type=_positive(int), default=20)
+    p.add_argument("--fault", action="append", default=[], metavar="SPEC",
+                   help="KIND@rank=R|node=NAME|link=R-S[,step=S][,factor=F]")  # fmt: skip
+    p.add_argument("--master", metavar="EP", help="use a running master instead of an in-process one")
+    p.add_argument("--max-seconds", type=_positive(float), default=600.0)
+    p.add_argument("--clock-skew", type=float, default=0.0, metavar="SECONDS",
+                   help="node clocks offset by up to ± this much")  # fmt: skip
+    p.add_argument("--seed", type=int, default=0)
+    _add_master_opts(p)
+    p.set_defaults(func=cmd_sim)
+
+    p = sub.add_parser("demo", help="a simulated multi-node job with a fault, shown live")
+    p.add_argument("--no-live", action="store_true", help="print the log instead of the live view")
+    p.add_argument("--fault", default=None, metavar="SPEC", help="the fault to inject (default: a hang)")
+    p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("analyze", help="replay a captured trace through the engine")
+    p.add_argument("path")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--format", choices=["c4d", "fr", "inspector", "nccl-tests"], default=None)
+    p.add_argument("--hang-timeout", type=_positive(int), metavar="US")
+    p.add_argument("--hang-times", type=_positive(int), metavar="N")
+    p.set_defaults(func=cmd_analyze)
+
+    try:
+        from c4d.check.cli import add_parser as add_check
+    except ImportError:
+        pass
+    else:
+        add_check(sub)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,226 @@
+"""`c4d sim`: a simulated multi-node job on simnccl, with the shim preloaded, and its master.
+
+Each rank is a real process running the native driver ``c4d-simtrain`` (linked against
+simnccl's ``libnccl.so.2`` exactly as libtorch_cuda links NVIDIA's) with ``libc4d.so``
+in ``LD_PRELOAD``. Ranks are laid out ``ranks_per_node`` at a time on nodes ``node-0``,
+``node-1``, ...; ``--clock-skew`` gives each node its own clock offset.
+
+Exit status: 0 the job finished; 1 a rank failed and nothing was diagnosed;
+2 stopped on an ERROR diagnosis; 3 ``--max-seconds`` reached.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import random
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from c4d import faults as faultspec
+from c4d import native
+
+log = logging.getLogger("c4d.sim")
+
+EXIT_FINISHED, EXIT_RANK_FAILED, EXIT_ERROR, EXIT_TIMEOUT = 0, 1, 2, 3
+
+
+@dataclass
+class SimConfig:
+    ranks: int = 8
+    ranks_per_node: int = 4
+    tp: int = 1
+    pp: int = 1
+    steps: int = 20
+    faults: list[faultspec.Fault] = field(default_factory=list)
+    clock_skew_s: float = 0.0
+    seed: int = 0
+    preload: bool = True
+    driver_args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+
+    def validate(self) -> None:
+        if self.ranks < 1:
+            raise ValueError("--ranks must be ≥ 1")
+        if self.ranks_per_node < 1:
+            raise ValueError("--ranks-per-node must be ≥ 1")
+        if self.tp < 1 or self.pp < 1 or self.ranks % (self.tp * self.pp):
+            raise ValueError(f"--ranks {self.ranks} must be a multiple of tp × pp = {self.tp * self.pp}")
+        if self.steps < 1:
+            raise ValueError("--steps must be ≥ 1")
+
+    @property
+    def nodes(self) -> int:
+        return (self.ranks + self.ranks_per_node - 1) // self.ranks_per_node
+
+    def node_of(self, rank: int) -> str:
+        return f"node-{rank // self.ranks_per_node}"
+
+
+class SimJob:
+    """The rank processes of one simulated job."""
+
+    def __init__(self, cfg: SimConfig, master_endpoint: str, job_dir: Path | None = None):
+        cfg.validate()
+        self.cfg = cfg
+        self.endpoint = master_endpoint
+        self._own_dir = job_dir is None
+        self.job_dir = Path(job_dir or tempfile.mkdtemp(prefix="c4d-sim-"))
+        self.job_id = f"sim{uuid.uuid4().hex[:8]}"
+        self.procs: list[subprocess.Popen] = []
+        self.offsets_ns = self._node_offsets()
+
+    def _node_offsets(self) -> list[int]:
+        rng = random.Random(self.cfg.seed)
+        skew = self.cfg.clock_skew_s
+        return [0] + [int(rng.uniform(-skew, skew) * 1e9) for _ in range(self.cfg.nodes - 1)]
+
+    def rank_env(self, rank: int) -> dict[str, str]:
+        cfg = self.cfg
+        env = dict(os.environ)
+        env.update(cfg.env)
+        native_faults = [s for f in cfg.faults for s in f.lower(cfg.ranks_per_node, cfg.ranks)]
+        env.update(
+            RANK=str(rank),
+            WORLD_SIZE=str(cfg.ranks),
+            LOCAL_RANK=str(rank % cfg.ranks_per_node),
+            C4D_MASTER_ADDR=self.endpoint,
+            C4D_NODE_NAME=cfg.node_of(rank),
+            C4D_JOB_ID=self.job_id,
+            C4D_CLOCK_OFFSET_NS=str(self.offsets_ns[rank // cfg.ranks_per_node]),
+            SIMNCCL_JOB=self.job_id,
+            SIMNCCL_FAULTS=";".join(native_faults),
+            SIMNCCL_RANKS_PER_NODE=str(cfg.ranks_per_node),
+            SIMNCCL_SEED=str(cfg.seed * 100003 + rank),
+        )
+        if cfg.preload:
+            pre = env.get("LD_PRELOAD", "")
+            env["LD_PRELOAD"] = str(native.lib_path()) + (":" + pre if pre else "")
+        return env
+
+    def start(self) -> None:
+        exe = str(native.simtrain_path())
+        cfg = self.cfg
+        args = [exe, "--steps", str(cfg.steps), "--tp", str(cfg.tp), "--pp", str(cfg.pp)]
+        args += ["--job-dir", str(self.job_dir), *cfg.driver_args]
+        for r in range(cfg.ranks):
+            logf = open(self.job_dir / f"rank-{r}.log", "wb")  # noqa: SIM115 - handed to the child
+            self.procs.append(
+                subprocess.Popen(
+                    args,
+                    env=self.rank_env(r),
+                    stdout=logf,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
+            )
+            logf.close()
+
+    def returncodes(self) -> list[int | None]:
+        return [p.poll() for p in self.procs]
+
+    def finished(self) -> bool:
+        return all(rc is not None for rc in self.returncodes())
+
+    def failed_ranks(self) -> list[int]:
+        return [r for r, rc in enumerate(self.returncodes()) if rc not in (None, 0)]
+
+    def log_tail(self, rank: int, lines: int = 5) -> str:
+        try:
+            text = (self.job_dir / f"rank-{rank}.log").read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.strip().splitlines()[-lines:])
+
+    def kill(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGKILL)
+        for p in self.procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                log.warning("rank process %d did not exit after SIGKILL", p.pid)
+
+    def cleanup(self) -> None:
+        for f in Path("/dev/shm").glob(f"simnccl-{self.job_id}*"):
+            with contextlib.suppress(OSError):
+                f.unlink()
+        if self._own_dir:
+            shutil.rmtree(self.job_dir, ignore_errors=True)
+
+
+@dataclass
+class SimResult:
+    status: int
+    reason: str
+    seconds: float
+    diagnoses: list = field(default_factory=list)
+    returncodes: list = field(default_factory=list)
+
+
+def run(
+    cfg: SimConfig,
+    master=None,
+    endpoint: str | None = None,
+    max_seconds: float = 600.0,
+    on_poll=None,
+    stop_on_error: bool = True,
+) -> SimResult:
+    """Run the job to its end (or to an ERROR diagnosis, or to ``max_seconds``).
+
+    ``master`` (a c4d.master.Master) is driven in this thread; with ``endpoint`` only
+    (an external master), the job is just supervised.
+    """
+    ep = master.endpoint if master is not None else endpoint
+    if ep is None:
+        raise ValueError("need a master or an endpoint")
+    job = SimJob(cfg, ep)
+    t0 = time.monotonic()
+    status, reason = EXIT_TIMEOUT, f"stopped after --max-seconds {max_seconds:g}"
+    try:
+        job.start()
+        while time.monotonic() - t0 < max_seconds:
+            if master is not None:
+                new = master.step()
+                if stop_on_error and any(d.level.name == "ERROR" for d in new):
+                    status, reason = EXIT_ERROR, "stopped on an ERROR diagnosis"
+                    break
+            else:
+                time.sleep(0.1)
+            if on_poll is not None:
+                on_poll(job)
+            if job.finished():
+                failed = job.failed_ranks()
+                if failed:
+                    tails = "; ".join(f"rank {r}: {job.log_tail(r, 2)!r}" for r in failed[:3])
+                    status, reason = EXIT_RANK_FAILED, f"ranks {failed} failed ({tails})"
+                else:
+                    status, reason = EXIT_FINISHED, "the job finished"
+                break
+        if master is not None:
+            # let the last records (final heartbeats) land and be evaluated
+            deadline = time.monotonic() + 0.5
+            while time.monotonic() < deadline:
+                master.step(timeout_s=0.05)
+            master.tick(time.time_ns())
+    finally:
+        rcs = job.returncodes()
+        job.kill()
+        job.cleanup()
+    return SimResult(
+        status=status,
+        reason=reason,
+        seconds=time.monotonic() - t0,
+        diagnoses=list(master.diagnoses) if master is not None else [],
+        returncodes=rcs,
+    )

@@ -1,0 +1,183 @@
+"""The trace file: what the master received, append-only, loadable after any cut.
+
+Layout::
+
+    b"C4DTRACE"  u32 format_version  u32 meta_len  meta (UTF-8 JSON)  record*  (128 bytes each)
+
+The JSON header holds the schema version and the job metadata known when the trace
+was opened. Records are written exactly as received (plus master TICK records), so
+a file cut at any byte after the header loads every complete record before the cut;
+a record whose kind or version this reader does not know is skipped and counted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import struct
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+import pandas as pd
+
+from c4d import __version__, schema
+
+MAGIC = b"C4DTRACE"
+FORMAT_VERSION = 1
+_PREFIX = struct.Struct("<8sII")
+
+
+class TraceError(ValueError):
+    """A file that is not a readable c4d trace."""
+
+
+class TraceWriter:
+    """Appends records to a trace file. Called from the master thread only."""
+
+    def __init__(self, path: str | os.PathLike, meta: dict[str, Any] | None = None):
+        self.path = Path(path)
+        full = {
+            "schema_version": schema.SCHEMA_VERSION,
+            "record_size": schema.RECORD_SIZE,
+            "c4d_version": __version__,
+            "created_ns": time.time_ns(),
+            "master_host": socket.gethostname(),
+            **(meta or {}),
+        }
+        blob = json.dumps(full, sort_keys=True).encode()
+        self._f: BinaryIO = open(self.path, "wb")  # noqa: SIM115 - lives as long as the writer
+        self._f.write(_PREFIX.pack(MAGIC, FORMAT_VERSION, len(blob)) + blob)
+        self._f.flush()
+        self.records = 0
+
+    def write(self, raw: np.ndarray) -> None:
+        if len(raw):
+            self._f.write(np.ascontiguousarray(raw).tobytes())
+            self.records += len(raw)
+
+    def tick(self, now_ns: int) -> None:
+        """Mark that the engine was evaluated at ``now_ns`` (so a replay evaluates at the same moments)."""
+        rec = np.zeros(1, dtype=schema.HEADER)
+        rec["kind"] = schema.Kind.TICK
+        rec["version"] = schema.SCHEMA_VERSION
+        rec["rank"] = -1
+        rec["time_ns"] = now_ns
+        self.write(rec)
+
+    def flush(self) -> None:
+        self._f.flush()
+
+    def close(self) -> None:
+        if not self._f.closed:
+            self._f.flush()
+            self._f.close()
+
+
+@dataclass
+class RawTrace:
+    """The undecoded content of a trace: its header and its records as ``schema.HEADER`` rows."""
+
+    meta: dict[str, Any]
+    raw: np.ndarray
+    truncated_bytes: int = 0  # bytes of an incomplete record at the end (a cut file)
+    skipped: int = 0  # records of unknown kind or newer version
+    path: str = ""
+    kinds: dict[schema.Kind, np.ndarray] = field(default_factory=dict)
+
+
+def read_raw(path: str | os.PathLike) -> RawTrace:
+    """Load every complete record of a trace file (fast: one ``numpy.fromfile``)."""
+    p = Path(path)
+    try:
+        size = p.stat().st_size
+        with open(p, "rb") as f:
+            head = f.read(_PREFIX.size)
+            if len(head) < _PREFIX.size:
+                raise TraceError(f"{p}: not a c4d trace (only {len(head)} bytes)")
+            magic, fmt, meta_len = _PREFIX.unpack(head)
+            if magic != MAGIC:
+                raise TraceError(f"{p}: not a c4d trace (magic {magic!r})")
+            if fmt > FORMAT_VERSION:
+                raise TraceError(f"{p}: trace format {fmt} is newer than this c4d reads ({FORMAT_VERSION})")
+            blob = f.read(meta_len)
+            if len(blob) < meta_len:
+                raise TraceError(f"{p}: trace header cut short ({len(blob)} of {meta_len} bytes)")
+            try:
+                meta = json.loads(blob)
+            except ValueError as e:
+                raise TraceError(f"{p}: trace header is not valid JSON: {e}") from None
+            body = size - _PREFIX.size - meta_len
+            n = max(body, 0) // schema.RECORD_SIZE
+            raw = np.fromfile(f, dtype=schema.HEADER, count=n)
+    except OSError as e:
+        raise TraceError(f"{p}: {e.strerror or e}") from None
+    ok = np.isin(raw["kind"], [int(k) for k in schema.Kind]) & (raw["version"] >= 1)
+    ok &= raw["version"] <= schema.SCHEMA_VERSION
+    skipped = int((~ok).sum())
+    raw = schema.upgrade(raw[ok] if skipped else raw)
+    return RawTrace(
+        meta=meta,
+        raw=raw,
+        truncated_bytes=max(body, 0) - n * schema.RECORD_SIZE,
+        skipped=skipped,
+        path=str(p),
+        kinds=schema.by_kind(raw),
+    )
+
+
+def _decode_str(col: np.ndarray) -> np.ndarray:
+    return np.char.decode(col, "utf-8", errors="replace")
+
+
+@dataclass
+class Trace:
+    """A trace as pandas DataFrames (the notebook-facing API)."""
+
+    meta: dict[str, Any]
+    registrations: pd.DataFrame
+    ops: pd.DataFrame
+    heartbeats: pd.DataFrame
+    comms: pd.DataFrame
+    peers: pd.DataFrame
+    raw: RawTrace
+
+    @property
+    def nodes(self) -> dict[int, str]:
+        """Global rank → node name, from the latest registration of each rank."""
+        r = self.registrations.drop_duplicates("rank", keep="last")
+        return dict(zip(r["rank"].astype(int), r["node"], strict=True))
+
+
+def _frame(arr: np.ndarray, drop: tuple[str, ...] = ()) -> pd.DataFrame:
+    cols = {n: arr[n] for n in arr.dtype.names if n not in drop and not n.startswith("reserved")}
+    return pd.DataFrame(cols)
+
+
+def load(path: str | os.PathLike) -> Trace:
+    """Load a c4d trace into DataFrames: registrations, ops (with names), heartbeats, comms, peers."""
+    rt = read_raw(path)
+    k = rt.kinds
+    reg = _frame(k[schema.Kind.REGISTER], drop=("version", "kind"))
+    if len(reg):
+        reg["node"] = _decode_str(k[schema.Kind.REGISTER]["node"])
+        reg["job"] = _decode_str(k[schema.Kind.REGISTER]["job"])
+    ops = _frame(k[schema.Kind.OP], drop=("version", "kind"))
+    if len(ops):
+        names = np.array([o.name for o in schema.Op] + ["?"] * (256 - len(schema.Op)), dtype=object)
+        ops["op_name"] = names[ops["op"].to_numpy()]
+        ops["duration_ns"] = (ops["end_ns"].astype("int64") - ops["start_ns"].astype("int64")).where(
+            (ops["end_ns"] > 0) & (ops["start_ns"] > 0)
+        )
+    return Trace(
+        meta=rt.meta,
+        registrations=reg,
+        ops=ops,
+        heartbeats=_frame(k[schema.Kind.HEARTBEAT], drop=("version", "kind")),
+        comms=_frame(k[schema.Kind.COMM], drop=("version", "kind")),
+        peers=_frame(k[schema.Kind.PEER], drop=("version", "kind")),
+        raw=rt,
+    )

@@ -1,0 +1,51 @@
+"""Batches on the wire: one ZeroMQ message = a 16-byte batch header + n fixed-size records.
+
+Decoding is one ``numpy.frombuffer`` per message. A message that does not parse is
+rejected whole with a one-line reason (``BadBatch``), never guessed at.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from c4d import schema
+
+
+class BadBatch(ValueError):
+    """A message that is not a c4d batch of the supported schema."""
+
+
+def decode(msg: bytes | memoryview) -> np.ndarray:
+    """Return the batch's records as ``schema.HEADER`` rows (a copy-free view of ``msg``)."""
+    n_bytes = len(msg)
+    if n_bytes < schema.BATCH_HEADER.itemsize:
+        raise BadBatch(f"message of {n_bytes} bytes is shorter than a batch header")
+    hdr = np.frombuffer(msg, dtype=schema.BATCH_HEADER, count=1)[0]
+    if int(hdr["magic"]) != schema.BATCH_MAGIC:
+        raise BadBatch(f"bad magic 0x{int(hdr['magic']):08x}")
+    version = int(hdr["version"])
+    if version > schema.SCHEMA_VERSION or version < 1:
+        raise BadBatch(
+            f"schema version {version} not supported (this master reads ≤ {schema.SCHEMA_VERSION})"
+        )
+    if int(hdr["record_size"]) != schema.RECORD_SIZE:
+        raise BadBatch(f"record size {int(hdr['record_size'])} != {schema.RECORD_SIZE}")
+    n = int(hdr["n_records"])
+    expect = schema.BATCH_HEADER.itemsize + n * schema.RECORD_SIZE
+    if n_bytes != expect:
+        raise BadBatch(f"batch says {n} records ({expect} bytes) but the message has {n_bytes} bytes")
+    raw = np.frombuffer(msg, dtype=schema.HEADER, count=n, offset=schema.BATCH_HEADER.itemsize)
+    return schema.upgrade(raw)
+
+
+def encode(records: np.ndarray, rank: int = -1) -> bytes:
+    """Build a batch message from 128-byte records of any schema dtype (tests, replays, agents)."""
+    if records.dtype.itemsize != schema.RECORD_SIZE:
+        raise ValueError(f"records must be {schema.RECORD_SIZE} bytes, got {records.dtype.itemsize}")
+    hdr = np.zeros(1, dtype=schema.BATCH_HEADER)
+    hdr["magic"] = schema.BATCH_MAGIC
+    hdr["version"] = schema.SCHEMA_VERSION
+    hdr["record_size"] = schema.RECORD_SIZE
+    hdr["n_records"] = len(records)
+    hdr["rank"] = rank
+    return hdr.tobytes() + np.ascontiguousarray(records).tobytes()

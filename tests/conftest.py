@@ -1,0 +1,37 @@
+"""Shared fixtures: paths of the native artifacts and small waiting helpers."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import pytest
+
+from c4d import native
+
+
+@pytest.fixture(scope="session")
+def libc4d():
+    return native.lib_path()
+
+
+@pytest.fixture(scope="session")
+def simnccl_dir():
+    return native.simnccl_dir()
+
+
+@pytest.fixture(scope="session")
+def simtrain():
+    return native.simtrain_path()
+
+
+def wait_for(cond: Callable[[], object], timeout: float, what: str, interval: float = 0.02):
+    """Poll ``cond`` until it returns a truthy value or ``timeout`` seconds pass."""
+    deadline = time.monotonic() + timeout
+    while True:
+        v = cond()
+        if v:
+            return v
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)

@@ -1,0 +1,78 @@
+"""The numpy mirror agrees with native/include/c4d/record.h: sizes and every field offset."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from c4d import schema
+
+ROOT = Path(__file__).resolve().parents[1]
+STRUCTS = {
+    schema.REGISTER: "c4d_register_record",
+    schema.OP: "c4d_op_record",
+    schema.HEARTBEAT: "c4d_heartbeat_record",
+    schema.COMM: "c4d_comm_record",
+    schema.PEER: "c4d_peer_record",
+}
+HEADER_FIELDS = {"kind", "version", "rank", "time_ns"}
+
+
+def _probe_source() -> str:
+    lines = ['#include <cstdio>', '#include <cstddef>', '#include "c4d/record.h"', "int main() {"]
+    lines.append('printf("batch_header %zu\\n", sizeof(c4d_batch_header));')
+    lines.append('printf("version %d\\n", C4D_SCHEMA_VERSION);')
+    lines.append('printf("record_size %d\\n", C4D_RECORD_SIZE);')
+    lines.append('printf("magic %u\\n", C4D_BATCH_MAGIC);')
+    for f in schema.BATCH_HEADER.names:
+        lines.append(f'printf("c4d_batch_header.{f} %zu %zu\\n", offsetof(c4d_batch_header, {f}), '
+                     f"sizeof(((c4d_batch_header*)0)->{f}));")  # fmt: skip
+    for dt, st in STRUCTS.items():
+        lines.append(f'printf("{st} %zu\\n", sizeof({st}));')
+        for f in dt.names:
+            member = f"h.{f}" if f in HEADER_FIELDS else f
+            lines.append(f'printf("{st}.{f} %zu %zu\\n", offsetof({st}, {member}), sizeof((({st}*)0)->{member}));')
+    lines.append("return 0; }")
+    return "\n".join(lines)
+
+
+@pytest.fixture(scope="module")
+def probe(tmp_path_factory) -> dict[str, list[int]]:
+    cxx = shutil.which("g++") or shutil.which("c++")
+    assert cxx, "a C++ compiler is needed to check the schema (the README's install command brings one)"
+    d = tmp_path_factory.mktemp("probe")
+    (d / "probe.cc").write_text(_probe_source())
+    subprocess.run([cxx, "-std=c++17", f"-I{ROOT / 'native/include'}", "probe.cc", "-o", "probe"],
+                   cwd=d, check=True)  # fmt: skip
+    out = subprocess.run([str(d / "probe")], capture_output=True, text=True, check=True).stdout
+    return {k: [int(x) for x in v] for k, *v in (line.split() for line in out.splitlines())}
+
+
+def test_constants_agree(probe):
+    assert probe["version"] == [schema.SCHEMA_VERSION]
+    assert probe["record_size"] == [schema.RECORD_SIZE]
+    assert probe["magic"] == [schema.BATCH_MAGIC]
+    assert probe["batch_header"] == [schema.BATCH_HEADER.itemsize]
+
+
+@pytest.mark.parametrize("dt", list(STRUCTS), ids=list(STRUCTS.values()))
+def test_every_field_offset_and_size(probe, dt):
+    st = STRUCTS[dt]
+    assert probe[st] == [dt.itemsize]
+    for f in dt.names:
+        off, size = probe[f"{st}.{f}"]
+        assert (off, size) == (dt.fields[f][1], dt.fields[f][0].itemsize), f"{st}.{f}"
+
+
+def test_batch_header_fields(probe):
+    for f in schema.BATCH_HEADER.names:
+        off, size = probe[f"c4d_batch_header.{f}"]
+        assert (off, size) == (schema.BATCH_HEADER.fields[f][1], schema.BATCH_HEADER.fields[f][0].itemsize)
+
+
+def test_every_kind_has_a_dtype_of_record_size():
+    for kind, dt in schema.DTYPES.items():
+        assert dt.itemsize == schema.RECORD_SIZE, kind
