@@ -1,4 +1,7 @@
-"""The `c4d` command line (DESIGN.md's public contract: extend it, don't break it)."""
+"""c4d: find the rank, node or link that makes an NCCL training job hang or crawl.
+
+The command line is DESIGN.md's public contract: extend it, don't break it.
+"""
 
 from __future__ import annotations
 
@@ -8,11 +11,18 @@ import logging
 import os
 import sys
 import tempfile
+from pathlib import Path
 
 from c4d import __version__
 
-LOG_LEVELS = {"trace": logging.DEBUG, "debug": logging.DEBUG, "info": logging.INFO,
-              "warning": logging.WARNING, "error": logging.ERROR, "fatal": logging.CRITICAL}  # fmt: skip
+LOG_LEVELS = {
+    "trace": logging.DEBUG,
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warning": logging.WARNING,
+    "error": logging.ERROR,
+    "fatal": logging.CRITICAL,
+}
 
 
 def _log_level(text: str) -> int:
@@ -81,8 +91,14 @@ def cmd_lib(args) -> int:
 def _make_master(args, meta: dict, bind: str):
     from c4d.master import Master, MasterConfig
 
-    cfg = MasterConfig(bind=bind, trace=args.trace, json_out=args.json, blacklist=args.blacklist, meta=meta,
-                       engine_overrides=_engine_overrides(args))  # fmt: skip
+    cfg = MasterConfig(
+        bind=bind,
+        trace=args.trace,
+        json_out=args.json,
+        blacklist=args.blacklist,
+        meta=meta,
+        engine_overrides=_engine_overrides(args),
+    )
     return Master(cfg)
 
 
@@ -110,8 +126,16 @@ def _sim_config(args):
 
     nodes = (args.ranks + args.ranks_per_node - 1) // args.ranks_per_node
     fl = [faults.parse(s, world=args.ranks, nodes=nodes) for s in args.fault]
-    cfg = SimConfig(ranks=args.ranks, ranks_per_node=args.ranks_per_node, tp=args.tp, pp=args.pp,
-                    steps=args.steps, faults=fl, clock_skew_s=args.clock_skew, seed=args.seed)  # fmt: skip
+    cfg = SimConfig(
+        ranks=args.ranks,
+        ranks_per_node=args.ranks_per_node,
+        tp=args.tp,
+        pp=args.pp,
+        steps=args.steps,
+        faults=fl,
+        clock_skew_s=args.clock_skew,
+        seed=args.seed,
+    )
     cfg.validate()
     return cfg
 
@@ -125,8 +149,15 @@ def cmd_sim(args) -> int:
     except (faults.FaultSpecError, ValueError) as e:
         print(f"c4d sim: {e}", file=sys.stderr)
         return 64
-    sim_meta = {"ranks": cfg.ranks, "ranks_per_node": cfg.ranks_per_node, "tp": cfg.tp, "pp": cfg.pp,
-                "steps": cfg.steps, "faults": args.fault, "clock_skew_s": cfg.clock_skew_s}  # fmt: skip
+    sim_meta = {
+        "ranks": cfg.ranks,
+        "ranks_per_node": cfg.ranks_per_node,
+        "tp": cfg.tp,
+        "pp": cfg.pp,
+        "steps": cfg.steps,
+        "faults": args.fault,
+        "clock_skew_s": cfg.clock_skew_s,
+    }
     meta = {"command": "sim", "sim": sim_meta}
     master = None
     tmp = None
@@ -143,8 +174,13 @@ def cmd_sim(args) -> int:
 
             view = LiveView(master)
         try:
-            res = sim.run(cfg, master=master, endpoint=endpoint, max_seconds=args.max_seconds,
-                          on_poll=(view.update if view else None))  # fmt: skip
+            res = sim.run(
+                cfg,
+                master=master,
+                endpoint=endpoint,
+                max_seconds=args.max_seconds,
+                on_poll=(view.update if view else None),
+            )
         finally:
             if view is not None:
                 view.close()
@@ -174,18 +210,16 @@ def cmd_demo(args) -> int:
 
 def cmd_analyze(args) -> int:
     from c4d import analyze
-    from c4d.trace import TraceError, load
-
-    try:
-        tr = load(args.path)
-    except TraceError as e:
-        print(f"c4d analyze: {e}", file=sys.stderr)
-        return 1
-    if tr.raw.truncated_bytes:
-        print(f"c4d analyze: the trace ends in a cut record ({tr.raw.truncated_bytes} bytes ignored)",
-              file=sys.stderr)  # fmt: skip
     from c4d.master import make_engine
 
+    tr = _load_for_offline(args)
+    if tr is None:
+        return 1
+    if tr.raw.truncated_bytes:
+        cut = tr.raw.truncated_bytes
+        print(f"c4d analyze: the trace ends in a cut record ({cut} bytes ignored)", file=sys.stderr)
+    if tr.raw.skipped:
+        print(f"c4d analyze: skipped {tr.raw.skipped} records of unknown kind or version", file=sys.stderr)
     diags = analyze.replay(tr.raw, make_engine(_engine_overrides(args)))
     if args.json:
         for d in diags:
@@ -196,23 +230,64 @@ def cmd_analyze(args) -> int:
 
     con = Console()
     s = analyze.summary(tr)
-    t = Table(title=f"{args.path}: {len(tr.registrations.drop_duplicates('rank'))} ranks, {len(tr.ops)} ops")
+    t = Table(title=f"{args.path}: {len(tr.nodes)} ranks, {len(tr.ops)} ops")
     for c in ["comm", "op", "ranks", "ops", "bytes", "median µs", "p99 µs"]:
         t.add_column(c, justify="left" if c in ("comm", "op") else "right")
     for row in s.itertuples(index=False):
-        t.add_row(row.comm, row.op, str(row.ranks), str(row.ops), f"{row.bytes:,}",
-                  f"{row.median_us:,.1f}", f"{row.p99_us:,.1f}")  # fmt: skip
+        t.add_row(
+            row.comm,
+            row.op,
+            str(row.ranks),
+            str(row.ops),
+            f"{row.bytes:,}",
+            f"{row.median_us:,.1f}",
+            f"{row.p99_us:,.1f}",
+        )
     con.print(t)
-    if diags:
-        for d in diags:
-            con.print(d.summary())
-    else:
+    for d in diags:
+        con.print(d.summary())
+    if not diags:
         con.print("no diagnoses")
     return 0
 
 
+def _load_for_offline(args):
+    """Load PATH in any supported format; one line on stderr and None when it can't be read."""
+    from c4d.trace import TraceError, load_any
+
+    try:
+        return load_any(args.path, getattr(args, "format", None))
+    except (TraceError, OSError, ValueError) as e:
+        print(f"c4d {args.command}: {e}", file=sys.stderr)
+        return None
+
+
+def cmd_report(args) -> int:
+    from c4d import report
+
+    tr = _load_for_offline(args)
+    if tr is None:
+        return 1
+    out = report.write(report.from_trace(tr, tr.diagnoses_list()), Path(args.out))
+    for name, p in out.items():
+        print(f"{name}: {p}")
+    return 0
+
+
+def cmd_export(args) -> int:
+    tr = _load_for_offline(args)
+    if tr is None:
+        return 1
+    df = tr.table(args.table)
+    if args.table == "diagnoses":
+        df = df.assign(detail=df["detail"].map(json.dumps))
+    df.to_parquet(args.out, engine="pyarrow", index=False)
+    print(f"wrote {len(df):,} rows of {args.table} to {args.out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="c4d", description=__doc__)
+    ap = argparse.ArgumentParser(prog="c4d", description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--version", action="version", version=f"c4d {__version__}")
     sub = ap.add_subparsers(dest="command", required=True)
 
@@ -230,12 +305,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tp", type=_positive(int), default=1)
     p.add_argument("--pp", type=_positive(int), default=1)
     p.add_argument("--steps", type=_positive(int), default=20)
-    p.add_argument("--fault", action="append", default=[], metavar="SPEC",
-                   help="KIND@rank=R|node=NAME|link=R-S[,step=S][,factor=F]")  # fmt: skip
+    p.add_argument(
+        "--fault",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help="KIND@rank=R|node=NAME|link=R-S[,step=S][,factor=F]",
+    )
     p.add_argument("--master", metavar="EP", help="use a running master instead of an in-process one")
     p.add_argument("--max-seconds", type=_positive(float), default=600.0)
-    p.add_argument("--clock-skew", type=float, default=0.0, metavar="SECONDS",
-                   help="node clocks offset by up to ± this much")  # fmt: skip
+    p.add_argument(
+        "--clock-skew",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="node clocks offset by up to ± this much",
+    )
     p.add_argument("--seed", type=int, default=0)
     _add_master_opts(p)
     p.set_defaults(func=cmd_sim)
@@ -252,6 +337,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hang-timeout", type=_positive(int), metavar="US")
     p.add_argument("--hang-times", type=_positive(int), metavar="N")
     p.set_defaults(func=cmd_analyze)
+
+    p = sub.add_parser("report", help="tables and plots (PNG + one HTML page) of a trace")
+    p.add_argument("path")
+    p.add_argument("-o", "--out", default="c4d-report", metavar="DIR")
+    p.add_argument("--format", choices=["c4d", "fr", "inspector", "nccl-tests"], default=None)
+    p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("export", help="write a trace's table as Parquet (pyarrow)")
+    p.add_argument("path")
+    p.add_argument("out")
+    p.add_argument(
+        "--table",
+        default="ops",
+        choices=["ops", "registrations", "heartbeats", "comms", "peers", "diagnoses"],
+    )
+    p.add_argument("--format", choices=["c4d", "fr", "inspector", "nccl-tests"], default=None)
+    p.set_defaults(func=cmd_export)
 
     try:
         from c4d.check.cli import add_parser as add_check

@@ -12,6 +12,7 @@ import json
 import logging
 import sys
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
@@ -63,6 +64,7 @@ class Master:
         # Records are fed stamped with the latest tick's master time (not their own receipt
         # time), so that a replay of the trace, which stores ticks, feeds identical input.
         self._last_tick_ns = self.started_ns
+        self._rate: deque[tuple[float, int]] = deque()
         self.tick(self.started_ns)
 
     # -- the loop -----------------------------------------------------------------------
@@ -90,6 +92,15 @@ class Master:
         for d in new:
             self._emit(d)
         return new
+
+    def records_per_s(self, window_s: float = 2.0) -> float:
+        """Ingest rate over roughly the last ``window_s`` seconds."""
+        now = time.monotonic()
+        self._rate.append((now, self.collector.records))
+        while len(self._rate) > 2 and now - self._rate[0][0] > window_s:
+            self._rate.popleft()
+        (t0, n0), (t1, n1) = self._rate[0], self._rate[-1]
+        return (n1 - n0) / (t1 - t0) if t1 > t0 else 0.0
 
     def run(self, should_stop: Callable[[], bool] = lambda: False) -> None:
         while not should_stop():

@@ -145,6 +145,36 @@ class Trace:
     peers: pd.DataFrame
     raw: RawTrace
 
+    _diagnoses: list[Any] | None = None
+
+    def diagnoses_list(self) -> list[Any]:
+        """The engine's diagnoses for this trace (an offline replay; computed once)."""
+        if self._diagnoses is None:
+            from c4d.analyze import replay
+            from c4d.master import make_engine
+
+            self._diagnoses = replay(self.raw, make_engine())
+        return self._diagnoses
+
+    @property
+    def diagnoses(self) -> pd.DataFrame:
+        """One row per diagnosis (columns of DESIGN.md's JSON; detail kept as a dict)."""
+        rows = [d.to_json() for d in self.diagnoses_list()]
+        cols = ["time", "level", "kind", "comm", "op", "seq", "ranks", "nodes", "hang_times", "detail"]
+        return pd.DataFrame(rows, columns=cols)
+
+    @property
+    def ops_split(self) -> pd.DataFrame:
+        """Ops with the wait/transfer split and bus bandwidth (c4d.opstats)."""
+        from c4d.opstats import split_wait_transfer
+
+        return split_wait_transfer(self.ops)
+
+    def table(self, name: str) -> pd.DataFrame:
+        if name == "ops":
+            return self.ops_split
+        return getattr(self, name)
+
     @property
     def nodes(self) -> dict[int, str]:
         """Global rank → node name, from the latest registration of each rank."""
@@ -159,7 +189,13 @@ def _frame(arr: np.ndarray, drop: tuple[str, ...] = ()) -> pd.DataFrame:
 
 def load(path: str | os.PathLike) -> Trace:
     """Load a c4d trace into DataFrames: registrations, ops (with names), heartbeats, comms, peers."""
-    rt = read_raw(path)
+    return from_raw(read_raw(path))
+
+
+def from_raw(rt: RawTrace) -> Trace:
+    """DataFrames over the records of a RawTrace (a c4d trace or an import)."""
+    if not rt.kinds:
+        rt.kinds = schema.by_kind(rt.raw)
     k = rt.kinds
     reg = _frame(k[schema.Kind.REGISTER], drop=("version", "kind"))
     if len(reg):
@@ -181,3 +217,14 @@ def load(path: str | os.PathLike) -> Trace:
         peers=_frame(k[schema.Kind.PEER], drop=("version", "kind")),
         raw=rt,
     )
+
+
+def load_any(path: str | os.PathLike, fmt: str | None = None) -> Trace:
+    """Load a c4d trace or an import (Flight Recorder dumps, NCCL Inspector, nccl-tests) as a Trace."""
+    if fmt in (None, "c4d"):
+        p = Path(path)
+        if fmt == "c4d" or (p.is_file() and p.read_bytes()[:8] == MAGIC):
+            return load(path)
+    from c4d.formats.detect import load_any as load_raw_any
+
+    return from_raw(load_raw_any(path, fmt))

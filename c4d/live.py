@@ -1,0 +1,234 @@
+"""The live view: ``render(LiveState) -> renderable``, a pure function of a snapshot.
+
+The master thread takes a snapshot and re-renders at most ``max_hz`` times a second
+between ingestion steps, so a render can never stall the collector for long, and a
+render can be tested from a state built by hand, without a terminal.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+# state → (glyph, style); one character per rank so 1,024 ranks fit a 120×40 terminal
+STATE_STYLE: dict[str, tuple[str, str]] = {
+    "computing": ("■", "green"),
+    "in-collective": ("■", "cyan"),
+    "waiting": ("■", "yellow"),
+    "hung": ("H", "bold white on red"),
+    "slow": ("S", "bold black on yellow"),
+    "lost": ("X", "bold white on magenta"),
+    "isolated": ("I", "bold white on blue"),
+    "done": ("·", "dim"),
+    "unknown": ("?", "dim"),
+}
+
+
+@dataclass(frozen=True)
+class CommRow:
+    comm: str
+    kind: str
+    ranks: int
+    last_done_seq: int
+    ops_per_s: float
+    wait_med_us: float
+    wait_p99_us: float
+    xfer_med_us: float
+    xfer_p99_us: float
+    busbw_gbs: float
+
+
+@dataclass(frozen=True)
+class LiveState:
+    job: str
+    ranks_registered: int
+    ranks_expected: int
+    nodes: int
+    records_per_s: float
+    dropped: int
+    since_last_record_s: float
+    rank_nodes: dict[int, str] = field(default_factory=dict)  # rank → node
+    rank_states: dict[int, str] = field(default_factory=dict)  # rank → key of STATE_STYLE
+    comms: list[CommRow] = field(default_factory=list)
+    diagnoses: list[str] = field(default_factory=list)  # one line each, ERROR first
+    blacklisted: list[str] = field(default_factory=list)
+
+
+def _header(s: LiveState) -> Text:
+    t = Text()
+    t.append("c4d ", style="bold")
+    t.append(f"job {s.job}  ")
+    t.append(f"ranks {s.ranks_registered}/{s.ranks_expected or '?'}  nodes {s.nodes}  ")
+    t.append(f"records/s {s.records_per_s:,.0f}  ")
+    t.append(f"dropped {s.dropped:,}  ", style="red" if s.dropped else "")
+    t.append(
+        f"last record {s.since_last_record_s:.1f}s ago", style="red" if s.since_last_record_s > 5 else ""
+    )
+    return t
+
+
+def _grid(s: LiveState, width: int) -> Text:
+    by_node: dict[str, list[int]] = {}
+    for r in sorted(s.rank_nodes):
+        by_node.setdefault(s.rank_nodes[r], []).append(r)
+    t = Text()
+    col = 0
+    for node in sorted(by_node, key=_node_key):
+        ranks = by_node[node]
+        cell = len(ranks) + 1
+        if col and col + cell > width:
+            t.append("\n")
+            col = 0
+        for r in ranks:
+            glyph, style = STATE_STYLE.get(s.rank_states.get(r, "unknown"), STATE_STYLE["unknown"])
+            t.append(glyph, style=style)
+        t.append(" ")
+        col += cell
+    legend = Text("\n")
+    for name, (glyph, style) in STATE_STYLE.items():
+        legend.append(glyph, style=style)
+        legend.append(f" {name}  ", style="dim")
+    return t + legend
+
+
+def _node_key(n: str) -> tuple[str, int]:
+    head, _, tail = n.rpartition("-")
+    return (head, int(tail)) if tail.isdigit() else (n, -1)
+
+
+def _comms(s: LiveState, limit: int) -> Table:
+    t = Table(box=None, pad_edge=False, expand=False, header_style="bold")
+    for c in (
+        "comm",
+        "kind",
+        "ranks",
+        "done seq",
+        "ops/s",
+        "wait med/p99 µs",
+        "xfer med/p99 µs",
+        "busbw GB/s",
+    ):
+        t.add_column(c, justify="left" if c in ("comm", "kind") else "right")
+    for c in s.comms[:limit]:
+        t.add_row(
+            c.comm[:8], c.kind, str(c.ranks), str(c.last_done_seq), f"{c.ops_per_s:,.0f}",
+            f"{c.wait_med_us:,.0f}/{c.wait_p99_us:,.0f}", f"{c.xfer_med_us:,.0f}/{c.xfer_p99_us:,.0f}",
+            f"{c.busbw_gbs:,.2f}",
+        )  # fmt: skip
+    if len(s.comms) > limit:
+        t.add_row(f"… {len(s.comms) - limit} more", "", "", "", "", "", "", "")
+    return t
+
+
+def render(s: LiveState, width: int = 120, height: int = 40) -> Group:
+    """The whole screen for one snapshot."""
+    diag = Text()
+    for line in s.diagnoses[:6] or ["no diagnoses"]:
+        style = "bold red" if line.startswith("ERROR") else "yellow" if line.startswith("WARNING") else ""
+        diag.append(line[: width - 4] + "\n", style=style)
+    if s.blacklisted:
+        diag.append(f"blacklisted: {', '.join(s.blacklisted)}", style="bold red")
+    comm_rows = max(3, height - 22)
+    return Group(
+        _header(s),
+        Panel(_grid(s, width - 4), title="ranks by node", title_align="left"),
+        Panel(_comms(s, comm_rows), title="communicators", title_align="left"),
+        Panel(diag, title="diagnoses", title_align="left"),
+    )
+
+
+_LEVEL_ORDER = {"ERROR": 0, "WARNING": 1, "INFO": 2}
+
+
+def snapshot(master: Any, now: float | None = None) -> LiveState:
+    """Build a LiveState from a running master (its bookkeeping plus the engine's state)."""
+    now = time.time() if now is None else now
+    rec = master.received
+    last = max((r.last_seen_ns for r in rec.ranks.values()), default=0)
+    eng = master.engine.state() if hasattr(master.engine, "state") else None
+    rank_states = {r: ("done" if i.final else "computing") for r, i in rec.ranks.items()}
+    comms: list[CommRow] = []
+    if eng is not None:
+        rank_states.update(_engine_rank_states(eng))
+        comms = _engine_comm_rows(eng)
+    for node in master.blacklisted:
+        for r, i in rec.ranks.items():
+            if i.node == node:
+                rank_states[r] = "isolated"
+    diags = sorted(master.diagnoses, key=lambda d: (_LEVEL_ORDER.get(d.level.name, 3), -d.time))
+    job = str(master.cfg.meta.get("job") or master.cfg.meta.get("command", "?"))
+    return LiveState(
+        job=job,
+        ranks_registered=sum(1 for i in rec.ranks.values() if i.node != "?"),
+        ranks_expected=rec.world_size,
+        nodes=len({i.node for i in rec.ranks.values()}),
+        records_per_s=master.records_per_s(),
+        dropped=rec.dropped,
+        since_last_record_s=(now - last / 1e9) if last else 0.0,
+        rank_nodes={r: i.node for r, i in rec.ranks.items()},
+        rank_states=rank_states,
+        comms=comms,
+        diagnoses=[d.summary() for d in diags],
+        blacklisted=list(master.blacklisted),
+    )
+
+
+def _engine_rank_states(eng: Any) -> dict[int, str]:
+    out = {}
+    for r, st in getattr(eng, "rank_states", {}).items():
+        name = getattr(st, "value", st)
+        out[int(r)] = str(name) if str(name) in STATE_STYLE else "unknown"
+    return out
+
+
+def _engine_comm_rows(eng: Any) -> list[CommRow]:
+    rows = []
+    for c in getattr(eng, "comms", []):
+        g = lambda name, default=0.0, c=c: getattr(c, name, default)  # noqa: E731
+        rows.append(
+            CommRow(
+                comm=str(g("comm", "")), kind=str(g("kind", "?")), ranks=int(g("nranks", 0)),
+                last_done_seq=int(g("last_done_seq", -1)), ops_per_s=float(g("ops_per_s")),
+                wait_med_us=float(g("wait_med_us")), wait_p99_us=float(g("wait_p99_us")),
+                xfer_med_us=float(g("xfer_med_us")), xfer_p99_us=float(g("xfer_p99_us")),
+                busbw_gbs=float(g("busbw_gbs")),
+            )
+        )  # fmt: skip
+    return rows
+
+
+class LiveView:
+    """Drives rich.live from the master thread, at most ``max_hz`` renders a second."""
+
+    def __init__(self, master: Any, console: Console | None = None, max_hz: float = 4.0):
+        self.master = master
+        self.console = console or Console()
+        self.period = 1.0 / max_hz
+        self._next = 0.0
+        self.renders = 0
+        self.render_s = 0.0
+        self.live = Live(console=self.console, auto_refresh=False, transient=False)
+        self.live.start()
+
+    def update(self, _job: Any = None) -> None:
+        now = time.monotonic()
+        if now < self._next:
+            return
+        self._next = now + self.period
+        t0 = time.perf_counter()
+        size = self.console.size
+        self.live.update(render(snapshot(self.master), size.width, size.height), refresh=True)
+        self.render_s += time.perf_counter() - t0
+        self.renders += 1
+
+    def close(self) -> None:
+        self._next = 0.0
+        self.update()
+        self.live.stop()

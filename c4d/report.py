@@ -1,0 +1,184 @@
+"""`c4d report`: the pictures operators look at before they read.
+
+Four PNGs (matplotlib, Agg) and one self-contained HTML page that embeds them:
+per-rank lateness over time, collective time split into wait and transfer, bus bandwidth
+by message size against the communicator's baseline, and the diagnosis timeline.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+
+from c4d.opstats import split_wait_transfer
+
+LEVEL_COLOR = {"ERROR": "#c0392b", "WARNING": "#e67e22", "INFO": "#2980b9"}
+
+
+@dataclass
+class ReportInput:
+    ops: pd.DataFrame  # ops with the wait/transfer split
+    nodes: dict[int, str]
+    diagnoses: list[dict[str, Any]]  # Diagnosis.to_json() objects
+    title: str
+
+
+def from_trace(tr: Any, diagnoses: list[Any], offsets_ns: dict[int, int] | None = None) -> ReportInput:
+    """Report input from a loaded ``c4d.trace.Trace`` and the diagnoses its replay produced."""
+    return ReportInput(
+        ops=split_wait_transfer(tr.ops, offsets_ns),
+        nodes=tr.nodes,
+        diagnoses=[d.to_json() if hasattr(d, "to_json") else d for d in diagnoses],
+        title=Path(tr.raw.path).name or "trace",
+    )
+
+
+def lateness_heatmap(inp: ReportInput, path: Path, bins: int = 60) -> Path:
+    ops = inp.ops.dropna(subset=["lateness_ns"])
+    fig, ax = plt.subplots(figsize=(11, max(3.0, min(12.0, 0.12 * len(inp.nodes) + 2))))
+    if len(ops):
+        t = (ops["arrive_ns"] - ops["arrive_ns"].min()) / 1e9
+        edges = np.linspace(0, max(float(t.max()), 1e-6), bins + 1)
+        ranks = sorted(ops["rank"].unique())
+        grid = np.full((len(ranks), bins), np.nan)
+        idx = {r: i for i, r in enumerate(ranks)}
+        b = np.clip(np.searchsorted(edges, t, side="right") - 1, 0, bins - 1)
+        g = pd.DataFrame({"r": ops["rank"].map(idx), "b": b, "late_ms": ops["lateness_ns"] / 1e6})
+        m = g.groupby(["r", "b"])["late_ms"].mean()
+        grid[m.index.get_level_values(0), m.index.get_level_values(1)] = m.to_numpy()
+        lim = np.nanpercentile(np.abs(grid), 99) if np.isfinite(grid).any() else 1.0
+        im = ax.imshow(grid, aspect="auto", cmap="RdBu_r", vmin=-lim, vmax=lim, interpolation="nearest",
+                       extent=(0, edges[-1], len(ranks) - 0.5, -0.5))  # fmt: skip
+        fig.colorbar(im, ax=ax, label="arrival vs. median arrival (ms)")
+        if len(ranks) <= 64:
+            ax.set_yticks(range(len(ranks)), [f"{r} {inp.nodes.get(r, '')}" for r in ranks], fontsize=7)
+        ax.set_ylabel("rank")
+    ax.set_xlabel("time (s)")
+    ax.set_title("Per-rank lateness: red = arrives late, others wait for it")
+    return _save(fig, path)
+
+
+def wait_transfer_split(inp: ReportInput, path: Path) -> Path:
+    ops = inp.ops.dropna(subset=["wait_ns"])
+    fig, ax = plt.subplots(figsize=(11, 4.5))
+    if len(ops):
+        g = ops.groupby("rank")[["wait_ns", "transfer_ns"]].median() / 1e3
+        x = np.arange(len(g))
+        ax.bar(x, g["transfer_ns"], label="transfer (last arrival → done)", color="#2980b9")
+        ax.bar(
+            x,
+            g["wait_ns"],
+            bottom=g["transfer_ns"],
+            label="wait (own arrival → last arrival)",
+            color="#e67e22",
+        )
+        if len(g) <= 64:
+            ax.set_xticks(x, [str(r) for r in g.index], fontsize=7)
+        ax.set_xlabel("rank")
+        ax.legend()
+    ax.set_ylabel("median µs per collective")
+    ax.set_title("Collective time split into wait and transfer")
+    return _save(fig, path)
+
+
+def busbw_by_size(inp: ReportInput, path: Path) -> Path:
+    ops = inp.ops.dropna(subset=["busbw_gbs"])
+    ops = ops[np.isfinite(ops["busbw_gbs"]) & (ops["busbw_gbs"] > 0)]
+    fig, ax = plt.subplots(figsize=(11, 4.5))
+    for name, g in ops.groupby("op_name"):
+        per_op = g.groupby(["comm_id", "seq", "bytes"])["busbw_gbs"].min().reset_index()
+        ax.scatter(per_op["bytes"], per_op["busbw_gbs"], s=6, alpha=0.5, label=name)
+        base = per_op.groupby("bytes")["busbw_gbs"].median()
+        ax.plot(base.index, base.to_numpy(), linewidth=1)
+    if len(ops):
+        ax.set_xscale("log")
+        ax.legend(markerscale=3, fontsize=8)
+    ax.set_xlabel("bytes per rank")
+    ax.set_ylabel("bus bandwidth (GB/s)")
+    ax.set_title("Bus bandwidth by size (dots: ops; lines: median baseline)")
+    return _save(fig, path)
+
+
+def diagnosis_timeline(inp: ReportInput, path: Path) -> Path:
+    fig, ax = plt.subplots(figsize=(11, 3.5))
+    ds = inp.diagnoses
+    if ds:
+        t0 = min(d["time"] for d in ds)
+        for d in ds:
+            for r in d.get("ranks") or [-1]:
+                ax.scatter(d["time"] - t0, r, color=LEVEL_COLOR.get(d["level"], "grey"), s=40)
+        for lvl, c in LEVEL_COLOR.items():
+            ax.scatter([], [], color=c, label=lvl)
+        ax.legend(fontsize=8)
+        kinds = sorted({d["kind"] for d in ds})
+        ax.set_title("Diagnoses: " + ", ".join(kinds))
+    else:
+        ax.text(0.5, 0.5, "no diagnoses", ha="center", va="center", transform=ax.transAxes)
+        ax.set_title("Diagnoses")
+    ax.set_xlabel("time since first diagnosis (s)")
+    ax.set_ylabel("culprit rank")
+    return _save(fig, path)
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _img(path: Path) -> str:
+    data = base64.b64encode(path.read_bytes()).decode()
+    return f'<img alt="{html.escape(path.stem)}" src="data:image/png;base64,{data}">'
+
+
+def write(inp: ReportInput, out_dir: Path) -> dict[str, Path]:
+    """Write the PNGs and report.html into ``out_dir``; return their paths."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    pngs = {
+        "lateness": lateness_heatmap(inp, out_dir / "lateness.png"),
+        "wait_transfer": wait_transfer_split(inp, out_dir / "wait_transfer.png"),
+        "busbw": busbw_by_size(inp, out_dir / "busbw.png"),
+        "diagnoses": diagnosis_timeline(inp, out_dir / "diagnoses.png"),
+    }
+    rows = []
+    for d in sorted(inp.diagnoses, key=lambda d: ({"ERROR": 0, "WARNING": 1}.get(d["level"], 2), d["time"])):
+        culprit = ", ".join(
+            f"rank {r} ({n})" for r, n in zip(d.get("ranks", []), d.get("nodes", []), strict=False)
+        )
+        rows.append(
+            f"<tr><td>{html.escape(d['level'])}</td><td>{html.escape(d['kind'])}</td>"
+            f"<td>{html.escape(culprit)}</td><td>{html.escape(str(d.get('op', '')))} #{d.get('seq', '')}</td>"
+            f"<td>{html.escape(str(d.get('detail', {}).get('localized_by', '')))}</td></tr>"
+        )
+    table = (
+        "<table><tr><th>level</th><th>kind</th><th>culprit</th><th>op</th><th>localized by</th></tr>"
+        + "".join(rows)
+        + "</table>"
+        if rows
+        else "<p>No diagnoses.</p>"
+    )
+    title = html.escape(inp.title)
+    page = f"""<!doctype html><html><head><meta charset="utf-8"><title>c4d report: {title}</title>
+<style>body{{font-family:sans-serif;max-width:1200px;margin:auto}}img{{max-width:100%}}
+table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:4px 8px}}</style></head><body>
+<h1>c4d report: {html.escape(inp.title)}</h1>
+<p>{len(inp.nodes)} ranks, {inp.ops["seq"].size if len(inp.ops) else 0} op records.</p>
+<h2>Diagnoses</h2>{table}{_img(pngs["diagnoses"])}
+<h2>Who arrives late</h2>{_img(pngs["lateness"])}
+<h2>Wait vs. transfer</h2>{_img(pngs["wait_transfer"])}
+<h2>Bus bandwidth</h2>{_img(pngs["busbw"])}
+</body></html>"""
+    page_path = out_dir / "report.html"
+    page_path.write_text(page)
+    return {**pngs, "html": page_path}
