@@ -74,6 +74,9 @@ def _add_master_opts(p: argparse.ArgumentParser) -> None:
         "--hang-timeout", type=_positive(int), metavar="US", help="override the job's C4D_HANG_TIMEOUT (µs)"
     )
     p.add_argument("--hang-times", type=_positive(int), metavar="N", help="override the job's C4D_HANG_TIMES")
+    p.add_argument(
+        "--metrics-port", type=int, metavar="PORT", help="serve Prometheus metrics on 127.0.0.1:PORT"
+    )
 
 
 # -- commands ---------------------------------------------------------------------------
@@ -92,6 +95,7 @@ def _make_master(args, meta: dict, bind: str):
     from c4d.master import Master, MasterConfig
 
     cfg = MasterConfig(
+        metrics_port=args.metrics_port,
         bind=bind,
         trace=args.trace,
         json_out=args.json,

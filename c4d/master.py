@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+from c4d import schema
 from c4d.collector import DEFAULT_ENDPOINT, Collector
 from c4d.received import Received
 from c4d.trace import TraceWriter
@@ -31,6 +32,7 @@ class MasterConfig:
     json_out: bool = False
     blacklist: str | None = None
     tick_s: float = 0.2
+    metrics_port: int | None = None
     meta: dict[str, Any] = field(default_factory=dict)
     engine_overrides: dict[str, Any] = field(default_factory=dict)
 
@@ -56,6 +58,12 @@ class Master:
         self.received = Received()
         self.engine = make_engine(cfg.engine_overrides)
         self.trace = TraceWriter(cfg.trace, {"endpoint": self.endpoint, **cfg.meta}) if cfg.trace else None
+        self.metrics = None
+        if cfg.metrics_port is not None:
+            from c4d.metrics import Metrics
+
+            self.metrics = Metrics()
+            self.metrics_port = self.metrics.serve(cfg.metrics_port)
         self.diagnoses: list[Any] = []
         self.on_diagnosis = list(on_diagnosis or [])
         self._next_tick = time.monotonic() + cfg.tick_s
@@ -77,6 +85,8 @@ class Master:
             if self.trace:
                 self.trace.write(raw)
             self.engine.feed(raw, self._last_tick_ns)
+            if self.metrics is not None:
+                self.metrics.ingest(schema.by_kind(raw))
         new: list[Any] = []
         if time.monotonic() >= self._next_tick:
             self._next_tick = time.monotonic() + self.cfg.tick_s
@@ -91,6 +101,9 @@ class Master:
         new = self.engine.tick(now_ns)
         for d in new:
             self._emit(d)
+        if self.metrics is not None:
+            snap = self.engine.state() if hasattr(self.engine, "state") else None
+            self.metrics.tick(self.received.dropped, self.collector.bad_messages, snap)
         return new
 
     def records_per_s(self, window_s: float = 2.0) -> float:
@@ -121,6 +134,8 @@ class Master:
             if added:
                 self.blacklisted.extend(added)
                 log.error("blacklisted %s (written to %s)", ", ".join(added), self.cfg.blacklist)
+        if self.metrics is not None:
+            self.metrics.diagnosis(d)
         for cb in self.on_diagnosis:
             cb(d)
 

@@ -61,3 +61,14 @@ def simnccl_dir() -> Path:
 def simtrain_path() -> Path:
     """The native training-loop driver linked against libnccl.so.2."""
     return _find("bin/c4d-simtrain")
+
+
+def libzmq_path() -> Path | None:
+    """The libzmq that pyzmq's wheel bundles (what the shim loads), or None if pyzmq links a system one."""
+    import glob
+
+    import zmq
+
+    site = Path(zmq.__file__).resolve().parent.parent
+    hits = sorted(glob.glob(str(site / "pyzmq.libs" / "libzmq*.so*")))
+    return Path(hits[0]) if hits else None

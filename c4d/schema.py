@@ -45,7 +45,10 @@ class Op(enum.IntEnum):
     Recv = 9
 
 
-class OpFlag(enum.IntFlag):
+class OpFlag(enum.IntEnum):
+    """Bits of OpRecord.flags (record.h: c4d_op_flags). IntEnum, not IntFlag: IntFlag members are
+    iterable, which pandas treats as sequences in `&`."""
+
     DEVICE_TIMING = 1 << 0
     IN_GROUP = 1 << 1
     P2P = 1 << 2
@@ -73,9 +76,19 @@ class CommEvent(enum.IntEnum):
 # ncclDataType_t -> bytes per element (nccl_abi.h: c4d_dtype_size)
 DTYPE_SIZE = np.array([1, 1, 4, 4, 8, 8, 2, 4, 8, 2, 1, 1], dtype=np.uint64)
 DTYPE_NAMES = [
-    "int8", "uint8", "int32", "uint32", "int64", "uint64",
-    "float16", "float32", "float64", "bfloat16", "float8e4m3", "float8e5m2",
-]  # fmt: skip
+    "int8",
+    "uint8",
+    "int32",
+    "uint32",
+    "int64",
+    "uint64",
+    "float16",
+    "float32",
+    "float64",
+    "bfloat16",
+    "float8e4m3",
+    "float8e5m2",
+]
 
 LOG_LEVELS = ["TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL"]
 

@@ -100,6 +100,8 @@ class SimJob:
             SIMNCCL_RANKS_PER_NODE=str(cfg.ranks_per_node),
             SIMNCCL_SEED=str(cfg.seed * 100003 + rank),
         )
+        if "C4D_LIBZMQ" not in env and (zmq_lib := native.libzmq_path()) is not None:
+            env["C4D_LIBZMQ"] = str(zmq_lib)
         if cfg.preload:
             pre = env.get("LD_PRELOAD", "")
             env["LD_PRELOAD"] = str(native.lib_path()) + (":" + pre if pre else "")
