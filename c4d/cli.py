@@ -36,6 +36,14 @@ def _setup_logging(level: int) -> None:
     logging.basicConfig(level=level, stream=sys.stderr, format="c4d %(levelname)s %(message)s", force=True)
 
 
+def _log_to_console(console, level: int) -> None:
+    """In live mode, log through rich so lines print above the live display instead of through it."""
+    from rich.logging import RichHandler
+
+    handler = RichHandler(console=console, show_path=False, show_time=False, markup=False)
+    logging.basicConfig(level=level, handlers=[handler], format="%(message)s", force=True)
+
+
 def _positive(kind):
     def conv(text: str):
         try:
@@ -177,6 +185,7 @@ def cmd_sim(args) -> int:
             from c4d.live import LiveView
 
             view = LiveView(master)
+            _log_to_console(view.console, args.log_level)
         try:
             res = sim.run(
                 cfg,
@@ -249,7 +258,7 @@ def cmd_analyze(args) -> int:
         )
     con.print(t)
     for d in diags:
-        con.print(d.summary())
+        con.print(d.summary(), markup=False, highlight=False)
     if not diags:
         con.print("no diagnoses")
     return 0

@@ -108,7 +108,7 @@ def _print_outcome(con: Console, master: Master, res, blacklist: Path, trace_pat
     order = {"ERROR": 0, "WARNING": 1, "INFO": 2}
     shown = sorted(master.diagnoses, key=lambda d: (order.get(d.level.name, 3), d.time))
     for d in shown[:8]:
-        con.print(d.summary())
+        con.print(d.summary(), markup=False, highlight=False)
     bl = blacklist.read_text().split() if blacklist.exists() else []
     con.print(f"blacklist it would apply: [bold]{', '.join(bl) if bl else '(none)'}[/]")
     con.print(f"c4d sim: {res.reason} after {res.seconds:.1f} s")

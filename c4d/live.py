@@ -104,6 +104,8 @@ def _node_key(n: str) -> tuple[str, int]:
 
 
 def _comms(s: LiveState, limit: int) -> Table:
+    shown = sorted((c for c in s.comms if c.ranks > 1), key=lambda c: (-c.ranks, c.kind, c.comm))
+    hidden = len(s.comms) - len(shown)
     t = Table(box=None, pad_edge=False, expand=False, header_style="bold")
     for c in (
         "comm",
@@ -116,14 +118,21 @@ def _comms(s: LiveState, limit: int) -> Table:
         "busbw GB/s",
     ):
         t.add_column(c, justify="left" if c in ("comm", "kind") else "right")
-    for c in s.comms[:limit]:
+    for c in shown[:limit]:
         t.add_row(
-            c.comm[:8], c.kind, str(c.ranks), str(c.last_done_seq), f"{c.ops_per_s:,.0f}",
-            f"{c.wait_med_us:,.0f}/{c.wait_p99_us:,.0f}", f"{c.xfer_med_us:,.0f}/{c.xfer_p99_us:,.0f}",
+            c.comm[:8],
+            c.kind,
+            str(c.ranks),
+            str(c.last_done_seq),
+            f"{c.ops_per_s:,.0f}",
+            f"{c.wait_med_us:,.0f}/{c.wait_p99_us:,.0f}",
+            f"{c.xfer_med_us:,.0f}/{c.xfer_p99_us:,.0f}",
             f"{c.busbw_gbs:,.2f}",
-        )  # fmt: skip
-    if len(s.comms) > limit:
-        t.add_row(f"… {len(s.comms) - limit} more", "", "", "", "", "", "", "")
+        )
+    if len(shown) > limit:
+        t.add_row(f"… {len(shown) - limit} more", "", "", "", "", "", "", "")
+    if hidden:
+        t.caption = f"{hidden} single-rank communicators not shown"
     return t
 
 
@@ -160,8 +169,8 @@ def snapshot(master: Any, now: float | None = None) -> LiveState:
         comms = _engine_comm_rows(eng)
     for node in master.blacklisted:
         for r, i in rec.ranks.items():
-            if i.node == node:
-                rank_states[r] = "isolated"
+            if i.node == node and rank_states.get(r) not in ("hung", "lost", "slow"):
+                rank_states[r] = "isolated"  # the culprit keeps its own mark
     diags = sorted(master.diagnoses, key=lambda d: (_LEVEL_ORDER.get(d.level.name, 3), -d.time))
     job = str(master.cfg.meta.get("job") or master.cfg.meta.get("command", "?"))
     return LiveState(
@@ -194,13 +203,18 @@ def _engine_comm_rows(eng: Any) -> list[CommRow]:
         g = lambda name, default=0.0, c=c: getattr(c, name, default)  # noqa: E731
         rows.append(
             CommRow(
-                comm=str(g("comm", "")), kind=str(g("kind", "?")), ranks=int(g("nranks", 0)),
-                last_done_seq=int(g("last_done_seq", -1)), ops_per_s=float(g("ops_per_s")),
-                wait_med_us=float(g("wait_med_us")), wait_p99_us=float(g("wait_p99_us")),
-                xfer_med_us=float(g("xfer_med_us")), xfer_p99_us=float(g("xfer_p99_us")),
+                comm=str(g("comm", "")),
+                kind=str(g("kind", "?")),
+                ranks=int(g("nranks", 0)),
+                last_done_seq=int(g("last_done_seq", -1)),
+                ops_per_s=float(g("ops_per_s")),
+                wait_med_us=float(g("wait_med_us")),
+                wait_p99_us=float(g("wait_p99_us")),
+                xfer_med_us=float(g("xfer_med_us")),
+                xfer_p99_us=float(g("xfer_p99_us")),
                 busbw_gbs=float(g("busbw_gbs")),
             )
-        )  # fmt: skip
+        )
     return rows
 
 

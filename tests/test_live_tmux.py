@@ -46,8 +46,9 @@ def test_live_view_marks_the_culprit(tmp_path, libc4d, simtrain):
 
         def screen_with_diagnosis() -> str | None:
             s = _tmux("capture-pane", "-p", "-t", session)
-            return s if ("RankNonCommHang" in s and "ERROR" in s) else None
+            return s if ("RankNonCommHang" in s and "c4d sim: stopped on an ERROR" in s) else None
 
+        # the live view's last frame, drawn when the sim stops on the ERROR
         screen = wait_for(screen_with_diagnosis, timeout=120, what="an ERROR RankNonCommHang on screen")
         groups = _grid_groups(screen)
         assert len(groups) == 2 and all(len(g) == 4 for g in groups), screen
