@@ -1,0 +1,153 @@
+#include "timeline.h"
+
+#include <algorithm>
+
+#include "comm.h"
+#include "common.h"
+#include "config.h"
+#include "profiler.h"
+
+namespace sim {
+namespace {
+
+constexpr uint64_t kPipeChunk = 512 * 1024; /* broadcast/reduce pipeline chunk */
+constexpr int kPipeMaxChunks = 8;
+
+uint64_t move_ns(const ncclComm* c, int src, int dst, uint64_t bytes, int step, double jit) {
+  double bw = link_bw(c->granks[size_t(src)], c->granks[size_t(dst)], step);
+  if (bw <= 0) return kNever;
+  return uint64_t((double(config().lat_ns) + double(bytes) / bw) * jit);
+}
+
+}  // namespace
+
+Schedule model_coll(const ncclComm* c, int kind, uint64_t bytes_unit, int root, int step, uint64_t seq,
+                    uint64_t t0) {
+  const int n = c->nranks, r = c->rank;
+  Schedule s;
+  s.t0 = t0;
+  s.finish = t0;
+  if (n == 1) return s; /* a local copy: no link, no modeled time */
+  auto at = [n](int i) { return ((i % n) + n) % n; };
+  std::vector<std::pair<int, int>> links; /* directed, comm ranks */
+  uint64_t chunk = bytes_unit;
+  int steps = n - 1;
+  auto ring_links = [&] {
+    for (int i = 0; i < n; ++i) links.push_back({i, at(i + 1)});
+  };
+  struct Mine {
+    int peer;
+    bool send;
+    int first, nsteps;
+  };
+  std::vector<Mine> mine;
+  switch (kind) {
+    case kAllReduce:
+      steps = 2 * (n - 1);
+      chunk = (bytes_unit + uint64_t(n) - 1) / uint64_t(n);
+      [[fallthrough]];
+    case kAllGather:
+    case kReduceScatter:
+      ring_links();
+      mine.push_back({at(r + 1), true, 0, steps});
+      mine.push_back({at(r - 1), false, 0, steps});
+      break;
+    case kAlltoAll:
+      for (int i = 0; i < n; ++i)
+        for (int j = 0; j < n; ++j)
+          if (i != j) links.push_back({i, j});
+      for (int k = 1; k < n; ++k) {
+        mine.push_back({at(r + k), true, k - 1, 1});
+        mine.push_back({at(r - k), false, k - 1, 1});
+      }
+      break;
+    case kGather:
+    case kScatter: {
+      bool gather = kind == kGather;
+      for (int j = 0; j < n; ++j) {
+        if (j == root) continue;
+        links.push_back(gather ? std::make_pair(j, root) : std::make_pair(root, j));
+        int idx = at(j - root - 1); /* root serves peers in ring order */
+        if (r == root) mine.push_back({j, !gather, idx, 1});
+        if (r == j) mine.push_back({root, gather, idx, 1});
+      }
+      break;
+    }
+    case kBroadcast:
+    case kReduce: {
+      int k = int(std::min<uint64_t>(std::max<uint64_t>((bytes_unit + kPipeChunk - 1) / kPipeChunk, 1),
+                                     kPipeMaxChunks));
+      chunk = (bytes_unit + uint64_t(k) - 1) / uint64_t(k);
+      steps = n - 1 + k - 1;
+      int head = kind == kBroadcast ? root : at(root + 1); /* the chain runs head -> ... -> tail */
+      for (int i = 0; i < n - 1; ++i) links.push_back({at(head + i), at(head + i + 1)});
+      int pos = at(r - head);
+      if (pos > 0) mine.push_back({at(r - 1), false, pos - 1, k});
+      if (pos < n - 1) mine.push_back({at(r + 1), true, pos, k});
+      break;
+    }
+    default:
+      return s;
+  }
+  double jit = jitter_factor(c->seed, c->id ^ mix64(seq));
+  double bw_min = 0;
+  bool hung = false;
+  for (size_t i = 0; i < links.size(); ++i) {
+    double bw = link_bw(c->granks[size_t(links[i].first)], c->granks[size_t(links[i].second)], step);
+    if (bw <= 0) hung = true;
+    if (i == 0 || bw < bw_min) bw_min = bw;
+  }
+  s.total_steps = steps;
+  s.step_ns = hung ? 0 : uint64_t((double(config().lat_ns) + double(chunk) / bw_min) * jit);
+  s.finish = hung ? kNever : t0 + uint64_t(steps) * s.step_ns;
+  if (hung) { /* the healthy links still pace their steps at their own rate */
+    double slowest_ok = 0;
+    for (auto& l : links) {
+      double bw = link_bw(c->granks[size_t(l.first)], c->granks[size_t(l.second)], step);
+      if (bw > 0 && (slowest_ok == 0 || bw < slowest_ok)) slowest_ok = bw;
+    }
+    s.step_ns = slowest_ok > 0 ? uint64_t((double(config().lat_ns) + double(chunk) / slowest_ok) * jit)
+                               : uint64_t(double(config().lat_ns) * jit);
+  }
+  for (const Mine& m : mine) {
+    int src = m.send ? r : m.peer, dst = m.send ? m.peer : r;
+    s.mine.push_back({m.peer, m.send, m.first, m.nsteps, chunk, move_ns(c, src, dst, chunk, step, jit)});
+  }
+  return s;
+}
+
+Schedule model_p2p(const ncclComm* c, int src, int dst, bool me_is_src, uint64_t bytes, int step, uint32_t idx,
+                   uint64_t t0) {
+  Schedule s;
+  s.t0 = t0;
+  s.finish = t0;
+  if (src == dst) return s; /* a local copy */
+  double jit = jitter_factor(c->seed, c->id ^ mix64((uint64_t(uint32_t(src)) << 32) | uint32_t(dst)) ^ mix64(idx + 1));
+  uint64_t mv = move_ns(c, src, dst, bytes, step, jit);
+  s.total_steps = 1;
+  s.step_ns = mv == kNever ? 0 : mv;
+  s.finish = mv == kNever ? kNever : t0 + mv;
+  s.mine.push_back({me_is_src ? dst : src, me_is_src, 0, 1, bytes, mv});
+  return s;
+}
+
+void wait_timeline(std::vector<TimedOp>& ops) {
+  if (profiler_active(ops)) {
+    profiler_run_timeline(ops);
+    return;
+  }
+  uint64_t end = 0;
+  for (const TimedOp& t : ops) end = std::max(end, t.sched.finish);
+  if (end != kNever) {
+    sleep_until_ns(end);
+    return;
+  }
+  /* A hung link: nobody finishes. Sleep (100 ms at a time) until a comm is aborted. */
+  for (;;) {
+    for (const TimedOp& t : ops)
+      if (t.op->comm->aborted.load()) return;
+    sleep_until_ns(now_ns() + 100000000ull);
+  }
+}
+
+}  // namespace sim

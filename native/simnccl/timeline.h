@@ -1,0 +1,67 @@
+/*
+ * The time model: how long an op takes on the modeled network, and the wait for it.
+ *
+ * Ring algorithm on the comm's ring (comm rank i -> i+1): allreduce 2(n-1) steps of
+ * bytes/n, allgather/reducescatter n-1 steps of one rank's share, broadcast/reduce a
+ * pipeline of k chunks along the chain from/to the root (n-1+k-1 steps), alltoall/
+ * gather/scatter n-1 steps over direct links, send/recv one step on the direct link.
+ * A step takes latency + chunk / bw, and the slowest link the op uses sets the pace
+ * of every step (one slow link slows the whole collective, as on hardware); a hung
+ * link (comm-hang) makes the op never finish. Every rank derives the same numbers
+ * from the same inputs: the members' global ranks, the op, the max step published,
+ * and a jitter factor hashed from (comm rank 0's SIMNCCL_SEED, comm id, seq).
+ *
+ * Per-rank transfers (`mine`) are what the profiler plugin sees: step s of a transfer
+ * starts at t0 + s * step_ns and moves its chunk in (lat + chunk / bw(link)) * jitter,
+ * so on a slow link those steps are slow and on a hung link they never end, while the
+ * other links' steps finish on time.
+ */
+#ifndef SIMNCCL_TIMELINE_H
+#define SIMNCCL_TIMELINE_H
+
+#include <cstdint>
+#include <vector>
+
+#include "ops.h"
+
+namespace sim {
+
+constexpr uint64_t kNever = UINT64_MAX;
+
+struct Transfer {
+  int peer;      /* comm rank of the other end */
+  bool is_send;  /* this rank sends to peer */
+  int first_step;
+  int nsteps;
+  uint64_t step_bytes;
+  uint64_t move_ns; /* duration of each of its steps; kNever on a hung link */
+};
+
+struct Schedule {
+  uint64_t t0 = 0;      /* step 0 starts: last arrival (collectives), both ends arrived (p2p) */
+  uint64_t step_ns = 0; /* pace of every step */
+  int total_steps = 0;
+  uint64_t finish = 0; /* t0 + total_steps * step_ns; kNever if a link is hung */
+  std::vector<Transfer> mine;
+};
+
+/* bytes_unit: count * dtype size, i.e. the per-rank buffer (allreduce, broadcast,
+ * reduce) or one rank's share (allgather, reducescatter, alltoall, gather, scatter). */
+Schedule model_coll(const ncclComm* c, int kind, uint64_t bytes_unit, int root, int step, uint64_t seq,
+                    uint64_t t0);
+/* One p2p transfer src -> dst (comm ranks); `me` tells which end is asking. */
+Schedule model_p2p(const ncclComm* c, int src, int dst, bool me_is_src, uint64_t bytes, int step, uint32_t idx,
+                   uint64_t t0);
+
+struct TimedOp {
+  const OpDesc* op;
+  Schedule sched;
+};
+
+/* Sleeps until every op's finish (forever, while the comm is not aborted, if one is
+ * hung), emitting profiler events as modeled time passes where a plugin is loaded. */
+void wait_timeline(std::vector<TimedOp>& ops);
+
+}  // namespace sim
+
+#endif  // SIMNCCL_TIMELINE_H

@@ -1,0 +1,565 @@
+"""simnccl and c4d-simtrain, driven as real multi-process jobs.
+
+Every test launches rank processes (RANK/WORLD_SIZE/LOCAL_RANK/SIMNCCL_JOB set, one
+job dir each) that talk over POSIX shared memory; nothing is mocked. Deadlines on
+every wait; the fixture kills what is left and removes /dev/shm/simnccl-<job>-*.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import shutil
+import signal
+import statistics
+import struct
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from c4d import native
+from tests.conftest import wait_for
+
+SHM = Path("/dev/shm")
+STEP_RE = re.compile(r"rank (\d+) step (\d+) done ms=([0-9.]+)")
+
+
+@dataclass
+class Job:
+    """One simulated job: its rank processes and where their output goes."""
+
+    name: str
+    dir: Path
+    procs: list[subprocess.Popen] = field(default_factory=list)
+
+    def stderr(self, rank: int) -> str:
+        return (self.dir / f"rank{rank}.err").read_text(errors="replace")
+
+    def stdout(self, rank: int) -> str:
+        return (self.dir / f"rank{rank}.out").read_text(errors="replace")
+
+    def steps_done(self, rank: int) -> dict[int, float]:
+        """step -> ms, from the --progress lines of one rank."""
+        return {int(s): float(ms) for r, s, ms in STEP_RE.findall(self.stderr(rank)) if int(r) == rank}
+
+    def wait(self, timeout: float) -> list[int]:
+        deadline = time.monotonic() + timeout
+        codes = []
+        for p in self.procs:
+            try:
+                codes.append(p.wait(timeout=max(0.1, deadline - time.monotonic())))
+            except subprocess.TimeoutExpired:
+                raise AssertionError(
+                    f"job {self.name} did not finish within {timeout}s; rank stderr:\n"
+                    + "\n".join(self.stderr(r)[-400:] for r in range(len(self.procs)))
+                ) from None
+        return codes
+
+    def alive(self) -> list[bool]:
+        return [p.poll() is None for p in self.procs]
+
+    def shm_left(self) -> list[str]:
+        return sorted(p.name for p in SHM.glob(f"simnccl-{self.name}-*"))
+
+    def cpu_seconds(self) -> float:
+        """utime + stime of every live rank process (all threads), from /proc."""
+        tick = os.sysconf("SC_CLK_TCK")
+        total = 0
+        for p in self.procs:
+            try:
+                fields = Path(f"/proc/{p.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except FileNotFoundError:
+                continue
+            total += int(fields[11]) + int(fields[12])
+        return total / tick
+
+
+@pytest.fixture
+def jobs(tmp_path):
+    """Launches jobs; at teardown kills leftovers and removes their shm segments."""
+    launched: list[Job] = []
+
+    def launch(simtrain, n: int, *args: str, env: dict | None = None, preload: Path | None = None) -> Job:
+        job = Job(name=f"t{uuid.uuid4().hex[:10]}", dir=tmp_path / f"job{len(launched)}")
+        job.dir.mkdir()
+        launched.append(job)
+        for r in range(n):
+            e = dict(os.environ)
+            e.pop("LD_PRELOAD", None)
+            e.update(
+                RANK=str(r),
+                WORLD_SIZE=str(n),
+                LOCAL_RANK=str(r),
+                SIMNCCL_JOB=job.name,
+                C4D_NODE_NAME="node-0",
+            )
+            if preload:
+                e["LD_PRELOAD"] = str(preload)
+            e.update(env or {})
+            with open(job.dir / f"rank{r}.out", "wb") as out, open(job.dir / f"rank{r}.err", "wb") as err:
+                job.procs.append(
+                    subprocess.Popen(
+                        [str(simtrain), "--job-dir", str(job.dir), *args], stdout=out, stderr=err, env=e
+                    )
+                )
+        return job
+
+    yield launch
+    for job in launched:
+        for p in job.procs:
+            if p.poll() is None:
+                p.kill()
+        for p in job.procs:
+            p.wait(timeout=10)
+        for seg in SHM.glob(f"simnccl-{job.name}-*"):
+            seg.unlink(missing_ok=True)
+
+
+def preload_path(preload: bool) -> Path | None:
+    if not preload:
+        return None
+    try:
+        return native.lib_path()
+    except native.NativeMissing as e:
+        pytest.fail(f"LD_PRELOAD run needs libc4d.so, which is not built yet: {e}")
+
+
+# ---------------------------------------------------------------------------------------
+# correctness
+
+
+@pytest.mark.parametrize("preload", [False, True], ids=["plain", "libc4d"])
+@pytest.mark.parametrize("n", [2, 4, 8])
+def test_verify_every_collective(jobs, simtrain, n, preload):
+    job = jobs(simtrain, n, "--verify", preload=preload_path(preload))
+    codes = job.wait(timeout=120)
+    for r in range(n):
+        assert job.stdout(r).strip().endswith("verify ok"), f"rank {r}: {job.stdout(r)}{job.stderr(r)}"
+    assert codes == [0] * n
+    assert job.shm_left() == [], "a clean exit must unlink every shm segment"
+
+
+def test_training_8_ranks_tp2_pp2_finishes(jobs, simtrain):
+    steps = 6
+    job = jobs(simtrain, 8, "--steps", str(steps), "--tp", "2", "--pp", "2", "--progress")
+    assert job.wait(timeout=120) == [0] * 8
+    for r in range(8):
+        assert sorted(job.steps_done(r)) == list(range(steps)), job.stderr(r)
+        assert f"rank {r} finished" in job.stderr(r)
+    assert job.shm_left() == []
+
+
+def test_bench_count_zero_is_cheap(simtrain):
+    out = subprocess.run(
+        [str(simtrain), "--bench", "200000"], capture_output=True, text=True, timeout=60, check=True
+    ).stdout
+    ns = float(re.fullmatch(r"bench ns_per_call=([0-9.]+)\n", out).group(1))
+    assert 0 < ns < 2000, "a count-0 allreduce queues nothing and must cost well under a microsecond"
+
+
+def test_event_record_is_cheap(simtrain):
+    out = subprocess.run(
+        [str(simtrain), "--bench-cuda", "200000"], capture_output=True, text=True, timeout=60, check=True
+    ).stdout
+    vals = dict(re.findall(r"(\w+)=([0-9.]+)", out))
+    # generous bounds (shared 2-core CI box); the design target is well under 200 ns
+    assert float(vals["event_record_idle_ns"]) < 1000
+    assert float(vals["event_record_busy_ns"]) < 2000
+
+
+def test_bad_arguments_exit_nonzero_with_one_clear_line(simtrain, tmp_path):
+    p = subprocess.run([str(simtrain), "--steps", "x"], capture_output=True, text=True, timeout=30)
+    assert p.returncode == 2 and p.stderr.startswith("c4d-simtrain: --steps=x is not an integer")
+    p = subprocess.run(
+        [str(simtrain), "--job-dir", str(tmp_path), "--steps", "1"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")},
+    )
+    assert p.returncode == 1 and "RANK is not set" in p.stderr
+
+
+def test_missing_rank0_times_out_with_clear_error(jobs, simtrain):
+    job = jobs(simtrain, 1, "--steps", "1", "--init-timeout", "1", env={"RANK": "1", "WORLD_SIZE": "2"})
+    assert job.wait(timeout=30) == [1]
+    assert "no valid" in job.stderr(0) and "nccl.id" in job.stderr(0)
+
+
+# ---------------------------------------------------------------------------------------
+# the CUDA runtime subset, called directly
+
+
+@pytest.fixture(scope="module")
+def cuda(simnccl_dir):
+    lib = ctypes.CDLL(str(simnccl_dir / "libnccl.so.2"))
+    lib.simLaunchCompute.argtypes = [ctypes.c_void_p, ctypes.c_uint64]
+    for name in ("cudaEventRecord", "cudaStreamQuery", "cudaStreamSynchronize", "cudaEventQuery"):
+        getattr(lib, name).argtypes = [ctypes.c_void_p] * (2 if name == "cudaEventRecord" else 1)
+    lib.cudaEventElapsedTime.argtypes = [ctypes.POINTER(ctypes.c_float), ctypes.c_void_p, ctypes.c_void_p]
+    return lib
+
+
+def test_events_time_the_stream_not_the_host(cuda):
+    s, a, b, nt = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
+    assert cuda.cudaStreamCreate(ctypes.byref(s)) == 0
+    assert cuda.cudaEventCreate(ctypes.byref(a)) == 0
+    assert cuda.cudaEventCreate(ctypes.byref(b)) == 0
+    assert cuda.cudaEventCreateWithFlags(ctypes.byref(nt), 2) == 0  # cudaEventDisableTiming
+    assert cuda.cudaEventRecord(a, s) == 0
+    assert cuda.simLaunchCompute(s, 50_000_000) == 0  # 50 ms kernel
+    assert cuda.cudaEventRecord(b, s) == 0
+    ms = ctypes.c_float()
+    assert cuda.cudaEventQuery(b) == 600 and cuda.cudaStreamQuery(s) == 600
+    assert cuda.cudaEventElapsedTime(ctypes.byref(ms), a, b) == 600
+    assert cuda.cudaStreamSynchronize(s) == 0
+    assert cuda.cudaEventQuery(b) == 0 and cuda.cudaStreamQuery(s) == 0
+    assert cuda.cudaEventElapsedTime(ctypes.byref(ms), a, b) == 0
+    assert 49.0 <= ms.value < 500.0
+    assert cuda.cudaEventElapsedTime(ctypes.byref(ms), b, a) == 0 and ms.value < 0, "signed difference"
+    assert cuda.cudaEventRecord(nt, s) == 0
+    assert cuda.cudaEventElapsedTime(ctypes.byref(ms), a, nt) != 0, "DisableTiming events have no time"
+    for e in (a, b, nt):
+        assert cuda.cudaEventDestroy(e) == 0
+    assert cuda.cudaStreamDestroy(s) == 0
+
+
+def test_init_all_one_process_group_across_streams(cuda):
+    """ncclCommInitAll: both ranks live in this process; one group drives both, with each
+    rank's op on its own stream (the group joins the streams, as NCCL does)."""
+    n, count = 2, 4096
+    comms = (ctypes.c_void_p * n)()
+    assert cuda.ncclCommInitAll(comms, n, None) == 0
+    version, nr, ur = ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
+    assert cuda.ncclGetVersion(ctypes.byref(version)) == 0 and version.value == 23102
+    streams = [ctypes.c_void_p() for _ in range(n)]
+    bufs = [(ctypes.c_float * count)(*([float(r + 1)] * count)) for r in range(n)]
+    outs = [(ctypes.c_float * count)() for _ in range(n)]
+    for r in range(n):
+        assert cuda.cudaStreamCreate(ctypes.byref(streams[r])) == 0
+        assert cuda.ncclCommCount(ctypes.c_void_p(comms[r]), ctypes.byref(nr)) == 0 and nr.value == n
+        assert cuda.ncclCommUserRank(ctypes.c_void_p(comms[r]), ctypes.byref(ur)) == 0 and ur.value == r
+    p = ctypes.c_void_p
+    cuda.ncclAllReduce.argtypes = [p, p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, p, p]
+    assert cuda.ncclGroupStart() == 0
+    for r in range(n):
+        assert cuda.ncclAllReduce(bufs[r], outs[r], count, 7, 0, comms[r], streams[r]) == 0
+    assert cuda.ncclGroupEnd() == 0
+    for r in range(n):
+        assert cuda.cudaStreamSynchronize(streams[r]) == 0
+        assert set(outs[r]) == {3.0}
+    assert cuda.ncclGroupEnd() != 0, "unbalanced GroupEnd is an error, not a crash"
+    assert cuda.ncclAllReduce(bufs[0], outs[0], count, 42, 0, comms[0], streams[0]) == 4  # bad dtype
+    for r in range(n):
+        assert cuda.ncclCommDestroy(ctypes.c_void_p(comms[r])) == 0
+        assert cuda.cudaStreamDestroy(streams[r]) == 0
+    assert not list(SHM.glob(f"simnccl-p{os.getpid()}-*")), "destroy unlinks the segments"
+
+
+# ---------------------------------------------------------------------------------------
+# faults
+
+
+def progress_of(job: Job, n: int) -> list[int]:
+    """Highest step each rank reported done (-1 none)."""
+    return [max(job.steps_done(r), default=-1) for r in range(n)]
+
+
+def assert_stuck(job: Job, n: int, ranks_stuck_at: dict[int, int], window: float = 2.0, dead=()):
+    """After the job reached a stall, nobody progresses and nobody burns CPU for `window` s;
+    every rank but `dead` is still running."""
+    wait_for(
+        lambda: all(progress_of(job, n)[r] >= step - 1 for r, step in ranks_stuck_at.items()),
+        30,
+        f"ranks to reach their stall points {ranks_stuck_at}",
+    )
+    before = progress_of(job, n)
+    cpu0 = job.cpu_seconds()
+    t0 = time.monotonic()
+    time.sleep(window)  # observation window: we assert that nothing happens during it
+    cpu = (job.cpu_seconds() - cpu0) / (time.monotonic() - t0)
+    assert progress_of(job, n) == before, "a hung job must not progress"
+    for r, step in ranks_stuck_at.items():
+        assert before[r] == step - 1, f"rank {r} should be stuck in step {step}: {before}"
+    assert [r for r, a in enumerate(job.alive()) if not a] == list(dead), "a hang is not an exit"
+    assert cpu < 0.25, f"{n} waiting ranks used {cpu:.2f} CPU cores: waits must sleep, not spin"
+
+
+def test_comm_hang_on_a_link_hangs_the_job(jobs, simtrain):
+    # link 2-3 is the TP group of ranks 2 and 3 (tp=2): their step-2 all-gather never ends
+    job = jobs(
+        simtrain,
+        8,
+        *("--steps", "50", "--tp", "2", "--pp", "2", "--progress"),
+        env={"SIMNCCL_FAULTS": "comm-hang@link=2-3,step=2"},
+    )
+    wait_for(lambda: min(progress_of(job, 8)) >= 1, 60, "every rank finishing step 1")
+    wait_for(lambda: all("step 2 done" not in job.stderr(r) for r in (2, 3)), 5, "ranks 2, 3 stalled")
+    assert_stuck(job, 8, {2: 2, 3: 2})
+
+
+def test_noncomm_hang_stalls_the_stream(jobs, simtrain):
+    job = jobs(
+        simtrain,
+        4,
+        *("--steps", "50", "--tp", "2", "--progress"),
+        env={"SIMNCCL_FAULTS": "noncomm-hang@rank=1,step=3"},
+    )
+    wait_for(lambda: min(progress_of(job, 4)) >= 2, 60, "every rank finishing step 2")
+    assert_stuck(job, 4, {1: 3})
+
+
+def test_crash_kills_the_rank_by_signal(jobs, simtrain):
+    env = {"SIMNCCL_FAULTS": "crash@rank=3,step=2"}
+    job = jobs(simtrain, 4, *("--steps", "50", "--tp", "2", "--progress"), env=env)
+    wait_for(lambda: job.procs[3].poll() is not None, 60, "rank 3 to crash")
+    assert job.procs[3].returncode == -signal.SIGKILL
+    assert max(job.steps_done(3)) == 1 and "injected crash at step 2" in job.stderr(3)
+    assert_stuck(job, 4, {0: 2, 1: 2, 2: 2}, window=1.0, dead=[3])
+
+
+def test_malformed_fault_spec_prints_one_line_and_runs(jobs, simtrain):
+    job = jobs(
+        simtrain,
+        2,
+        *("--steps", "3", "--progress"),
+        env={"SIMNCCL_FAULTS": "comm-hang@rank=x,step=1; comm-slow@link=0-1,factor=2"},
+    )
+    assert job.wait(timeout=60) == [0, 0]
+    for r in range(2):
+        lines = [ln for ln in job.stderr(r).splitlines() if "SIMNCCL_FAULTS" in ln]
+        assert lines == [
+            "simnccl: SIMNCCL_FAULTS: ignoring malformed spec 'comm-hang@rank=x,step=1': "
+            "rank=x is not a non-negative integer"
+        ], job.stderr(r)
+        assert sorted(job.steps_done(r)) == [0, 1, 2]
+
+
+def test_comm_slow_link_slows_steps(jobs, simtrain):
+    # 2 ranks, pure communication: a 1 MiB all-reduce per step over the one link 0-1.
+    # Model: 2 steps x (20 us + 512 KiB / 0.1 GB/s) ~ 10.5 ms; factor 4 from step 4 → ~42 ms.
+    # (Slow links and little data: the real copying stays small beside modeled time.)
+    # Minima: a busy host only ever adds time, so they are the robust estimate.
+    env = {"SIMNCCL_INTRA_GBPS": "0.1", "SIMNCCL_JITTER": "0", "SIMNCCL_FAULTS": "comm-slow@link=0-1,step=4"}
+    args = ("--steps", "8", "--compute-us", "0", "--dp-bytes", str(1 << 20), "--tp-bytes", "4")
+    job = jobs(simtrain, 2, *args, "--pp-bytes", "4", "--progress", env=env)
+    assert job.wait(timeout=60) == [0, 0]
+    t = job.steps_done(0)
+    fast, slow = min(t[s] for s in (1, 2, 3)), min(t[s] for s in (5, 6, 7))
+    assert fast > 10.0, f"modeled all-reduce time missing: {t}"
+    assert slow > 2.5 * fast, f"link slowed 4x, steps should be ~4x slower: {t}"
+
+
+def test_jitter_makes_step_times_differ(jobs, simtrain):
+    # ~10.5 ms modeled per step (1 MiB all-reduce at 0.1 GB/s). With jitter 0.5 each
+    # collective draws a factor in [0.5, 1.5]: some steps run well below the steady time,
+    # which host noise (it only adds) can never produce.
+    base = ("--steps", "24", "--compute-us", "0", "--dp-bytes", str(1 << 20), "--progress")
+    env = {"SIMNCCL_INTRA_GBPS": "0.1", "SIMNCCL_SEED": "7"}
+    noisy = jobs(simtrain, 2, *base, env={**env, "SIMNCCL_JITTER": "0.5"})
+    assert noisy.wait(timeout=60) == [0, 0]
+    calm = jobs(simtrain, 2, *base, env={**env, "SIMNCCL_JITTER": "0"})
+    assert calm.wait(timeout=60) == [0, 0]
+    tn = list(noisy.steps_done(0).values())[1:]
+    tc = list(calm.steps_done(0).values())[1:]
+    assert min(tc) > 10.0, f"modeled time missing: {tc}"
+    assert min(tn) < 0.8 * min(tc), f"jitter 0.5 should give fast steps: noisy {tn} calm {tc}"
+    assert len(set(tn)) > len(tn) // 2, "step times should differ"
+
+
+# ---------------------------------------------------------------------------------------
+# the NCCL profiler plugin path (phase 2): a tiny test plugin logs every callback
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def test_plugin(tmp_path_factory) -> Path:
+    """native/simnccl/tests/test_plugin.c, compiled against c4d/profiler_abi.h."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    assert cc, "a C compiler is needed to build the test profiler plugin"
+    out = tmp_path_factory.mktemp("plugin") / "libnccl-profiler-simtest.so"
+    subprocess.run(
+        [cc, "-std=c11", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC", f"-I{ROOT / 'native/include'}",
+         str(ROOT / "native/simnccl/tests/test_plugin.c"), "-o", str(out), "-lpthread"],
+        check=True,
+        timeout=120,
+    )  # fmt: skip
+    return out
+
+
+def fnv1a(data: bytes, h: int = 0xCBF29CE484222325) -> int:
+    for b in data:
+        h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+def comm_ids(job: Job) -> tuple[str, str]:
+    """(world, DP) commIds as profiler_abi.h defines them: FNV-1a of the unique id, and of
+    (parent id, split index, color) for a split. The driver splits TP, DP, PP in that
+    order; with tp = pp = 1 the DP split has color 0."""
+    world = fnv1a((job.dir / "nccl.id").read_bytes().split(b"\n", 1)[1])
+    return f"{world:016x}", f"{fnv1a(struct.pack('<QIi', world, 1, 0)):016x}"
+
+
+@dataclass
+class Profile:
+    """Parsed plugin logs of one job: the event lines of each process."""
+
+    events: dict[int, list[dict]]
+
+    @classmethod
+    def read(cls, job: Job) -> Profile:
+        events = {}
+        for f in job.dir.glob("prof.*"):
+            rows = []
+            for line in f.read_text().splitlines():
+                ev, *kv = line.split()
+                rows.append({"ev": ev, **dict(x.split("=", 1) for x in kv)})
+            events[int(f.suffix[1:])] = rows
+        return cls(events)
+
+    def all(self, ev: str) -> list[dict]:
+        return [e for rows in self.events.values() for e in rows if e["ev"] == ev]
+
+    def transfers(self, comm: str, seq: int) -> dict[tuple[int, int, int], list[dict]]:
+        """(rank, peer, send) -> the steps of collective `seq` on `comm` (each its start
+        event plus 'states' [(state, t)] and 'stop_t', None while open), then a last item
+        {'op': the ProxyOp event, 'op_stopped': bool}."""
+        out = {}
+        for rows in self.events.values():
+            colls = {e["h"] for e in rows if e["ev"] == "coll" and e["comm"] == comm and int(e["seq"]) == seq}
+            ops = {e["h"]: e for e in rows if e["ev"] == "proxyop" and e["parent"] in colls}
+            stops = {e["h"]: int(e["t"]) for e in rows if e["ev"] == "stop"}
+            states: dict[str, list] = {}
+            for e in rows:
+                if e["ev"] == "state":
+                    states.setdefault(e["h"], []).append((int(e["state"]), int(e["t"])))
+            for h, op in ops.items():
+                steps = [
+                    {**s, "states": states.get(s["h"], []), "stop_t": stops.get(s["h"])}
+                    for s in rows
+                    if s["ev"] == "proxystep" and s["parent"] == h
+                ]
+                key = (int(op["rank"]), int(op["peer"]), int(op["send"]))
+                out[key] = [*steps, {"op": op, "op_stopped": h in stops}]
+        return out
+
+
+def plugin_env(log_prefix: Path, plugin: Path, **extra) -> dict:
+    return {"NCCL_PROFILER_PLUGIN": str(plugin), "SIMNCCL_TEST_PROFILER_LOG": str(log_prefix), **extra}
+
+
+def test_profiler_plugin_sees_comms_colls_and_steps(jobs, simtrain, test_plugin, tmp_path):
+    env = plugin_env(tmp_path / "job0" / "prof", test_plugin, SIMNCCL_INTRA_GBPS="1", SIMNCCL_JITTER="0")
+    job = jobs(simtrain, 2, "--steps", "3", "--dp-bytes", str(1 << 20), "--compute-us", "100", env=env)
+    assert job.wait(timeout=60) == [0, 0]
+    prof = Profile.read(job)
+    assert len(prof.events) == 2
+    world, dp = comm_ids(job)
+    tp0 = f"{fnv1a(struct.pack('<QIi', int(world, 16), 0, 0)):016x}"
+    inits = {(e["comm"], e["rank"], e["nranks"]) for e in prof.all("init")}
+    assert {(world, "0", "2"), (world, "1", "2"), (dp, "0", "2"), (dp, "1", "2"), (tp0, "0", "1")} <= inits
+    assert len(prof.all("finalize")) == 8, "4 comms per rank, each finalized at destroy"
+    colls = [e for e in prof.all("coll") if e["comm"] == dp]
+    assert sorted(int(e["seq"]) for e in colls) == [0, 0, 1, 1, 2, 2]
+    assert {(e["func"], e["count"], e["dtype"], e["algo"]) for e in colls} == {
+        ("AllReduce", str(1 << 18), "ncclFloat32", "RING")
+    }
+    for seq in range(3):
+        xfers = prof.transfers(dp, seq)
+        assert set(xfers) == {(0, 1, 1), (0, 1, 0), (1, 0, 1), (1, 0, 0)}
+        for (_, _, send), items in xfers.items():
+            *steps, op = items
+            assert op["op_stopped"] and op["op"]["nsteps"] == "2" and op["op"]["chunk"] == str(1 << 19)
+            assert [s["step"] for s in steps] == ["0", "1"]
+            for s in steps:
+                assert [st for st, _ in s["states"]] == [9 if send else 10]  # SendWait / RecvWait
+                moved_us = (s["stop_t"] - s["states"][0][1]) / 1e3
+                assert 400 < moved_us < 200000, f"512 KiB at 1 GB/s + 20 us ~ 544 us, got {moved_us}"
+
+
+def test_profiler_localizes_a_hung_link(jobs, simtrain, test_plugin, tmp_path):
+    env = plugin_env(tmp_path / "job0" / "prof", test_plugin, SIMNCCL_FAULTS="comm-hang@link=1-2,step=1")
+    job = jobs(simtrain, 4, "--steps", "20", "--compute-us", "200", "--progress", env=env)
+    wait_for(lambda: min(progress_of(job, 4)) >= 0, 60, "every rank finishing step 0")
+    hung = ((1, 2, 1), (2, 1, 0))  # rank 1 sends to 2 / rank 2 receives from 1
+    seen = {}
+
+    def healthy_done():
+        seen.update(Profile.read(job).transfers(comm_ids(job)[1], 1))  # step 1's DP all-reduce
+        return len(seen) == 8 and all(seen[k][-1]["op_stopped"] for k in seen if k not in hung)
+
+    wait_for(healthy_done, 30, "the healthy transfers of the hung all-reduce to finish")
+    for key, state in zip(hung, (9, 10), strict=True):  # SendWait on rank 1, RecvWait on rank 2
+        *steps, op = seen[key]
+        assert not op["op_stopped"], f"{key}: the transfer over the hung link must stay open"
+        assert [s["step"] for s in steps] == ["0"] and steps[0]["stop_t"] is None
+        assert [st for st, _ in steps[0]["states"]] == [state]
+    assert all(job.alive())
+
+
+def test_profiler_shows_the_slow_link(jobs, simtrain, test_plugin, tmp_path):
+    env = plugin_env(
+        tmp_path / "job0" / "prof",
+        test_plugin,
+        SIMNCCL_INTRA_GBPS="1",
+        SIMNCCL_FAULTS="comm-slow@link=1-2,factor=8",
+    )
+    job = jobs(simtrain, 4, "--steps", "2", "--dp-bytes", str(4 << 20), "--compute-us", "100", env=env)
+    assert job.wait(timeout=60) == [0] * 4
+    xfers = Profile.read(job).transfers(comm_ids(job)[1], 1)
+
+    def step_us(key):
+        return [(s["stop_t"] - s["states"][0][1]) / 1e3 for s in xfers[key][:-1]]
+
+    slow, fast = step_us((1, 2, 1)), step_us((0, 1, 1))
+    assert len(slow) == len(fast) == 6
+    ratio = statistics.median(slow) / statistics.median(fast)
+    assert ratio > 4, f"steps on the slowed link should be ~8x longer: {slow} vs {fast}"
+
+
+def test_profiler_loading_modes(jobs, simtrain, test_plugin, tmp_path):
+    args = ("--steps", "1", "--compute-us", "100")
+    # NCCL's rule for a bare name X: libnccl-profiler-X.so on the library path
+    by_name = jobs(
+        simtrain,
+        2,
+        *args,
+        env={
+            "NCCL_PROFILER_PLUGIN": "simtest",
+            "LD_LIBRARY_PATH": str(test_plugin.parent),
+            "SIMNCCL_TEST_PROFILER_LOG": str(tmp_path / "job0" / "prof"),
+        },
+    )
+    assert by_name.wait(timeout=60) == [0, 0]
+    assert Profile.read(by_name).all("coll"), "loaded by name"
+    # STATIC_PLUGIN: the symbol comes from the process (here an LD_PRELOADed library)
+    static = jobs(
+        simtrain,
+        2,
+        *args,
+        preload=test_plugin,
+        env={
+            "NCCL_PROFILER_PLUGIN": "STATIC_PLUGIN",
+            "SIMNCCL_TEST_PROFILER_LOG": str(tmp_path / "job1" / "prof"),
+        },
+    )
+    assert static.wait(timeout=60) == [0, 0]
+    assert Profile.read(static).all("coll"), "found with dlopen(NULL)"
+    off_env = plugin_env(tmp_path / "job2" / "prof", test_plugin) | {"NCCL_PROFILER_PLUGIN": "none"}
+    off = jobs(simtrain, 2, *args, env=off_env)
+    assert off.wait(timeout=60) == [0, 0]
+    assert not list(off.dir.glob("prof.*")), "none: never loaded"
+    missing = jobs(simtrain, 2, *args, env={"NCCL_PROFILER_PLUGIN": str(tmp_path / "nope.so")})
+    assert missing.wait(timeout=60) == [0, 0], "a missing plugin never fails the job"
+    assert missing.stderr(0).count("cannot load it") == 1
+    fail_env = plugin_env(tmp_path / "job4" / "prof", test_plugin, SIMNCCL_TEST_PROFILER_FAIL_INIT="1")
+    failing = jobs(simtrain, 2, *args, env=fail_env)
+    assert failing.wait(timeout=60) == [0, 0]
+    assert not Profile.read(failing).all("coll"), "init failed: no events for that comm"
