@@ -1,0 +1,22 @@
+"""``python -m c4d.check boot ...``: the ``c4d check`` command without the top-level CLI."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from c4d.check.cli import add_parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] != ["check"]:
+        argv.insert(0, "check")
+    parser = argparse.ArgumentParser(prog="c4d")
+    add_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,417 @@
+"""``c4d check {boot,nccl,troubleshoot,nodes}``: argument parsing and printing only.
+
+Exit status of every sub-command: 0 every check passed; 1 a check failed (or, for ``nodes``, a
+failure could not be localized); 2 the check could not run (bad arguments, nccl-tests binary
+missing, torch missing for ``nodes``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+
+from c4d.actions import blacklist
+from c4d.check.result import CheckResult, Status, emit
+
+EXIT_OK, EXIT_FAILED, EXIT_CANNOT_RUN = 0, 1, 2
+
+
+def _positive_int(s: str) -> int:
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{s}' is not an integer") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"'{s}' must be >= 1")
+    return v
+
+
+def _node_count(s: str) -> int:
+    v = _positive_int(s)
+    if v < 2:
+        raise argparse.ArgumentTypeError(f"'{s}': a node check needs at least 2 nodes")
+    return v
+
+
+def _nonneg_float(s: str) -> float:
+    try:
+        v = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{s}' is not a number") from None
+    if not v >= 0:
+        raise argparse.ArgumentTypeError(f"'{s}' must be >= 0")
+    return v
+
+
+def _positive_float(s: str) -> float:
+    v = _nonneg_float(s)
+    if v == 0:
+        raise argparse.ArgumentTypeError(f"'{s}' must be > 0")
+    return v
+
+
+def _factor(s: str) -> float:
+    v = _positive_float(s)
+    if v <= 1.0:
+        raise argparse.ArgumentTypeError(f"'{s}' must be > 1 (a multiple of the median)")
+    return v
+
+
+def _blacklist(path: str | None, nodes: list[str]) -> list[str] | None:
+    """Add ``nodes`` to the blacklist file (the engine's format); the whole list, or None if
+    nothing was asked."""
+    if not path or not nodes:
+        return None
+    blacklist.append_nodes(path, nodes)
+    return blacklist.read_nodes(path)
+
+
+def node_name() -> str:
+    return os.environ.get("C4D_NODE_NAME") or socket.gethostname()
+
+
+# ---------------------------------------------------------------- boot
+
+
+def _add_boot_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("boot checks")
+    g.add_argument(
+        "--disk", action="append", default=[], metavar="PATH", help="folder to disk-test (repeatable)"
+    )
+    g.add_argument("--disk-mb", type=_positive_int, default=64, help="MiB written per disk test (default 64)")
+    g.add_argument("--min-disk-write-mbs", type=_nonneg_float, default=0.0, metavar="MB/S")
+    g.add_argument("--min-disk-read-mbs", type=_nonneg_float, default=0.0, metavar="MB/S")
+    g.add_argument("--expect-gpus", type=int, metavar="N", help="fail unless exactly N GPUs are visible")
+    g.add_argument(
+        "--expect-cuda", metavar="VER", help="fail unless the CUDA version is VER (prefix, e.g. 12.4)"
+    )
+    g.add_argument("--expect-torch", metavar="VER", help="fail unless the PyTorch version is VER (prefix)")
+    g.add_argument("--expect-nccl", metavar="VER", help="fail unless the NCCL version is VER (prefix)")
+    g.add_argument("--no-allreduce", action="store_true", help="skip the all-reduce correctness check")
+    g.add_argument(
+        "--allreduce-procs",
+        type=_positive_int,
+        metavar="N",
+        help="ranks of the all-reduce (default: GPUs, or 2 on CPU)",
+    )
+    g.add_argument("--allreduce-backend", choices=("auto", "gloo", "nccl"), default="auto")
+    g.add_argument("--allreduce-timeout", type=_positive_float, default=60.0, metavar="S")
+
+
+def _boot_options(args):
+    from c4d.check.boot import BootOptions
+
+    return BootOptions(
+        disks=tuple(args.disk),
+        disk_bytes=args.disk_mb << 20,
+        min_disk_write_mbs=args.min_disk_write_mbs,
+        min_disk_read_mbs=args.min_disk_read_mbs,
+        expect_gpus=args.expect_gpus,
+        expect_cuda=args.expect_cuda,
+        expect_torch=args.expect_torch,
+        expect_nccl=args.expect_nccl,
+        allreduce=not args.no_allreduce,
+        allreduce_procs=args.allreduce_procs,
+        allreduce_backend=args.allreduce_backend,
+        allreduce_timeout_s=args.allreduce_timeout,
+    )
+
+
+def _printer(as_json: bool):
+    return lambda r: emit([r], as_json, sys.stdout)
+
+
+def cmd_boot(args) -> int:
+    from c4d.check.boot import boot_checks
+
+    results = boot_checks(_boot_options(args), on_result=_printer(args.json))
+    return EXIT_OK if all(r.ok for r in results) else EXIT_FAILED
+
+
+# ---------------------------------------------------------------- nccl
+
+
+def _add_nccl_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("NCCL bandwidth (nccl-tests)")
+    g.add_argument(
+        "--from", dest="from_file", metavar="FILE", help="read a saved nccl-tests output (- for stdin)"
+    )
+    g.add_argument(
+        "--test",
+        action="append",
+        metavar="BINARY",
+        help="nccl-tests binary to run (repeatable; default all_reduce_perf)",
+    )
+    g.add_argument("--nccl-tests-dir", metavar="DIR", help="folder holding the binaries (default: PATH)")
+    g.add_argument(
+        "--min-busbw", type=_nonneg_float, metavar="GB/S", help="fail below this average bus bandwidth"
+    )
+    g.add_argument(
+        "--gpus", type=_positive_int, metavar="N", help="-g for the binaries (default: GPUs visible)"
+    )
+    g.add_argument("--nccl-args", metavar="ARGS", help="arguments for the binaries, replacing the defaults")
+    g.add_argument(
+        "--launcher", metavar="CMD", help="prefix such as 'mpirun -np 16 -npernode 8 --hostfile H'"
+    )
+    g.add_argument(
+        "--nccl-timeout", type=_positive_float, default=900.0, metavar="S", help="kill a run after S s"
+    )
+
+
+def _nccl_outcomes(args, for_troubleshoot: bool):
+    """Outcomes, or an int exit status after printing why nothing ran. In troubleshoot mode a
+    missing binary is a Failed (or, with no GPU, Skipped) check instead."""
+    from c4d.check import nccl
+
+    if args.from_file:
+        try:
+            if args.from_file == "-":
+                text = sys.stdin.read()
+            else:
+                with open(args.from_file, encoding="utf-8", errors="replace") as f:
+                    text = f.read()
+        except OSError as e:
+            print(f"c4d check: cannot read {args.from_file}: {e.strerror or e}", file=sys.stderr)
+            return EXIT_CANNOT_RUN
+        return nccl.from_text(args.from_file, text, args.min_busbw)
+
+    def visible() -> int:
+        from c4d.check.dist import import_torch
+        from c4d.check.env import gpus
+
+        return len(gpus(import_torch()[0])[0])
+
+    try:
+        binaries = [nccl.find_binary(n, args.nccl_tests_dir) for n in args.test or ["all_reduce_perf"]]
+    except nccl.BinaryMissing as e:
+        if not for_troubleshoot:
+            print(f"c4d check nccl: {e}", file=sys.stderr)
+            return EXIT_CANNOT_RUN
+        n = args.gpus if args.gpus is not None else visible()
+        status = Status.FAILED if n else Status.SKIPPED
+        return CheckResult("NCCLTest", "", status, None, None, str(e) if n else f"no GPU and {e}")
+    gpus = args.gpus if args.gpus is not None or args.nccl_args else visible()
+    return nccl.run_tests(
+        binaries, gpus or 1, args.min_busbw, args.nccl_timeout, args.nccl_args, args.launcher
+    )
+
+
+def cmd_nccl(args) -> int:
+    outcomes = _nccl_outcomes(args, for_troubleshoot=False)
+    if isinstance(outcomes, int):
+        return outcomes
+    for o in outcomes:
+        if args.json:
+            print(json.dumps(o.to_json()), flush=True)
+            continue
+        if o.run is not None and not args.no_table and not o.run.rows.empty:
+            from rich.console import Console
+
+            from c4d.check.nccl import rows_table
+
+            Console(file=sys.stdout, width=120).print(rows_table(o.run))
+        emit([o.result()], False, sys.stdout)
+    return EXIT_OK if all(o.passed for o in outcomes) else EXIT_FAILED
+
+
+# ---------------------------------------------------------------- troubleshoot
+
+
+def cmd_troubleshoot(args) -> int:
+    from c4d.check.boot import boot_checks
+
+    results = boot_checks(_boot_options(args), on_result=_printer(args.json))
+    outcomes = _nccl_outcomes(args, for_troubleshoot=True)
+    if isinstance(outcomes, int):
+        return outcomes
+    nccl_results = [outcomes] if isinstance(outcomes, CheckResult) else [o.result() for o in outcomes]
+    for r in nccl_results:
+        _printer(args.json)(r)
+    results += nccl_results
+    passed = all(r.ok for r in results)
+    name = args.node_name or node_name()
+    failed_nodes = [] if passed else [name]
+    listed = _blacklist(args.blacklist, failed_nodes)
+    if args.json:
+        summary = {
+            "summary": True,
+            "passed": passed,
+            "node": name,
+            "failed_nodes": failed_nodes,
+            "failed_checks": [f"{r.name} {r.target}".strip() for r in results if not r.ok],
+            "blacklist": listed,
+        }
+        print(json.dumps(summary), flush=True)
+    elif passed:
+        print("Check Finished, task will be restarted.")
+    else:
+        failed = ", ".join(f"{r.name} {r.target}".strip() for r in results if not r.ok)
+        print(f"Check Finished, failed nodes: {name} (failed: {failed})")
+        if listed is not None:
+            print(f"Blacklist {args.blacklist}: {', '.join(listed)}")
+    return EXIT_OK if passed else EXIT_FAILED
+
+
+# ---------------------------------------------------------------- nodes
+
+
+def _group_line(g) -> CheckResult:
+    target = f"round {g.round} {'+'.join(g.nodes)}"
+    if g.ok:
+        gemm = ", ".join(f"{n} {t * 1e3:.1f}" for n, t in g.gemm_s.items())
+        detail = f"{g.time_s * 1e3:.1f} ms per GEMM + all-gather; GEMM ms: {gemm}"
+        return CheckResult("NodeCheck", target, Status.SUCCEED, g.time_s, None, detail)
+    detail = "; ".join(f"{n}: {e}" for n, e in g.errors.items())
+    return CheckResult("NodeCheck", target, Status.FAILED, None, None, detail)
+
+
+def _verdict_line(v, factor: float) -> CheckResult:
+    from c4d.check.pairing import NodeStatus
+
+    status = {
+        NodeStatus.OK: Status.SUCCEED,
+        NodeStatus.STRAGGLER: Status.FAILED,
+        NodeStatus.FAULTY: Status.FAILED,
+        NodeStatus.UNRESOLVED: Status.UNKNOWN,
+    }[v.status]
+    if v.status is NodeStatus.OK:
+        detail = f"{v.time_s * 1e3:.1f} ms" + (
+            f", {v.ratio:.2f}x its round's median" if v.ratio is not None else ""
+        )
+    else:
+        detail = f"{v.status.value}: {v.reason}"
+    return CheckResult("NodeCheck", v.node, status, v.time_s, {"straggler_factor": factor}, detail)
+
+
+def cmd_nodes(args) -> int:
+    from c4d.check.dist import import_torch
+    from c4d.check.nodes import CheckUnavailable, NodeCheckConfig, run_node_check
+
+    torch, why = import_torch()
+    if torch is None:
+        print(f"c4d check nodes: {why}", file=sys.stderr)
+        return EXIT_CANNOT_RUN
+    backend = args.backend
+    if backend == "auto":
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    on_gpu = backend == "nccl"
+    nodes = args.nodes or (torch.cuda.device_count() if on_gpu else 4)
+    cfg = NodeCheckConfig(
+        nodes=nodes,
+        backend=backend,
+        straggler_factor=args.straggler_factor,
+        gemm_size=args.gemm_size or (8192 if on_gpu else 256),
+        allgather_bytes=int((args.allgather_mb or (256 if on_gpu else 1)) * (1 << 20)),
+        iters=args.iters,
+        timeout_s=args.timeout,
+        max_rounds=args.max_rounds,
+        parallel_groups=args.parallel_groups if args.parallel_groups is not None else (0 if on_gpu else 1),
+    )
+    try:
+        report = run_node_check(
+            cfg, on_group=None if args.json else lambda g: emit([_group_line(g)], False, sys.stdout)
+        )
+    except (CheckUnavailable, ValueError) as e:
+        print(f"c4d check nodes: {e}", file=sys.stderr)
+        return EXIT_CANNOT_RUN
+    loc = report.localization
+    to_list = [*loc.faulty, *loc.stragglers]
+    listed = _blacklist(args.blacklist, to_list)
+    if args.json:
+        print(json.dumps({**report.to_json(), "blacklist": listed}), flush=True)
+    else:
+        emit([_verdict_line(v, cfg.straggler_factor) for v in loc.verdicts], False, sys.stdout)
+        if loc.faulty:
+            print(f"Faulty nodes: {', '.join(loc.faulty)}")
+        if loc.stragglers:
+            print(f"Stragglers (> {cfg.straggler_factor:g}x median): {', '.join(loc.stragglers)}")
+        if loc.unresolved:
+            print(f"Unresolved (cannot localize): {', '.join(loc.unresolved)}")
+        for note in loc.notes:
+            print(f"Note: {note}")
+        if report.passed:
+            print(f"All {len(report.nodes)} nodes passed.")
+        if listed is not None:
+            print(f"Blacklist {args.blacklist}: {', '.join(listed)}")
+    return EXIT_OK if report.passed else EXIT_FAILED
+
+
+# ---------------------------------------------------------------- registration
+
+
+def add_parser(subparsers) -> None:
+    """Register ``check`` and its sub-commands on the top-level ``c4d`` sub-parsers."""
+    check = subparsers.add_parser(
+        "check",
+        help="node health checks: boot, nccl, troubleshoot, nodes",
+        description="Node health checks before a job starts and after it fails.",
+    )
+    check.set_defaults(func=lambda args: (check.print_help(sys.stderr), EXIT_CANNOT_RUN)[1])
+    sub = check.add_subparsers(dest="check_command", metavar="{boot,nccl,troubleshoot,nodes}")
+
+    p = sub.add_parser("boot", help="disks, GPUs, CUDA/PyTorch/NCCL versions, an all-reduce")
+    _add_boot_args(p)
+    p.add_argument("--json", action="store_true", help="one JSON object per check")
+    p.set_defaults(func=cmd_boot)
+
+    p = sub.add_parser("nccl", help="NCCL bandwidth through nccl-tests (or a saved output)")
+    _add_nccl_args(p)
+    p.add_argument("--no-table", action="store_true", help="print only the verdict line")
+    p.add_argument("--json", action="store_true", help="one JSON object per run")
+    p.set_defaults(func=cmd_nccl)
+
+    p = sub.add_parser("troubleshoot", help="after a failure: boot checks + NCCL bandwidth")
+    _add_boot_args(p)
+    _add_nccl_args(p)
+    p.add_argument("--node-name", help="this node's name (default: $C4D_NODE_NAME or the hostname)")
+    p.add_argument("--blacklist", metavar="FILE", help="add this node to FILE when a check fails")
+    p.add_argument("--json", action="store_true", help="one JSON object per check, then a summary object")
+    p.set_defaults(func=cmd_troubleshoot)
+
+    p = sub.add_parser(
+        "nodes",
+        help="pairwise GEMM + all-gather rounds that isolate a bad or straggling node",
+        description="Simulated nodes node-0..node-(N-1): local gloo processes on CPU, one GPU each "
+        "with NCCL. Faults can be injected with C4D_CHECK_SIM_FAULT (see docs/check.md).",
+    )
+    p.add_argument(
+        "--nodes", type=_node_count, metavar="N", help="number of nodes (default: GPUs, or 4 on CPU)"
+    )
+    p.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto")
+    p.add_argument(
+        "--straggler-factor",
+        type=_factor,
+        default=2.0,
+        metavar="K",
+        help="a node is a straggler when its time exceeds K x its round's median (default 2)",
+    )
+    p.add_argument(
+        "--gemm-size", type=_positive_int, metavar="N", help="N x N GEMM (default 256 CPU, 8192 GPU)"
+    )
+    p.add_argument(
+        "--allgather-mb", type=_positive_float, metavar="MB", help="per-rank all-gather MiB (1 CPU, 256 GPU)"
+    )
+    p.add_argument("--iters", type=_positive_int, default=10, help="timed iterations per group (median kept)")
+    p.add_argument(
+        "--timeout",
+        type=_positive_float,
+        default=30.0,
+        metavar="S",
+        help="a group that has not formed in S s fails",
+    )
+    p.add_argument(
+        "--max-rounds", type=_positive_int, default=4, help="round 1 plus re-test rounds (default 4)"
+    )
+    p.add_argument(
+        "--parallel-groups",
+        type=int,
+        metavar="N",
+        help="groups of a round run at once, 0 = all (default: all on GPUs; 1 on CPU, where the "
+        "simulated nodes share the cores)",
+    )
+    p.add_argument("--blacklist", metavar="FILE", help="add faulty nodes and stragglers to FILE")
+    p.add_argument("--json", action="store_true", help="one JSON object with every verdict and group")
+    p.set_defaults(func=cmd_nodes)

@@ -1,0 +1,184 @@
+"""`c4d check nccl` and `c4d check troubleshoot` end to end, as subprocesses.
+
+No GPU and no real nccl-tests here: binaries are played by tests/fake_bin/all_reduce_perf, a
+recording fake that prints a real capture and logs its arguments (the only stand-in; the
+parser and the check logic are the real ones).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from c4d.actions import blacklist
+
+REPO = Path(__file__).resolve().parents[1]
+FAKE = REPO / "tests" / "fake_bin" / "all_reduce_perf"
+DATA = Path(
+    os.environ.get("C4D_NCCL_TESTS_DATA")
+    or Path(__file__).resolve().parents[2] / "shared" / "data" / "nccl-tests"
+)
+pytestmark = pytest.mark.skipif(not DATA.is_dir(), reason=f"no nccl-tests captures at {DATA}")
+
+
+def check(*args, env=None, timeout=120):
+    e = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "c4d.check", *args], capture_output=True, text=True, env=e, timeout=timeout
+    )
+
+
+def test_from_file_json_object():
+    p = check("nccl", "--from", str(DATA / "nccl-tests-sample-1.txt"), "--json", "--min-busbw", "50")
+    assert p.returncode == 0, p.stderr
+    obj = json.loads(p.stdout)
+    assert obj["avg_busbw_gbs"] == 70.742 and obj["wrong_total"] == 0 and obj["passed"] is True
+    assert len(obj["rows"]) == 31 and len(obj["devices"]) == 16
+    last = obj["rows"][-1]
+    assert last["size"] == 8589934592 and last["count"] == 2147483648 and last["root"] == -1
+    assert last["out_of_place"] == {"time_us": 47535.0, "algbw_gbs": 180.71, "busbw_gbs": 338.82, "wrong": 0}
+    assert last["in_place"]["busbw_gbs"] == 337.35
+    assert obj["devices"][15] == {
+        "rank": 15,
+        "group": 0,
+        "pid": 6740,
+        "host": "ztan-mig-gq73",
+        "device": 7,
+        "pci": "0000:8c:00",
+        "name": "NVIDIA H100 80GB HBM3",
+    }
+
+
+def test_from_file_below_bar_and_errors():
+    p = check("nccl", "--from", str(DATA / "nccl-tests-sample-1.txt"), "--json", "--min-busbw", "100")
+    assert p.returncode == 1
+    assert json.loads(p.stdout)["passed"] is False
+    p = check("nccl", "--from", str(DATA / "nccl-tests-sample-3.txt"))
+    assert p.returncode == 1
+    assert "128 wrong elements (size 1048576)" in p.stdout and "Test failure" in p.stdout
+    assert "NCCLTest all_reduce_perf: Failed" in p.stdout
+    assert "1048576" in p.stdout and "#wrong" in p.stdout  # the per-size table
+
+
+def test_from_bad_inputs_are_one_line():
+    p = check("nccl", "--from", "/nonexistent/out.txt")
+    assert p.returncode == 2 and p.stderr.strip().count("\n") == 0 and "cannot read" in p.stderr
+    p = check("nccl", "--from", "-", "--json", env=None)  # empty stdin: no table
+    assert p.returncode == 1 and "no nccl-tests result" in json.loads(p.stdout)["problems"][0]
+    p = check("nccl", "--from", str(DATA / "nccl-tests-sample-1.txt"), "--min-busbw", "fast")
+    assert p.returncode == 2 and "not a number" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_missing_binary_says_where_it_looked(tmp_path):
+    p = check("nccl", "--nccl-tests-dir", str(tmp_path))
+    assert p.returncode == 2
+    assert "all_reduce_perf not found in" in p.stderr and "Traceback" not in p.stderr
+    p = check("nccl", env={"PATH": str(tmp_path)})
+    assert p.returncode == 2 and "not found on PATH" in p.stderr
+
+
+@pytest.fixture()
+def fake_dir(tmp_path):
+    d = tmp_path / "build"
+    d.mkdir()
+    for name in ("all_reduce_perf", "all_gather_perf"):
+        shutil.copy(FAKE, d / name)
+    return d
+
+
+def test_runs_binaries_with_sensible_args(fake_dir, tmp_path):
+    argv_log = tmp_path / "argv.jsonl"
+    env = {
+        "FAKE_NCCL_TESTS_OUTPUT": str(DATA / "nccl-tests-sample-1.txt"),
+        "FAKE_NCCL_TESTS_ARGV": str(argv_log),
+    }
+    p = check(
+        "nccl",
+        "--nccl-tests-dir",
+        str(tmp_path),  # binaries are looked up in DIR and DIR/build
+        "--test",
+        "all_reduce_perf",
+        "--test",
+        "all_gather_perf",
+        "--gpus",
+        "8",
+        "--json",
+        env=env,
+    )
+    assert p.returncode == 0, p.stderr
+    calls = [json.loads(line) for line in argv_log.read_text().splitlines()]
+    assert [c[0] for c in calls] == ["all_reduce_perf", "all_gather_perf"]
+    args = calls[0][1:]
+    assert args[args.index("-g") + 1] == "8" and args[args.index("-c") + 1] == "1"
+    assert args[args.index("-b") + 1] == "8M" and args[args.index("-e") + 1] == "1G"
+    outs = [json.loads(line) for line in p.stdout.splitlines()]
+    assert len(outs) == 2 and all(o["returncode"] == 0 and o["passed"] for o in outs)
+
+    # On PATH, with explicit arguments and a launcher prefix; a non-zero exit fails the check.
+    env = {**env, "PATH": f"{fake_dir}:{os.environ['PATH']}", "FAKE_NCCL_TESTS_RC": "3"}
+    argv_log.unlink()
+    p = check("nccl", "--nccl-args", "-b 1G -e 1G -g 1", "--launcher", "env", "--json", env=env)
+    assert p.returncode == 1
+    assert json.loads(p.stdout)["problems"] == ["exit status 3"]
+    assert json.loads(argv_log.read_text())[1:] == ["-b", "1G", "-e", "1G", "-g", "1"]
+
+
+def test_hung_run_is_killed_at_the_deadline(fake_dir):
+    env = {
+        "FAKE_NCCL_TESTS_OUTPUT": str(DATA / "nccl-tests-sample-1.txt"),
+        "FAKE_NCCL_TESTS_HANG": "1",
+    }
+    t0 = time.monotonic()
+    p = check("nccl", "--nccl-tests-dir", str(fake_dir), "--nccl-timeout", "1", "--json", env=env)
+    assert time.monotonic() - t0 < 30
+    assert p.returncode == 1
+    obj = json.loads(p.stdout)
+    assert obj["problems"][0].startswith("no result after 1 s (hung?)")
+
+
+def test_troubleshoot_passes_and_says_restart(tmp_path):
+    p = check(
+        "troubleshoot",
+        "--disk",
+        str(tmp_path),
+        "--disk-mb",
+        "4",
+        "--from",
+        str(DATA / "nccl-tests-sample-1.txt"),
+        "--min-busbw",
+        "50",
+        "--allreduce-timeout",
+        "30",
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    lines = p.stdout.splitlines()
+    assert lines[-1] == "Check Finished, task will be restarted."
+    assert any(" DiskTest " in s and s.endswith(")") and ": Succeed" in s for s in lines)
+    assert any(" AllReduceTest gloo x2: Succeed" in s for s in lines)
+    assert any(" NCCLTest all_reduce_perf: Succeed" in s for s in lines)
+
+
+def test_troubleshoot_lists_failed_node_and_blacklists_it(tmp_path):
+    bl = tmp_path / "blacklist"
+    bl.write_text("node-7\n")
+    args = ["troubleshoot", "--no-allreduce", "--from", str(DATA / "nccl-tests-sample-3.txt")]
+    p = check(*args, "--node-name", "node-3", "--blacklist", str(bl))
+    assert p.returncode == 1
+    assert "Check Finished, failed nodes: node-3 (failed: NCCLTest all_reduce_perf)" in p.stdout
+    assert blacklist.read_nodes(bl) == ["node-7", "node-3"]
+    p = check(*args, "--json", env={"C4D_NODE_NAME": "node-3"}, timeout=60)
+    summary = json.loads(p.stdout.splitlines()[-1])
+    assert summary["failed_nodes"] == ["node-3"] and summary["passed"] is False
+
+
+def test_troubleshoot_without_nccl_tests_on_cpu_skips_bandwidth(tmp_path):
+    p = check("troubleshoot", "--no-allreduce", "--nccl-tests-dir", str(tmp_path))
+    assert p.returncode == 0, p.stdout
+    assert "NCCLTest: Skipped (no GPU and all_reduce_perf not found in" in p.stdout
