@@ -116,6 +116,7 @@ def _make_master(args, meta: dict, bind: str):
 
 def cmd_master(args) -> int:
     _setup_logging(args.log_level)
+    _signals_raise()
     try:
         m = _make_master(args, {"command": "master"}, args.bind)
     except OSError as e:
@@ -152,9 +153,21 @@ def _sim_config(args):
     return cfg
 
 
+def _signals_raise() -> None:
+    """SIGTERM/SIGHUP unwind like Ctrl-C, so `finally` blocks kill rank processes and close files."""
+    import signal
+
+    def handler(signum, _frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, handler)
+
+
 def cmd_sim(args) -> int:
     from c4d import faults, sim
 
+    _signals_raise()
     _setup_logging(args.log_level)
     try:
         cfg = _sim_config(args)

@@ -41,7 +41,7 @@ def make_engine(overrides: dict[str, Any] | None = None):
     """The diagnosis engine, configured from the job's registered values plus ``overrides``."""
     from c4d.engine import Engine, EngineConfig
 
-    return Engine(EngineConfig(**(overrides or {})))
+    return Engine(EngineConfig.from_env(**(overrides or {})))
 
 
 class Master:

@@ -33,8 +33,14 @@ EXPECTED_KIND = {
 }
 HANG_KINDS = {"RankNonCommHang", "RankCommHang", "RankLost"}
 
-# small thresholds so a matrix runs in minutes: T = 1 s, ERROR after 3 × T, 1 s slow windows
-SCENARIO_ENV = {"C4D_HANG_TIMEOUT": "1000000", "C4D_HANG_TIMES": "3", "C4D_CONN_BW_CHECK_PERIOD": "1"}
+# small thresholds so a matrix runs in minutes: T = 1 s, ERROR after 3 × T, 1 s slow windows;
+# heartbeats at T/5 so that silence (RankLost) is measurable at this T
+SCENARIO_ENV = {
+    "C4D_HANG_TIMEOUT": "1000000",
+    "C4D_HANG_TIMES": "3",
+    "C4D_CONN_BW_CHECK_PERIOD": "1",
+    "C4D_HEARTBEAT_MS": "200",
+}
 
 
 @dataclass(frozen=True)

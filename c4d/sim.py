@@ -12,6 +12,7 @@ Exit status: 0 the job finished; 1 a rank failed and nothing was diagnosed;
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import os
 import random
@@ -62,6 +63,15 @@ class SimConfig:
 
     def node_of(self, rank: int) -> str:
         return f"node-{rank // self.ranks_per_node}"
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the forked child: get SIGKILL when the launcher dies, so no rank outlives `c4d sim`."""
+    _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 class SimJob:
@@ -117,6 +127,7 @@ class SimJob:
             self.procs.append(
                 subprocess.Popen(
                     args,
+                    preexec_fn=_die_with_parent,
                     env=self.rank_env(r),
                     stdout=logf,
                     stderr=subprocess.STDOUT,

@@ -1,0 +1,79 @@
+"""Engine throughput on a synthetic 256-rank load (tp=8, pp=4, dp=8, 32 nodes).
+
+    python analysis/bench_engine.py [--steps 12] [--ranks-per-node 8]
+
+The load comes from the record factories in tests/factories.py (the same stream the shim
+sends: OP, HEARTBEAT, PEER, REGISTER, COMM, with ±50 ms node skew). It is fed two ways:
+as the ranks' own batches (one feed per ZeroMQ message, as received) and coalesced the
+way a master loop can feed everything it received in one poll (one feed per 50 ms of
+arrivals). Ticks every 200 ms as in c4d.master. Prints records/s for each,
+measured in CPU time of this process (the machine may be shared).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+_ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(_ROOT), str(_ROOT / "tests")]
+import factories  # noqa: E402
+
+from c4d.engine import Engine, EngineConfig  # noqa: E402
+
+
+def drive(batches, tick_ns: int, coalesce_ns: int | None) -> tuple[float, int, int]:
+    eng = Engine(EngineConfig())
+    t0 = factories.T0
+    n = sum(len(b) for _, b in batches)
+    if coalesce_ns:
+        groups: dict[int, list[np.ndarray]] = {}
+        for t, b in batches:
+            groups.setdefault(int(t // coalesce_ns), []).append(b)
+        feeds = [((k + 1) * coalesce_ns, np.concatenate(v)) for k, v in sorted(groups.items())]
+    else:
+        feeds = batches
+    start = time.process_time()
+    last_tick, next_tick, i = t0, tick_ns, 0
+    end = feeds[-1][0] + tick_ns
+    diags = 0
+    while next_tick <= end:
+        while i < len(feeds) and feeds[i][0] <= next_tick:
+            eng.feed(feeds[i][1], last_tick)
+            i += 1
+        last_tick = t0 + next_tick
+        diags += len(eng.tick(last_tick))
+        next_tick += tick_ns
+    return time.process_time() - start, n, len(feeds)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--ranks-per-node", type=int, default=8)
+    args = ap.parse_args()
+    job = factories.Job(
+        tp=8, pp=4, dp=8, ranks_per_node=args.ranks_per_node, steps=args.steps, skew_ms=50.0,
+        hang_timeout_us=10_000_000, hang_times=18, period_s=1, hb_ms=1000, flush_ms=10,
+    )  # fmt: skip
+    t = time.perf_counter()
+    _model, batches = factories.build(job)
+    n = sum(len(b) for _, b in batches)
+    span = (batches[-1][0] - batches[0][0]) / 1e9
+    print(f"load: {job.world} ranks, {n} records over {span:.1f} s of job time "
+          f"({n / span:,.0f} records/s in the job), built in {time.perf_counter() - t:.1f} s")  # fmt: skip
+    for label, co in (("per message (as received)", None), ("coalesced per 50 ms poll", 50_000_000)):
+        dt, n, feeds = drive(batches, 200_000_000, co)
+        rate, per = n / dt, n / feeds
+        print(
+            f"{label:>28}: {rate:>10,.0f} records/s  ({feeds} feeds, {per:.0f} records/feed, {dt:.2f} s CPU)"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

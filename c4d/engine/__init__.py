@@ -1,0 +1,28 @@
+"""The diagnosis engine: record batches in, diagnoses out — the same live and offline.
+
+    from c4d.engine import Engine, EngineConfig
+    eng = Engine(EngineConfig(hang_timeout_us=1_000_000))
+    eng.feed(raw, recv_ns)        # HEADER rows in arrival order, stamped with master time
+    new = eng.tick(now_ns)        # diagnoses that are new at master time now_ns
+    snap = eng.state()            # for the live view
+
+Modules: ``state`` (numpy arrays per rank / communicator), ``clock`` (offsets), ``hang``
+(wait-for graph: hangs and lost ranks), ``slow`` (check windows), ``peer`` (link
+localization from PEER progress), ``types`` (Diagnosis, enums), ``config`` (thresholds).
+docs/engine.md explains the algorithms and every threshold.
+"""
+
+from c4d.engine.config import EngineConfig
+from c4d.engine.engine import Engine
+from c4d.engine.types import CommSnapshot, DiagKind, Diagnosis, EngineSnapshot, Level, RankState
+
+__all__ = [
+    "CommSnapshot",
+    "DiagKind",
+    "Diagnosis",
+    "Engine",
+    "EngineConfig",
+    "EngineSnapshot",
+    "Level",
+    "RankState",
+]

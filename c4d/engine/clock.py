@@ -1,0 +1,97 @@
+"""Clock alignment: each rank's offset = its clock minus the master's, in two layers.
+
+1. *Receipt bound* (``theta``). Every record fed between two ticks was received before the
+   later tick at master time ``now``, and was written on the rank at ``time_ns`` = true
+   time + offset, so ``offset >= time_ns - now``. The engine keeps, per rank, the largest of
+   these lower bounds over a sliding epoch (two epochs of ``EPOCH_NS``); with records
+   flowing continuously it is short of the true offset only by the freshest record's
+   age at a tick (network latency plus batching, ~ms). Ranks that registered the same node
+   share the host's clock, so they share the node's best bound (many more samples, and no
+   spurious offsets between ranks of one host). It needs no assumption about the job and
+   works in an offline replay, where the trace's TICK records give the same ``now``.
+2. *End-time consensus* (``rel``, in ``Comm._reduce``). All-reduce, all-gather,
+   reduce-scatter and all-to-all finish at (nearly) the same instant on every member, so
+   after layer 1 each member's median residual ``end_r - median_end`` over the ops
+   completed in a batch is its remaining error; ``clock_gain`` of it is applied per batch,
+   averaged per node and centred per communicator so the common clock does not drift.
+
+Offset = ``rel`` + ``anchor``. A clock domain (a node, or a rank whose node is unknown)
+gets its ``rel`` from its receipt bound when first seen and follows that bound until the
+consensus refines it; from then on only the consensus moves it, so a better receipt bound
+later cannot jolt the ranks' relative alignment. The single ``anchor`` (median of bound
+minus ``rel``) ties the set to the master clock.
+
+The result is applied before any cross-rank comparison of arrival times and whenever a
+rank time is compared with the master clock (hang durations).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from c4d.engine.state import RankTable
+
+EPOCH_NS = 30_000_000_000  # bounds older than one to two epochs are forgotten (clock steps, drift)
+
+
+def note_records(ranks: RankTable, g: np.ndarray, time_ns: np.ndarray) -> None:
+    """Remember the newest write time per rank among records fed since the last tick."""
+    np.maximum.at(ranks.pend_tmax, g, time_ns)
+
+
+def on_tick(ranks: RankTable, now_ns: int, epoch_state: list[int]) -> None:
+    """Turn the records fed since the last tick into offset lower bounds (see module doc)."""
+    epoch = now_ns // EPOCH_NS
+    if epoch != epoch_state[0]:
+        ranks.theta_prev[:] = ranks.theta_cur if epoch == epoch_state[0] + 1 else np.iinfo(np.int64).min
+        ranks.theta_cur[:] = np.iinfo(np.int64).min
+        epoch_state[0] = epoch
+    got = ranks.pend_tmax > 0
+    if not got.any():
+        return
+    cand = ranks.pend_tmax[got] - np.int64(now_ns)
+    ranks.theta_cur[got] = np.maximum(ranks.theta_cur[got], cand)
+    ranks.pend_tmax[got] = 0
+    lo = np.iinfo(np.int64).min
+    new = np.maximum(ranks.theta_cur, ranks.theta_prev)
+    # ranks of one node share the host clock: the node's best bound holds for all of them
+    nd = ranks.node
+    known = (nd >= 0) & (new > lo)
+    if known.any() and ranks.node_names:
+        best = np.full(len(ranks.node_names), lo, np.int64)
+        np.maximum.at(best, nd[known], new[known])
+        new = np.where(nd >= 0, best[np.maximum(nd, 0)], new)
+    have = new > lo
+    ranks.theta[have] = new[have]
+    ranks.theta_ok[have] = True
+    _place(ranks)
+
+
+def _place(ranks: RankTable) -> None:
+    """Give new clock domains (nodes, or ranks of unknown node) a relative offset from their
+    receipt bound; domains no end-time consensus has refined yet keep following it. Then
+    re-anchor the whole set on the receipt bounds (median), which moves every absolute
+    offset together and never the relative ones."""
+    th, ok = ranks.theta.astype(np.float64), ranks.theta_ok
+    nd = ranks.node
+    k = len(ranks.node_names)
+    if k:
+        nth = np.full(k, np.nan)
+        sel = ok & (nd >= 0)
+        if sel.any():
+            nth[nd[sel]] = th[sel]  # equal within a node (shared bound)
+        follow = ~np.isnan(nth) & ~ranks.rel_node_refined
+        ranks.rel_node[follow] = nth[follow] - ranks.anchor
+        ranks.rel_node_ok |= ~np.isnan(nth)
+    solo = ok & (nd < 0) & ~ranks.rel_rank_refined
+    ranks.rel_rank[solo] = th[solo] - ranks.anchor
+    ranks.rel_rank_ok |= ok & (nd < 0)
+    diffs = []
+    if k:
+        m = ranks.rel_node_ok & ~np.isnan(nth)
+        diffs.append(nth[m] - ranks.rel_node[m])
+    m = ok & (nd < 0) & ranks.rel_rank_ok
+    diffs.append(th[m] - ranks.rel_rank[m])
+    d = np.concatenate(diffs) if diffs else np.empty(0)
+    if len(d):
+        ranks.anchor = float(np.median(d))

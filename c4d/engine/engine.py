@@ -1,0 +1,406 @@
+"""The engine: ``feed`` record batches, ``tick`` at a master time, read ``state``.
+
+Driven identically by ``c4d master`` (live: records stamped with the latest tick's master
+time, ``tick`` every ~0.2 s) and ``c4d analyze`` (replay: the trace's records between its
+TICK records, ``tick`` at each TICK's time), so a replay reproduces the live diagnoses.
+Everything is deterministic in the feed/tick sequence: no wall clock, no randomness, no
+iteration over unordered containers in an order that could vary.
+
+Call from one thread (the master's); nothing here blocks or sleeps.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from c4d import schema
+from c4d.engine import clock, hang
+from c4d.engine.config import EngineConfig, ResolvedThresholds
+from c4d.engine.slow import SlowFinding, SlowJudge
+from c4d.engine.state import GONE_EVENTS, MAX_NRANKS, MAX_RANK, P2P, Comm, RankTable
+from c4d.engine.types import CommSnapshot, DiagKind, Diagnosis, EngineSnapshot, Level, RankState
+from c4d.schema import Kind, Op
+
+log = logging.getLogger("c4d.engine")
+
+CHUNK = 8192  # rows ingested at once (see feed)
+_V = np.dtype((np.void, schema.RECORD_SIZE))
+_OP_NAMES = {int(o): o.name for o in Op}
+
+
+def op_name(op: int | None) -> str | None:
+    return None if op is None else _OP_NAMES.get(int(op), f"op{op}")
+
+
+class Engine:
+    def __init__(self, cfg: EngineConfig | None = None) -> None:
+        self.cfg = cfg or EngineConfig()
+        self.ranks = RankTable()
+        self.comms: list[Comm] = []
+        self._comm_index: dict[int, int] = {}
+        self._emitted: dict[tuple, int] = {}  # hang key -> highest count emitted
+        self._active: dict[tuple, Diagnosis] = {}  # hang key -> latest diagnosis (live view)
+        self._epoch = [-1]
+        self._slow = SlowJudge(self.cfg)
+        self._now = 0
+        self._warned: set[str] = set()
+        self.stats = {"records": 0, "invalid": 0, "batches": 0, "ticks": 0}
+        self._buf: list[tuple[np.ndarray, int | np.ndarray]] = []  # fed, not yet ingested
+        self._buf_n = 0
+
+    # -- input -------------------------------------------------------------------------
+    def thresholds(self) -> ResolvedThresholds:
+        return self.cfg.resolve(self.ranks.job)
+
+    def _invalid(self, what: str, n: int) -> None:
+        self.stats["invalid"] += n
+        if what not in self._warned:
+            self._warned.add(what)
+            log.warning("c4d engine: dropped %d record(s) with %s (logged once)", n, what)
+
+    def _comm(self, cid: int, n: int) -> Comm | None:
+        i = self._comm_index.get(cid)
+        if i is None:
+            if not 1 <= n <= MAX_NRANKS:
+                return None
+            i = self._comm_index[cid] = len(self.comms)
+            self.comms.append(Comm(i, cid, n))
+        c = self.comms[i]
+        return c if c.n == n else None
+
+    def _by_comm(self, rows: np.ndarray, what: str, extra: np.ndarray | None = None):
+        """Yield (comm, its rows, the matching slice of ``extra``) in comm-id order, rows kept in order.
+
+        PEER records carry no communicator size: they only attach to a communicator some
+        other record already announced.
+        """
+        if extra is None:
+            extra = np.zeros(len(rows), np.int8)
+        sized = "comm_nranks" in rows.dtype.names
+        nr = rows["comm_nranks"] if sized else None
+        ok = (rows["comm_id"] != 0) & (rows["comm_rank"] >= 0)
+        if sized:
+            ok &= (nr >= 1) & (nr <= MAX_NRANKS) & (rows["comm_rank"] < nr)
+        if not ok.all():
+            self._invalid(f"a bad comm id/rank/size in {what} records", int((~ok).sum()))
+            rows, extra = rows[ok], extra[ok]
+        if not len(rows):
+            return
+        order = np.argsort(rows["comm_id"], kind="stable")
+        rows, extra = rows[order], extra[order]
+        cid = rows["comm_id"]
+        cuts = np.flatnonzero(cid[1:] != cid[:-1]) + 1
+        for part, ex in zip(np.split(rows, cuts), np.split(extra, cuts), strict=True):
+            cid0 = int(part["comm_id"][0])
+            if sized:
+                c = self._comm(cid0, int(part["comm_nranks"][0]))
+                bad = c is None or bool((part["comm_nranks"] != c.n).any())
+            else:
+                i = self._comm_index.get(cid0)
+                c = None if i is None else self.comms[i]
+                bad = c is None or bool((part["comm_rank"] >= c.n).any())
+            if bad or c is None:
+                self._invalid(f"an unknown communicator or a changed size in {what} records", len(part))
+                continue
+            yield c, part, ex
+
+    def _member(self, c: Comm, cr: np.ndarray, g: np.ndarray) -> None:
+        new = c.grank[cr] != g
+        if new.any():
+            for a, b in zip(cr[new].tolist(), g[new].tolist(), strict=True):
+                c.grank[a] = b
+                if (c.idx, a) not in self.ranks.comms_of[b]:
+                    self.ranks.comms_of[b].append((c.idx, a))
+
+    def feed(self, raw: np.ndarray, recv_ns: int) -> None:
+        """Take HEADER-typed rows in arrival order; ``recv_ns`` = master time stamped on them.
+
+        Rows are buffered and ingested in fixed chunks of ``CHUNK`` rows (cut at multiples of
+        the running row count, whatever the feed sizes) and at each tick: per-message feeds
+        cost a list append, and a replay that feeds the same rows in other slices ingests
+        exactly the same chunks, so it reproduces the live diagnoses bit for bit.
+        """
+        raw = np.asarray(raw)
+        if raw.dtype != schema.HEADER:
+            if raw.ndim != 1 or raw.dtype.itemsize != schema.RECORD_SIZE:
+                self._invalid("a wrong record size", len(raw) if raw.ndim else 1)
+                return
+            raw = raw.view(schema.HEADER)
+        if not len(raw):
+            return
+        self.stats["batches"] += 1
+        self._buf.append((raw, int(recv_ns)))
+        self._buf_n += len(raw)
+        if self._buf_n >= CHUNK:
+            self._flush(whole_chunks=True)
+
+    def _flush(self, whole_chunks: bool = False) -> None:
+        """Ingest buffered rows: whole CHUNKs only (from feed), or everything (at a tick)."""
+        if not self._buf:
+            return
+        raws = [r for r, _ in self._buf]
+        if any(not isinstance(t, int) for _, t in self._buf):
+            recvs = [np.full(len(r), t, np.int64) if isinstance(t, int) else t for r, t in self._buf]
+        else:
+            recvs = [np.repeat(np.array([t for _, t in self._buf], np.int64), [len(r) for r in raws])]
+        if len(raws) > 1:  # as plain 128-byte voids: concatenating structured arrays is slow
+            raw = np.concatenate([np.ascontiguousarray(r).view(_V) for r in raws]).view(schema.HEADER)
+        else:
+            raw = raws[0]
+        recv = np.concatenate(recvs) if len(recvs) > 1 else recvs[0]
+        self._buf, self._buf_n = [], 0
+        cut = 0
+        while len(raw) - cut >= CHUNK:
+            self._ingest(raw[cut : cut + CHUNK], recv[cut : cut + CHUNK])
+            cut += CHUNK
+        if cut < len(raw):
+            if whole_chunks:
+                self._buf, self._buf_n = [(raw[cut:], recv[cut:])], len(raw) - cut
+            else:
+                self._ingest(raw[cut:], recv[cut:])
+
+    def _ingest(self, raw: np.ndarray, recv: np.ndarray) -> None:
+        self.stats["records"] += len(raw)
+        kind = raw["kind"]
+        ok = (
+            (raw["rank"] >= 0)
+            & (raw["rank"] < MAX_RANK)
+            & (raw["version"] >= 1)
+            & (raw["version"] <= schema.SCHEMA_VERSION)
+            & (kind >= Kind.REGISTER)
+            & (kind <= Kind.PEER)
+        )
+        if not ok.all():
+            bad = ~ok & (kind != Kind.TICK)
+            if bad.any():
+                self._invalid("an unknown kind, a bad rank or a newer schema version", int(bad.sum()))
+            raw, recv = raw[ok], recv[ok]
+            if not len(raw):
+                return
+        R = self.ranks
+        g = raw["rank"].astype(np.int64)
+        R.ensure(int(g.max()))
+        R.seen[g] = True
+        np.maximum.at(R.last_recv, g, recv)
+        t = raw["time_ns"].astype(np.int64)
+        pos = t > 0
+        clock.note_records(R, g[pos], t[pos])
+        parts = schema.by_kind(raw)
+        if len(parts[Kind.REGISTER]):
+            R.register(parts[Kind.REGISTER])
+        if len(parts[Kind.COMM]):
+            self._feed_comm(parts[Kind.COMM])
+        if len(parts[Kind.HEARTBEAT]):
+            self._feed_heartbeats(parts[Kind.HEARTBEAT])
+        if len(parts[Kind.OP]):
+            self._feed_ops(parts[Kind.OP])
+        if len(parts[Kind.PEER]):
+            for c, rows, _ in self._by_comm(parts[Kind.PEER], "PEER"):
+                ok = (rows["peer"] >= 0) & (rows["peer"] < c.n)
+                if len(rows[ok]):
+                    c.add_peers(rows[ok])
+
+    def _feed_comm(self, rows: np.ndarray) -> None:
+        for c, part, _ in self._by_comm(rows, "COMM"):
+            cr = part["comm_rank"].astype(np.int64)
+            self._member(c, cr, part["rank"].astype(np.int64))
+            parent = part["parent_id"]
+            if parent.any():
+                c.parent = int(parent[parent != 0][-1])
+            gone = np.isin(part["event"], GONE_EVENTS)
+            c.gone[cr[gone]] = True
+            c.gone[cr[~gone]] = False
+
+    def _feed_heartbeats(self, hb: np.ndarray) -> None:
+        proc = hb["comm_id"] == 0
+        if proc.any():
+            p = hb[proc]
+            fin = (p["hb_flags"] & schema.HBF_FINAL) != 0
+            self.ranks.final[p["rank"][fin]] = True
+            hb = hb[~proc]
+        for c, part, _ in self._by_comm(hb, "HEARTBEAT"):
+            self._member(c, part["comm_rank"].astype(np.int64), part["rank"].astype(np.int64))
+            c.add_heartbeats(part)
+
+    def _feed_ops(self, ops: np.ndarray) -> None:
+        ok = ops["op"] < len(Op)
+        if not ok.all():
+            self._invalid("an unknown op kind", int((~ok).sum()))
+            ops = ops[ok]
+        gain = self.cfg.clock_gain
+        for c, part, pg in self._by_comm(ops, "OP", self._gaps(ops)):
+            n = len(part)
+            self._member(c, part["comm_rank"].astype(np.int64), part["rank"].astype(np.int64))
+            c.ops_seen += n
+            p2p = (part["flags"] & P2P) != 0
+            if p2p.any():
+                pp = part[p2p]
+                okp = (pp["peer"] >= 0) & (pp["peer"] < c.n)
+                if okp.any():
+                    c.add_p2p(pp[okp])
+            if (~p2p).any():
+                c.add_collectives(part[~p2p], pg[~p2p], self.ranks, gain)
+
+    def _gaps(self, ops: np.ndarray) -> np.ndarray:
+        """Per op: arrival minus the end of the same rank's previous op (its compute gap), -1 unknown."""
+        R = self.ranks
+        start = ops["start_ns"].astype(np.int64)
+        arr = np.where(start > 0, start, ops["issue_ns"].astype(np.int64))
+        end = ops["end_ns"].astype(np.int64)
+        g = ops["rank"].astype(np.int64)
+        gaps = np.full(len(ops), -1, np.int64)
+        order = np.lexsort((arr, g))
+        gs = g[order]
+        cuts = np.flatnonzero(gs[1:] != gs[:-1]) + 1
+        for seg in np.split(order, cuts):
+            r = int(g[seg[0]])
+            prev = np.maximum.accumulate(np.r_[R.last_end[r], end[seg][:-1]])
+            gaps[seg] = np.where(prev > 0, np.maximum(arr[seg] - prev, 0), -1)
+            R.last_end[r] = max(int(R.last_end[r]), int(end[seg].max()))
+        return gaps
+
+    # -- evaluation --------------------------------------------------------------------
+    def tick(self, now_ns: int) -> list[Diagnosis]:
+        """Evaluate at master time ``now_ns``; return the diagnoses that are new at this tick."""
+        now = int(now_ns)
+        self._now = now
+        self.stats["ticks"] += 1
+        self._flush()
+        clock.on_tick(self.ranks, now, self._epoch)
+        th = self.thresholds()
+        out: list[Diagnosis] = []
+        live: set[tuple] = set()
+        for f in hang.evaluate(self.ranks, self.comms, th, now):
+            live.add(f.key)
+            out += self._count(f, th, now)
+        for key in [k for k in self._active if k not in live]:
+            del self._active[key]
+        for s in self._slow.judge(self.ranks, self.comms, th, now):
+            out.append(self._slow_diag(s, now))
+        return out
+
+    def _count(self, f: hang.Finding, th: ResolvedThresholds, now: int) -> list[Diagnosis]:
+        """Hang counting: n = floor(duration / T); WARNING at 1, ERROR at hang_times, each increase."""
+        T = th.hang_timeout_ns
+        dur = now - f.start_ns
+        n = int(dur // T) if dur > 0 else 0
+        prev = self._emitted.get(f.key, 0)
+        if n < 1 or n <= prev:
+            return []
+        self._emitted[f.key] = n
+        d = dict(f.detail)
+        d["waited_s"] = round(dur / 1e9, 3)
+        d["timeout_s"] = round(T / 1e9, 3)
+        d["hang_times_limit"] = th.hang_times
+        mk = lambda lvl: self._diag(now, lvl, f.kind, f.comm, f.op, f.seq, f.ranks, n, d)  # noqa: E731
+        out = []
+        if n >= th.hang_times:
+            if prev == 0:
+                out.append(mk(Level.WARNING))  # the WARNING transition happened too
+            out.append(mk(Level.ERROR))
+        else:
+            out.append(mk(Level.WARNING))
+        self._active[f.key] = out[-1]
+        return out
+
+    def _slow_diag(self, s: SlowFinding, now: int) -> Diagnosis:
+        return self._diag(now, Level.INFO, s.kind, s.comm, s.op, s.seq, s.ranks, 0, s.detail)
+
+    def _diag(self, now, level, kind, comm, op, seq, ranks, n, detail) -> Diagnosis:
+        nodes = []
+        for g in ranks:
+            name = self.ranks.node_name(g)
+            if name not in nodes:
+                nodes.append(name)
+        return Diagnosis(
+            time_ns=now,
+            level=level,
+            kind=kind,
+            comm=None if comm is None else comm.id,
+            op=op_name(op),
+            seq=seq,
+            ranks=tuple(int(r) for r in ranks),
+            nodes=tuple(nodes),
+            hang_times=n,
+            detail=detail,
+        )
+
+    # -- live view ---------------------------------------------------------------------
+    def state(self) -> EngineSnapshot:
+        R, now = self.ranks, self._now
+        th = self.thresholds()
+        seen = np.flatnonzero(R.seen[: R.n]).tolist()
+        states: dict[int, RankState] = {g: RankState.computing for g in seen}
+        for c in self.comms:
+            done = c.done_eff()
+            arr = np.maximum(c.n_arrived, done)
+            live = c.hb_seen & ~c.gone & (c.grank >= 0)
+            blocked = np.flatnonzero(live & (arr > done))
+            for cr in blocked.tolist():
+                k = done[cr]
+                everyone = bool((arr[c.members()] > k).all())
+                g = int(c.grank[cr])
+                if states.get(g) is not RankState.waiting:
+                    states[g] = RankState.in_collective if everyone else RankState.waiting
+        period_w = (now // th.period_ns) if th.period_ns else 0
+        for g, w in self._slow.slow_ranks.items():
+            if w >= period_w - 2 and g in states:
+                states[g] = RankState.slow
+        for d in self._active.values():
+            if d.kind is not DiagKind.RankLost:
+                for g in d.ranks if d.localized else ():
+                    states[g] = RankState.hung
+        silence = now - R.last_recv
+        for g in seen:
+            if R.final[g]:
+                states[g] = RankState.done
+            elif silence[g] > th.lost_after_ns:
+                states[g] = RankState.lost
+        return EngineSnapshot(
+            time_ns=now,
+            rank_states=states,
+            rank_nodes={g: R.node_name(g) for g in seen},
+            comms=tuple(self._comm_snapshot(c) for c in self.comms),
+            offsets_ms={g: round(R.offset(g) / 1e6, 3) for g in seen},
+            active=tuple(self._active[k] for k in sorted(self._active, key=repr)),
+        )
+
+    def _comm_snapshot(self, c: Comm) -> CommSnapshot:
+        R = self.ranks
+        members = np.sort(c.grank[c.grank >= 0])
+        # Megatron layout: TP groups are consecutive ranks, DP groups strided, PP is p2p
+        if c.has_p2p and not c.has_coll:
+            kind = "PP"
+        elif len(members) > 1 and len(members) == int(R.seen.sum()):
+            kind = "WORLD"
+        elif len(members) > 1 and (np.diff(members) == 1).all():
+            kind = "TP"
+        else:
+            kind = "DP"
+        ops = c.recent_ops()
+        ops = ops[-256:]
+        if len(ops) >= 2:
+            span = (int(ops["last_arrive"][-1]) - int(ops["last_arrive"][0])) / 1e9
+            rate = (len(ops) - 1) / span if span > 0 else 0.0
+            wait = ops["wait_max"] / 1e3
+            xfer = ops["transfer"] / 1e3
+            wm, wp = float(np.median(wait)), float(np.percentile(wait, 99))
+            xm, xp = float(np.median(xfer)), float(np.percentile(xfer, 99))
+            fin = ops["busbw"][np.isfinite(ops["busbw"])]
+            bw = float(np.median(fin)) if len(fin) else 0.0
+        else:
+            rate = wm = wp = xm = xp = bw = 0.0
+        return CommSnapshot(
+            comm=f"{c.id:016x}",
+            kind=kind,
+            nranks=c.n,
+            last_done_seq=int(c.done_eff().min()) - 1,  # over every member, finalized ones too
+            ops_per_s=round(rate, 2),
+            wait_med_us=round(wm, 1),
+            wait_p99_us=round(wp, 1),
+            xfer_med_us=round(xm, 1),
+            xfer_p99_us=round(xp, 1),
+            busbw_gbs=round(bw, 4),
+        )

@@ -1,0 +1,409 @@
+"""The engine's memory: per-rank and per-communicator numpy arrays, filled batch by batch.
+
+Nothing here keeps one Python object per record. A batch is split by kind, then by
+communicator (``np.unique``), and each communicator's rows are scattered into its
+arrays with fancy indexing:
+
+* ``RankTable`` — per global rank: node, liveness (master clock), clean exit, clock offset.
+* ``Comm`` — per communicator: the latest heartbeat of every member (how far it has
+  issued / arrived / finished, its oldest pending op), the highest op finished per member
+  from OP records, p2p completion counters, and an op ring ``(W slots x nranks)`` of arrival,
+  end and compute-gap times in which a collective (C, k) becomes *complete* once every
+  member's OP record is in. Complete ops are reduced at once (vectorised over all ops that
+  completed in the batch) to one row each of ``COMPLETED``: last arrival, wait, transfer,
+  busbw, who arrived last and by how much. Those rows feed the slow windows.
+
+Times: ``*_ns`` from records are the sending rank's clock; the engine converts with the
+per-rank offset (rank clock minus master clock, c4d/engine/clock.py) wherever it compares
+ranks or compares with the master's clock.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from c4d import schema
+from c4d.opstats import busbw_factor, total_bytes
+from c4d.schema import Op, OpFlag
+
+log = logging.getLogger("c4d.engine")
+
+MAX_RANK = 1 << 20
+MAX_NRANKS = 1 << 17
+P2P = int(OpFlag.P2P)
+END_SYNC_OPS = (int(Op.AllReduce), int(Op.AllGather), int(Op.ReduceScatter), int(Op.AlltoAll))
+GONE_EVENTS = (int(schema.CommEvent.FINALIZE), int(schema.CommEvent.DESTROY), int(schema.CommEvent.ABORT))
+
+COMPLETED = np.dtype(
+    [
+        ("seq", "<i8"),
+        ("op", "u1"),
+        ("bytes", "<i8"),
+        ("last_arrive", "<i8"),  # L: latest aligned arrival (master clock)
+        ("first_arrive", "<i8"),
+        ("transfer", "<i8"),  # median aligned end - L
+        ("busbw", "<f8"),  # GB/s, nccl-tests formula
+        ("last", "<i4"),  # comm rank that arrived last
+        ("margin", "<i8"),  # L - next-to-last arrival
+        ("gap_last", "<i8"),  # compute gap before the op of the last arriver (-1 unknown)
+        ("gap_others", "<f8"),  # median compute gap of the others (NaN unknown)
+        ("wait_med", "<i8"),
+        ("wait_max", "<i8"),
+        ("aligned", "?"),  # every member's clock offset was known when it was reduced
+    ]
+)
+
+
+def _grow(a: np.ndarray, n: int, fill) -> np.ndarray:
+    out = np.full(n, fill, dtype=a.dtype)
+    out[: len(a)] = a
+    return out
+
+
+def _row_nanmedian(a: np.ndarray) -> np.ndarray:
+    """Median of each row ignoring NaN (NaN when a row has none); np.nanmedian is ~20x slower here."""
+    srt = np.sort(a, axis=1)  # NaN sort last
+    k = (~np.isnan(a)).sum(axis=1)
+    lo = np.take_along_axis(srt, np.maximum((k - 1) // 2, 0)[:, None], axis=1)[:, 0]
+    hi = np.take_along_axis(srt, np.maximum(k // 2, 0)[:, None], axis=1)[:, 0]
+    return np.where(k > 0, (lo + hi) / 2, np.nan)
+
+
+class RankTable:
+    """Per global rank, arrays indexed by rank (grown by doubling)."""
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.seen = np.zeros(0, bool)
+        self.node = np.zeros(0, np.int32)  # index into node_names, -1 unknown
+        self.pid = np.zeros(0, np.int64)
+        self.last_recv = np.zeros(0, np.int64)  # master clock of the batch that carried its last record
+        self.final = np.zeros(0, bool)
+        self.pend_tmax = np.zeros(0, np.int64)  # max record time_ns fed since the last tick (rank clock)
+        # clock (c4d/engine/clock.py): offset = rel + anchor, rel per node (a host's ranks share
+        # its clock) or per rank when the node is unknown; theta = receipt bounds
+        self.theta = np.zeros(0, np.int64)
+        self.theta_cur = np.zeros(0, np.int64)
+        self.theta_prev = np.zeros(0, np.int64)
+        self.theta_ok = np.zeros(0, bool)
+        self.rel_rank = np.zeros(0, np.float64)
+        self.rel_rank_ok = np.zeros(0, bool)
+        self.rel_rank_refined = np.zeros(0, bool)
+        self.rel_node = np.zeros(0, np.float64)
+        self.rel_node_ok = np.zeros(0, bool)
+        self.rel_node_refined = np.zeros(0, bool)
+        self.anchor = 0.0
+        self.last_end = np.zeros(0, np.int64)  # latest op end seen (rank clock), for compute gaps
+        self.node_names: list[str] = []
+        self._node_index: dict[str, int] = {}
+        self.comms_of: list[list[tuple[int, int]]] = []  # rank -> [(comm idx, comm rank)]
+        self.job: dict[str, int] = {}  # registered thresholds of the lowest rank seen
+        self._job_rank = MAX_RANK
+
+    def ensure(self, max_rank: int) -> None:
+        if max_rank < self.n:
+            return
+        n = max(16, self.n * 2)
+        while n <= max_rank:
+            n *= 2
+        self.seen = _grow(self.seen, n, False)
+        self.node = _grow(self.node, n, -1)
+        self.pid = _grow(self.pid, n, 0)
+        self.last_recv = _grow(self.last_recv, n, 0)
+        self.final = _grow(self.final, n, False)
+        self.pend_tmax = _grow(self.pend_tmax, n, 0)
+        self.theta = _grow(self.theta, n, 0)
+        self.theta_cur = _grow(self.theta_cur, n, np.iinfo(np.int64).min)
+        self.theta_prev = _grow(self.theta_prev, n, np.iinfo(np.int64).min)
+        self.theta_ok = _grow(self.theta_ok, n, False)
+        self.rel_rank = _grow(self.rel_rank, n, 0.0)
+        self.rel_rank_ok = _grow(self.rel_rank_ok, n, False)
+        self.rel_rank_refined = _grow(self.rel_rank_refined, n, False)
+        self.last_end = _grow(self.last_end, n, 0)
+        self.comms_of.extend([] for _ in range(n - self.n))
+        self.n = n
+
+    def aligned(self, g: np.ndarray) -> np.ndarray:
+        """Whether each rank's clock offset is established."""
+        nd = self.node[g]
+        node_ok = self.rel_node_ok[np.maximum(nd, 0)] if len(self.rel_node_ok) else np.zeros(len(nd), bool)
+        return np.where(nd >= 0, node_ok, self.rel_rank_ok[g])
+
+    def add_residuals(self, g: np.ndarray, res: np.ndarray) -> None:
+        """End-time consensus step: per-rank residuals, averaged per node (a host moves as one)."""
+        nd = self.node[g]
+        has = nd >= 0
+        if has.any():
+            k = len(self.node_names)
+            s = np.bincount(nd[has], weights=res[has], minlength=k)
+            c = np.bincount(nd[has], minlength=k)
+            self.rel_node += np.where(c > 0, s / np.maximum(c, 1), 0.0)
+            self.rel_node_refined |= c > 0
+        if (~has).any():
+            np.add.at(self.rel_rank, g[~has], res[~has])
+            self.rel_rank_refined[g[~has]] = True
+
+    def node_name(self, g: int) -> str:
+        i = int(self.node[g]) if 0 <= g < self.n else -1
+        return self.node_names[i] if i >= 0 else "?"
+
+    def set_node(self, g: int, name: str) -> None:
+        i = self._node_index.get(name)
+        if i is None:
+            i = self._node_index[name] = len(self.node_names)
+            self.node_names.append(name)
+            k = len(self.node_names)
+            self.rel_node = _grow(self.rel_node, k, 0.0)
+            self.rel_node_ok = _grow(self.rel_node_ok, k, False)
+            self.rel_node_refined = _grow(self.rel_node_refined, k, False)
+        self.node[g] = i
+
+    def offsets(self, granks: np.ndarray) -> np.ndarray:
+        """Rank clock minus master clock (ns, int64) for each global rank (unknown: 0)."""
+        g = np.asarray(granks)
+        ok = g >= 0
+        gi = np.where(ok, g, 0)
+        nd = self.node[gi]
+        if len(self.rel_node):
+            ndi = np.maximum(nd, 0)
+            rel = np.where(nd >= 0, self.rel_node[ndi], self.rel_rank[gi])
+            have = np.where(nd >= 0, self.rel_node_ok[ndi], self.rel_rank_ok[gi])
+        else:
+            rel, have = self.rel_rank[gi], self.rel_rank_ok[gi]
+        return np.where(ok & have, np.rint(rel + self.anchor).astype(np.int64), 0)
+
+    def offset(self, g: int) -> int:
+        if g < 0 or g >= self.n:
+            return 0
+        return int(self.offsets(np.array([g]))[0])
+
+    def register(self, rows: np.ndarray) -> None:
+        for rec in rows:
+            g = int(rec["rank"])
+            self.set_node(g, rec["node"].split(b"\0", 1)[0].decode(errors="replace") or "?")
+            pid = int(rec["pid"])
+            if pid != self.pid[g]:
+                self.final[g] = False  # a restarted process
+                self.pid[g] = pid
+            if g <= self._job_rank:
+                self._job_rank = g
+                self.job = {
+                    "hang_timeout_us": int(rec["hang_timeout_us"]),
+                    "hang_times": int(rec["hang_times"]),
+                    "bw_check_period_s": int(rec["bw_check_period_s"]),
+                    "heartbeat_ms": int(rec["heartbeat_ms"]),
+                }
+
+
+class Comm:
+    """One communicator's arrays. ``n`` members, op ring of ``W`` sequence slots."""
+
+    def __init__(self, idx: int, cid: int, n: int) -> None:
+        self.idx, self.id, self.n = idx, cid, n
+        self.W = int(min(1024, max(64, (1 << 20) // max(n, 1))))
+        self.grank = np.full(n, -1, np.int64)
+        self.gone = np.zeros(n, bool)
+        self.parent = 0
+        # latest heartbeat per member
+        self.hb_seen = np.zeros(n, bool)
+        self.hb_time = np.zeros(n, np.int64)  # rank clock
+        self.n_issued = np.zeros(n, np.int64)
+        self.n_arrived = np.zeros(n, np.int64)
+        self.n_done = np.zeros(n, np.int64)
+        self.last_arrive = np.zeros(n, np.int64)
+        self.pend_seq = np.full(n, -1, np.int64)
+        self.pend_op = np.full(n, 255, np.int16)
+        self.pend_peer = np.full(n, -1, np.int32)
+        self.pend_flags = np.zeros(n, np.int16)
+        self.pend_issue = np.zeros(n, np.int64)
+        self.pend_start = np.zeros(n, np.int64)
+        self.p2p_in_flight = np.zeros(n, np.int64)
+        # from OP records
+        self.op_done = np.zeros(n, np.int64)  # highest collective seq finished + 1
+        self.p2p_done: dict[tuple[int, int, int], int] = {}  # (comm rank, op, peer) -> seq + 1
+        self.has_coll = False
+        self.has_p2p = False
+        self.ops_seen = 0
+        # op ring
+        W = self.W
+        self.tag = np.full(W, -1, np.int64)
+        self.has = np.zeros((W, n), bool)
+        self.arr = np.zeros((W, n), np.int64)
+        self.end = np.zeros((W, n), np.int64)
+        self.gap = np.full((W, n), -1, np.int64)
+        self.opk = np.zeros(W, np.uint8)
+        self.nbytes = np.zeros(W, np.int64)
+        self.processed = np.zeros(W, bool)
+        self.incomplete = 0  # ops evicted before every member reported
+        # derived
+        self.pending: list[np.ndarray] = []  # COMPLETED rows not yet judged by a slow window
+        self.recent: list[np.ndarray] = []  # COMPLETED rows for the live view
+        self.recent_n = 0
+        self.peer_rows: list[np.ndarray] = []
+        self.peer_n = 0
+
+    # -- derived views -----------------------------------------------------------------
+    def done_eff(self) -> np.ndarray:
+        return np.maximum(self.n_done, self.op_done)
+
+    def arrived_eff(self) -> np.ndarray:
+        return np.maximum(self.n_arrived, self.done_eff())
+
+    def members(self) -> np.ndarray:
+        return np.flatnonzero(~self.gone)
+
+    def recent_ops(self) -> np.ndarray:
+        if len(self.recent) > 1:
+            self.recent = [np.concatenate(self.recent)]
+        return self.recent[0] if self.recent else np.empty(0, COMPLETED)
+
+    def peer_table(self) -> np.ndarray:
+        if len(self.peer_rows) > 1:
+            self.peer_rows = [np.concatenate(self.peer_rows)]
+        return self.peer_rows[0] if self.peer_rows else np.empty(0, schema.PEER)
+
+    # -- ingestion ---------------------------------------------------------------------
+    def add_heartbeats(self, hb: np.ndarray) -> None:
+        cr = hb["comm_rank"].astype(np.int64)
+        # latest row per member (rows are in arrival order; a rank's stream is FIFO)
+        _, first_rev = np.unique(cr[::-1], return_index=True)
+        idx = len(cr) - 1 - first_rev
+        hb, cr = hb[idx], cr[idx]
+        t = hb["time_ns"].astype(np.int64)
+        newer = t >= self.hb_time[cr]
+        hb, cr, t = hb[newer], cr[newer], t[newer]
+        self.hb_seen[cr] = True
+        self.hb_time[cr] = t
+        self.grank[cr] = hb["rank"]
+        self.n_issued[cr] = hb["n_issued"].astype(np.int64)
+        self.n_arrived[cr] = hb["n_arrived"].astype(np.int64)
+        self.n_done[cr] = hb["n_done"].astype(np.int64)
+        self.last_arrive[cr] = hb["last_arrive_ns"].astype(np.int64)
+        ps = hb["pend_seq"]
+        self.pend_seq[cr] = np.where(ps == schema.UINT64_MAX, -1, ps.astype(np.int64))
+        self.pend_op[cr] = hb["pend_op"]
+        self.pend_peer[cr] = hb["pend_peer"]
+        self.pend_flags[cr] = hb["pend_flags"]
+        self.pend_issue[cr] = hb["pend_issue_ns"].astype(np.int64)
+        self.pend_start[cr] = hb["pend_start_ns"].astype(np.int64)
+        self.p2p_in_flight[cr] = hb["p2p_in_flight"].astype(np.int64)
+
+    def add_peers(self, rows: np.ndarray) -> None:
+        self.peer_rows.append(rows.copy())
+        self.peer_n += len(rows)
+        cap = max(4096, 64 * self.n)
+        while self.peer_n > cap and len(self.peer_rows) > 1:
+            self.peer_n -= len(self.peer_rows.pop(0))
+
+    def add_p2p(self, ops: np.ndarray) -> None:
+        self.has_p2p = True
+        keys = np.stack([ops["comm_rank"].astype(np.int64), ops["op"].astype(np.int64), ops["peer"]], axis=1)
+        uk, inv = np.unique(keys, axis=0, return_inverse=True)
+        mx = np.zeros(len(uk), np.int64)
+        np.maximum.at(mx, inv.ravel(), ops["seq"].astype(np.int64) + 1)
+        for (a, b, c), m in zip(uk.tolist(), mx.tolist(), strict=True):
+            k = (a, b, c)
+            if m > self.p2p_done.get(k, 0):
+                self.p2p_done[k] = m
+
+    def add_collectives(self, ops: np.ndarray, gaps: np.ndarray, ranks: RankTable, gain: float) -> np.ndarray:
+        """Scatter collective OP rows into the ring; return COMPLETED rows of the ops now complete."""
+        self.has_coll = True
+        seq = ops["seq"].astype(np.int64)
+        cr = ops["comm_rank"].astype(np.int64)
+        self.grank[cr] = ops["rank"]
+        np.maximum.at(self.op_done, cr, seq + 1)
+        W = self.W
+        slot = seq % W
+        tag = self.tag[slot]
+        newer = seq > tag
+        if newer.any():
+            # A newer seq claims the slot: drop what an older, never-completed op left there.
+            s_new, s_seq = slot[newer], seq[newer]
+            order = np.lexsort((s_seq, s_new))
+            s_new, s_seq = s_new[order], s_seq[order]
+            last = np.r_[s_new[1:] != s_new[:-1], True]
+            s_new, s_seq = s_new[last], s_seq[last]
+            had = self.tag[s_new] >= 0
+            self.incomplete += int((had & ~self.processed[s_new]).sum())
+            self.tag[s_new] = s_seq
+            self.has[s_new] = False
+            self.gap[s_new] = -1
+            self.processed[s_new] = False
+        ok = seq == self.tag[slot]
+        if not ok.all():
+            ops, seq, cr, slot, gaps = ops[ok], seq[ok], cr[ok], slot[ok], gaps[ok]
+        start = ops["start_ns"].astype(np.int64)
+        issue = ops["issue_ns"].astype(np.int64)
+        self.arr[slot, cr] = np.where(start > 0, start, issue)  # arrival: device start, else host issue
+        self.end[slot, cr] = ops["end_ns"].astype(np.int64)
+        self.gap[slot, cr] = gaps
+        self.has[slot, cr] = True
+        self.opk[slot] = ops["op"]
+        self.nbytes[slot] = ops["bytes"].astype(np.int64)
+        touched = np.unique(slot)
+        done = touched[self.has[touched].all(axis=1) & ~self.processed[touched]]
+        if not len(done):
+            return np.empty(0, COMPLETED)
+        done = done[np.argsort(self.tag[done], kind="stable")]
+        self.processed[done] = True
+        return self._reduce(done, ranks, gain)
+
+    def _reduce(self, slots: np.ndarray, ranks: RankTable, gain: float) -> np.ndarray:
+        """One COMPLETED row per complete op; also refines clock offsets from end times."""
+        n = self.n
+        off = ranks.offsets(self.grank)
+        A = self.arr[slots] - off  # aligned arrivals (master clock)
+        E = self.end[slots] - off
+        G = self.gap[slots]
+        m = len(slots)
+        rows = np.arange(m)
+        out = np.zeros(m, COMPLETED)
+        out["seq"] = self.tag[slots]
+        op = self.opk[slots]
+        out["op"] = op
+        out["bytes"] = self.nbytes[slots]
+        last = A.argmax(axis=1)
+        L = A[rows, last]
+        out["last_arrive"] = L
+        out["first_arrive"] = A.min(axis=1)
+        out["last"] = last
+        second = np.partition(A, n - 2, axis=1)[:, n - 2] if n >= 2 else L
+        out["margin"] = L - second
+        endmed = np.median(E, axis=1)
+        transfer = endmed - L
+        out["transfer"] = transfer.astype(np.int64)
+        size = total_bytes(op, self.nbytes[slots], np.full(m, n))
+        with np.errstate(divide="ignore", invalid="ignore"):  # ends before the last arrival: timer noise
+            out["busbw"] = np.where(transfer > 0, size / transfer * busbw_factor(op, np.full(m, n)), np.nan)
+        wait = L[:, None] - A
+        out["wait_med"] = np.median(wait, axis=1).astype(np.int64)
+        out["wait_max"] = wait.max(axis=1)
+        out["gap_last"] = G[rows, last]
+        if n >= 2:
+            Gf = np.where(G >= 0, G, np.nan).astype(float)
+            Gf[rows, last] = np.nan
+            out["gap_others"] = _row_nanmedian(Gf)
+        else:
+            out["gap_others"] = np.nan
+        # Ops reduced before every member's clock offset was known are not compared across
+        # ranks (the slow windows skip them).
+        known = bool(((self.grank >= 0) & ranks.aligned(np.maximum(self.grank, 0))).all())
+        out["aligned"] = known
+        # Clock refinement: these ops end (nearly) together on every rank, so each rank's
+        # median residual against the op's median end is its remaining offset error.
+        sync = np.isin(op, END_SYNC_OPS) & (self.end[slots] > 0).all(axis=1)
+        if gain > 0 and n >= 2 and sync.any() and known:
+            R = E[sync] - endmed[sync, None]
+            res = np.median(R, axis=0)
+            res = np.clip(res - res.mean(), -1e9, 1e9)
+            ranks.add_residuals(self.grank, gain * res)
+        self.pending.append(out)
+        self.recent.append(out)
+        self.recent_n += m
+        if self.recent_n > 2048 and len(self.recent) > 1:
+            r = np.concatenate(self.recent)[-1024:]
+            self.recent, self.recent_n = [r], len(r)
+        return out

@@ -1,0 +1,62 @@
+"""c4d/actions/blacklist.py: one node a line, no duplicates, atomic replace, only localized ERRORs."""
+
+from __future__ import annotations
+
+import os
+
+from factories import Fault, Job, run_cached
+
+from c4d.actions import blacklist
+from c4d.engine import DiagKind, Diagnosis, Level
+
+
+def diag(level: Level, nodes: tuple[str, ...], localized: bool) -> Diagnosis:
+    return Diagnosis(
+        0, level, DiagKind.RankNonCommHang, 1, "AllReduce", 3, (5,), nodes, 3, {"localized": localized}
+    )
+
+
+def test_append_dedups_and_keeps_existing_lines(tmp_path):
+    p = tmp_path / "sub" / "blacklist.txt"
+    assert blacklist.append_nodes(p, ["node-2"]) == ["node-2"]
+    assert blacklist.append_nodes(p, ["node-2", "node-3", "node-3", "", "?"]) == ["node-3"]
+    assert blacklist.append_nodes(p, ["node-3"]) == []
+    assert p.read_text() == "node-2\nnode-3\n"
+    p.write_text("manual-node\n\nnode-2\n")  # an operator edited it
+    assert blacklist.append_nodes(p, ["node-4"]) == ["node-4"]
+    assert blacklist.read_nodes(p) == ["manual-node", "node-2", "node-4"]
+    assert [f.name for f in p.parent.iterdir()] == ["blacklist.txt"]  # no temporary left behind
+
+
+def test_replace_is_atomic_rename(tmp_path):
+    p = tmp_path / "bl"
+    blacklist.append_nodes(p, ["a"])
+    os.chmod(p, 0o600)
+    ino = p.stat().st_ino
+    blacklist.append_nodes(p, ["b"])
+    assert p.stat().st_ino != ino  # a new file renamed over the old one, never rewritten in place
+    assert p.stat().st_mode & 0o777 == 0o600  # permissions kept
+
+
+def test_only_localized_errors_blacklist(tmp_path):
+    p = tmp_path / "bl"
+    assert blacklist.apply(diag(Level.WARNING, ("node-1",), True), p) == []
+    assert blacklist.apply(diag(Level.ERROR, ("node-1",), False), p) == []
+    assert not p.exists()
+    assert blacklist.apply(diag(Level.ERROR, ("node-1",), True), p) == ["node-1"]
+
+
+def test_a_hang_run_blacklists_exactly_the_culprit_node(tmp_path):
+    j = Job(
+        tp=2,
+        pp=2,
+        dp=4,
+        ranks_per_node=4,
+        steps=30,
+        skew_ms=50.0,
+        faults=[Fault("noncomm-hang", rank=13, step=9)],
+    )
+    p = tmp_path / "bl"
+    for d in run_cached(j).diagnoses:
+        blacklist.apply(d, p)
+    assert blacklist.read_nodes(p) == ["node-3"]

@@ -1,0 +1,128 @@
+"""Slow kinds and clock alignment from factory-built streams.
+
+Clean runs (3% jitter, ±50 ms node skew, 300 steps) must give zero diagnoses; a factor-3
+slowdown must be found, at the right rank, within two check periods of its onset, and
+nothing else may be reported.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from factories import Fault, Job, run_cached
+
+from c4d.engine import DiagKind, Level
+
+PERIOD_S = 1
+
+SHAPES = {
+    "tp2pp2dp4": dict(tp=2, pp=2, dp=4, ranks_per_node=4),
+    "tp4pp2dp4": dict(tp=4, pp=2, dp=4, ranks_per_node=8),
+    "tp2dp4": dict(tp=2, pp=1, dp=4, ranks_per_node=2),
+    "dp8": dict(tp=1, pp=1, dp=8, ranks_per_node=2),
+}
+
+
+def job(shape: str, *faults: Fault, **kw) -> Job:
+    base = dict(SHAPES[shape], steps=300, skew_ms=50.0, period_s=PERIOD_S)
+    base.update(kw)
+    return Job(**base, faults=list(faults))
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+@pytest.mark.parametrize("skew_ms", [0.0, 50.0])
+def test_clean_jittery_run_gives_zero_diagnoses(shape, skew_ms):
+    run = run_cached(job(shape, skew_ms=skew_ms))
+    assert run.diagnoses == [], [d.summary() for d in run.diagnoses]
+    assert run.engine.stats["invalid"] == 0
+
+
+def test_clean_run_with_explicit_opposite_skews_and_slow_delivery():
+    # nodes ±50 ms apart, records batched every 50 ms and 5 ms in flight
+    j = job("tp2pp2dp4", skews_ms=[50, -50, 25, -25], flush_ms=50, latency_us=5000, seed=7)
+    run = run_cached(j)
+    assert run.diagnoses == [], [d.summary() for d in run.diagnoses]
+
+
+def only(run, kind: DiagKind, ranks: list[int]):
+    ds = run.diagnoses
+    assert ds, "nothing found"
+    assert {d.kind for d in ds} == {kind}, [d.summary() for d in ds]
+    assert all(d.level is Level.INFO and d.hang_times == 0 for d in ds)
+    assert all(sorted(d.ranks) == sorted(ranks) for d in ds), [d.summary() for d in ds]
+    first = ds[0].time - run.onset_s()
+    assert 0 < first <= 2 * PERIOD_S, first
+    return ds
+
+
+@pytest.mark.parametrize("shape", ["tp2pp2dp4", "tp4pp2dp4", "dp8"])
+@pytest.mark.parametrize("where", ["first", "middle", "last"])
+def test_noncomm_slow_found_at_the_rank(shape, where):
+    j = job(shape, steps=120)
+    r = {"first": 0, "middle": j.world // 2 + 1, "last": j.world - 1}[where]
+    run = run_cached(job(shape, Fault("noncomm-slow", rank=r, step=40, factor=3.0), steps=120))
+    ds = only(run, DiagKind.RankNonCommSlow, [r])
+    d = ds[0]
+    assert d.nodes == (j.node_name(r),)
+    assert d.localized and d.blacklist_nodes == ()  # INFO never triggers the action
+    assert d.detail["localized_by"] == "arrival" and d.detail["last_share"] >= 0.6
+    assert d.detail["margin_ms"] > 5
+
+
+@pytest.mark.parametrize("r", [0, 5, 15])
+@pytest.mark.parametrize("peer", [True, False], ids=["peer-progress", "cross-comm"])
+def test_comm_slow_rank_found(r, peer):
+    j = job("tp2pp2dp4", steps=120, peer=peer)
+    run = run_cached(job("tp2pp2dp4", Fault("comm-slow", rank=r, step=40, factor=3.0), steps=120, peer=peer))
+    ds = only(run, DiagKind.RankCommSlow, [r])
+    assert ds[0].nodes == (j.node_name(r),)
+    assert ds[0].detail["ratio"] < 0.5
+    if peer:
+        assert ds[0].detail["localized_by"] == "peer-progress"
+        assert len(ds[0].detail["slow_links"]) == 2  # its in- and out-link of the ring
+    else:  # no progress source: the one rank its slow TP and DP communicators share
+        assert ds[0].detail["localized_by"] == "cross-comm"
+        assert len(ds[0].detail["comms"]) == 2
+
+
+@pytest.mark.parametrize("r", [0, 3, 7])
+def test_comm_slow_in_a_single_communicator_by_peer_progress(r):
+    run = run_cached(job("dp8", Fault("comm-slow", rank=r, step=40, factor=3.0), steps=120))
+    ds = only(run, DiagKind.RankCommSlow, [r])
+    assert ds[0].detail["localized_by"] == "peer-progress"
+
+
+def test_comm_slow_link_from_peer_progress():
+    # 3-4 crosses nodes (the link that paces the ring): slowing it slows every all-reduce
+    run = run_cached(job("dp8", Fault("comm-slow", link=(3, 4), step=40, factor=3.0), steps=120))
+    ds = only(run, DiagKind.RankCommSlow, [3, 4])
+    assert ds[0].detail["link"] == [3, 4] and ds[0].detail["slow_links"] == ["3->4"]
+    assert ds[0].nodes == ("node-1", "node-2")
+
+
+def test_comm_slow_without_progress_in_one_communicator_names_suspects():
+    run = run_cached(job("dp8", Fault("comm-slow", rank=3, step=40, factor=3.0), steps=120, peer=False))
+    ds = run.diagnoses
+    assert ds and {d.kind for d in ds} == {DiagKind.RankCommSlow}
+    assert all(not d.localized and sorted(d.ranks) == list(range(8)) for d in ds)
+    assert ds[0].time - run.onset_s() <= 2 * PERIOD_S
+
+
+def test_clean_run_on_a_busy_host_gives_zero_diagnoses():
+    """simtrain-like: 0.5 ms compute segments, plus up to ms of random scheduling delay."""
+    j = job("tp2pp2dp4", compute_ms=0.5, noise_ms=1.0, tp_bytes=1 << 20, dp_bytes=4 << 20, pp_bytes=1 << 20)
+    run = run_cached(j)
+    assert run.diagnoses == [], [d.summary() for d in run.diagnoses]
+
+
+@pytest.mark.parametrize("skews", [[50, -50], [0, 50, -50, 20]])
+def test_clock_offsets_are_estimated(skews):
+    j = job("tp2dp4", skews_ms=skews, steps=150, ranks_per_node=8 // len(skews))
+    run = run_cached(j)
+    off = run.engine.state().offsets_ms
+    true = np.array([skews[j.node_of(r)] for r in range(j.world)], float)
+    est = np.array([off[r] for r in range(j.world)])
+    err = (est - est.mean()) - (true - true.mean())  # relative offsets are what comparisons need
+    assert np.abs(err).max() < 1.0, err
+    # absolute: rank clock minus master clock, short by at most the record age at a tick
+    assert np.abs(est - true).max() < 15.0
