@@ -279,10 +279,17 @@ def cmd_analyze(args) -> int:
 
 def _load_for_offline(args):
     """Load PATH in any supported format; one line on stderr and None when it can't be read."""
+    from c4d.formats.to_records import ImportOptions
     from c4d.trace import TraceError, load_any
 
+    over = _engine_overrides(args)
+    opts = ImportOptions(**{k: v for k, v in over.items() if k in ("hang_timeout_us", "hang_times")})
+
+    def warn(line: str) -> None:
+        print(f"c4d {args.command}: {line}", file=sys.stderr)
+
     try:
-        return load_any(args.path, getattr(args, "format", None))
+        return load_any(args.path, getattr(args, "format", None), opts=opts, on_warning=warn)
     except (TraceError, OSError, ValueError) as e:
         print(f"c4d {args.command}: {e}", file=sys.stderr)
         return None

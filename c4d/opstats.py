@@ -84,6 +84,8 @@ def split_wait_transfer(ops: pd.DataFrame, offsets_ns: dict[int, int] | None = N
     df["wait_ns"] = (last - start).where(coll)
     df["transfer_ns"] = (end - last).where(coll, end - start)
     df["lateness_ns"] = (start - med).where(coll)
+    for c in ("arrive_ns", "last_arrive_ns", "wait_ns", "transfer_ns", "lateness_ns"):
+        df[c] = df[c].astype("float64")  # NaN = unknown; documented as float ns
     n = df["comm_nranks"].to_numpy()
     size = total_bytes(df["op"].to_numpy(), df["bytes"].to_numpy(), n)
     t = df["transfer_ns"].to_numpy(dtype=float)

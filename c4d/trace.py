@@ -219,12 +219,21 @@ def from_raw(rt: RawTrace) -> Trace:
     )
 
 
-def load_any(path: str | os.PathLike, fmt: str | None = None) -> Trace:
-    """Load a c4d trace or an import (Flight Recorder dumps, NCCL Inspector, nccl-tests) as a Trace."""
+def load_any(
+    path: str | os.PathLike,
+    fmt: str | None = None,
+    opts: Any = None,
+    on_warning: Any = None,
+) -> Trace:
+    """Load a c4d trace or an import (Flight Recorder dumps, NCCL Inspector, nccl-tests) as a Trace.
+
+    ``opts`` (c4d.formats.to_records.ImportOptions) gives the thresholds an import assumes;
+    ``on_warning`` receives one line per non-fatal import problem.
+    """
     if fmt in (None, "c4d"):
         p = Path(path)
-        if fmt == "c4d" or (p.is_file() and p.read_bytes()[:8] == MAGIC):
+        if fmt == "c4d" or (p.is_file() and p.open("rb").read(8) == MAGIC):
             return load(path)
     from c4d.formats.detect import load_any as load_raw_any
 
-    return from_raw(load_raw_any(path, fmt))
+    return from_raw(load_raw_any(path, fmt, opts=opts, on_warning=on_warning))

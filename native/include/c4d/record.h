@@ -139,7 +139,7 @@ typedef struct c4d_op_record {
   int32_t device;     /* CUDA device of the communicator */
   int32_t result;     /* ncclResult_t returned by NCCL */
   uint8_t op;         /* enum c4d_op_kind */
-  uint8_t dtype;      /* ncclDataType_t */
+  uint8_t dtype;      /* ncclDataType_t (255 unknown: imports of data NCCL has no type for) */
   uint8_t redop;      /* ncclRedOp_t (255 none) */
   uint8_t flags;      /* enum c4d_op_flags */
   uint8_t reserved[8];

@@ -1,0 +1,300 @@
+"""Build c4d records (native/include/c4d/record.h) from other tools' data, and lay them out as a trace.
+
+Every importer (Flight Recorder, NCCL Inspector, nccl-tests) ends here: it fills column arrays
+(one value per op, per rank, per rank × communicator) and ``assemble`` turns them into the same
+``RawTrace`` a c4d trace file gives, so ``c4d.analyze.replay`` runs the live engine on it.
+
+How the stream is laid out (what a replay sees, in order):
+
+1. one REGISTER per rank, one COMM (INIT_RANK) per rank × communicator;
+2. the completed ops as OP records, ordered by ``time_ns`` (when the op ended), with a TICK every
+   ``bw_check_period_s`` of op time so the engine evaluates during the history as the live master
+   would; before each such TICK, a process-level HEARTBEAT (comm 0) per rank, so no rank looks lost;
+3. the state at the end (``t_end``, the dump time): per rank × communicator, a HEARTBEAT with
+   n_issued / n_arrived / n_done and the oldest pending op, then a TICK — repeated, with the same
+   content, at ``t_end + i·T`` for i = 1 … hang_times (T = hang timeout). Other tools' dumps are a
+   snapshot: c4d takes what was pending in it as still pending afterwards (a Flight Recorder dump is
+   normally written because the job was stuck), so the engine sees a hang grow past T (WARNING)
+   and T × hang_times (ERROR), as it would have live.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from c4d import schema
+from c4d.trace import RawTrace
+
+DEFAULT_HANG_TIMEOUT_US = 10_000_000  # DESIGN.md: C4D_HANG_TIMEOUT default
+DEFAULT_HANG_TIMES = 18
+DEFAULT_BW_CHECK_PERIOD_S = 10
+MAX_HISTORY_TICKS = 5000  # a very long history gets coarser ticks, not millions of records
+_END_EPSILON_NS = 1_000  # ticks land just after the boundary so "waited > T" holds at i·T
+
+
+class FormatError(ValueError):
+    """Input that cannot be imported; the message is one line and names the file."""
+
+
+@dataclass(frozen=True)
+class ImportOptions:
+    """The job values c4d assumes for imported data (imports carry no C4D_* environment)."""
+
+    hang_timeout_us: int = DEFAULT_HANG_TIMEOUT_US
+    hang_times: int = DEFAULT_HANG_TIMES
+    bw_check_period_s: int = DEFAULT_BW_CHECK_PERIOD_S
+
+    def __post_init__(self) -> None:
+        for name in ("hang_timeout_us", "hang_times", "bw_check_period_s"):
+            if int(getattr(self, name)) <= 0:
+                raise ValueError(f"ImportOptions.{name} must be > 0, not {getattr(self, name)!r}")
+
+    @property
+    def hang_timeout_ns(self) -> int:
+        return self.hang_timeout_us * 1000
+
+
+def comm_id(key: str) -> int:
+    """A stable, non-zero 64-bit communicator id from a key that is equal on every rank."""
+    v = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little")
+    return v or 1
+
+
+def nccl_version_code(text: str | None) -> int:
+    """ "2.21.5" → 22105 (NCCL_VERSION_CODE); 0 when unknown."""
+    if not text:
+        return 0
+    parts = str(text).split("+")[0].split(".")
+    try:
+        major, minor, patch = (int(p) for p in (parts + ["0", "0"])[:3])
+    except ValueError:
+        return 0
+    return major * 10000 + minor * 100 + patch
+
+
+def _blank(dtype: np.dtype, n: int) -> np.ndarray:
+    a = np.zeros(n, dtype=dtype)
+    a["version"] = schema.SCHEMA_VERSION
+    return a
+
+
+def registers(
+    ranks: np.ndarray,
+    nodes: list[str],
+    world_size: int,
+    opts: ImportOptions,
+    *,
+    time_ns: int = 0,
+    pids: np.ndarray | None = None,
+    device_timing: np.ndarray | None = None,
+    nccl_version: int = 0,
+    job: str = "",
+) -> np.ndarray:
+    """One REGISTER per rank; ``nodes[i]`` is rank ``ranks[i]``'s host ("" when the format has none)."""
+    n = len(ranks)
+    a = _blank(schema.REGISTER, n)
+    a["kind"] = schema.Kind.REGISTER
+    a["rank"] = ranks
+    a["time_ns"] = time_ns
+    a["hang_timeout_us"] = opts.hang_timeout_us
+    a["pid"] = 0 if pids is None else pids
+    a["world_size"] = world_size
+    a["local_rank"] = -1
+    a["cuda_device"] = -1
+    a["nccl_version"] = nccl_version
+    a["hang_times"] = opts.hang_times
+    a["bw_check_period_s"] = opts.bw_check_period_s
+    a["heartbeat_ms"] = max(1, opts.hang_timeout_us // 1000)  # assemble() sets the real period
+    a["log_level"] = 2
+    a["device_timing"] = 0 if device_timing is None else device_timing
+    a["node"] = [s.encode()[:39] for s in nodes]
+    a["job"] = job.encode()[:23]
+    return a
+
+
+def comms(
+    ranks: np.ndarray,
+    ids: np.ndarray,
+    comm_rank: np.ndarray,
+    nranks: np.ndarray,
+    time_ns: np.ndarray | int = 0,
+) -> np.ndarray:
+    """One COMM record (INIT_RANK) per rank × communicator."""
+    a = _blank(schema.COMM, len(ranks))
+    a["kind"] = schema.Kind.COMM
+    a["rank"] = ranks
+    a["time_ns"] = time_ns
+    a["comm_id"] = ids
+    a["comm_rank"] = comm_rank
+    a["comm_nranks"] = nranks
+    a["color"] = -1
+    a["key"] = -1
+    a["device"] = -1
+    a["event"] = schema.CommEvent.INIT_RANK
+    return a
+
+
+def ops(n: int, **cols: Any) -> np.ndarray:
+    """``n`` OP records; ``cols`` are OP field names → arrays or scalars.
+
+    Defaults: peer -1, device -1, redop 255 (not recorded), time_ns = the latest of
+    issue/start/end.
+    """
+    a = _blank(schema.OP, n)
+    a["kind"] = schema.Kind.OP
+    a["peer"] = -1
+    a["device"] = -1
+    a["redop"] = 255
+    for k, v in cols.items():
+        a[k] = v
+    if "time_ns" not in cols:
+        a["time_ns"] = np.maximum(np.maximum(a["issue_ns"], a["start_ns"]), a["end_ns"])
+    return a
+
+
+def heartbeats(n: int, **cols: Any) -> np.ndarray:
+    """``n`` HEARTBEAT records; defaults: nothing pending (pend_seq UINT64_MAX, pend_op 255)."""
+    a = _blank(schema.HEARTBEAT, n)
+    a["kind"] = schema.Kind.HEARTBEAT
+    a["pend_seq"] = schema.UINT64_MAX
+    a["pend_op"] = 255
+    a["pend_peer"] = -1
+    a["device"] = -1
+    for k, v in cols.items():
+        a[k] = v
+    return a
+
+
+def _ticks(times: np.ndarray) -> np.ndarray:
+    a = _blank(schema.HEADER, len(times))
+    a["kind"] = schema.Kind.TICK
+    a["rank"] = -1
+    a["time_ns"] = times
+    return a
+
+
+def _as_header(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a).view(schema.HEADER)
+
+
+def _process_beats(ranks: np.ndarray, world: int, times: np.ndarray) -> np.ndarray:
+    """A comm-0 heartbeat per rank at each time (rank-major within a time)."""
+    t = np.repeat(times, len(ranks))
+    r = np.tile(ranks, len(times))
+    return heartbeats(len(t), rank=r, time_ns=t, comm_id=0, comm_rank=r, comm_nranks=world)
+
+
+def history_ticks(t_first: int, t_end: int, period_ns: int) -> np.ndarray:
+    """Tick times every ``period_ns`` strictly inside (t_first, t_end], coarser if there would be too many."""
+    if t_end <= t_first or period_ns <= 0:
+        return np.empty(0, dtype=np.uint64)
+    n = (t_end - t_first) // period_ns
+    if n > MAX_HISTORY_TICKS:
+        period_ns = -(-(t_end - t_first) // MAX_HISTORY_TICKS)
+        n = (t_end - t_first) // period_ns
+    return (t_first + period_ns * np.arange(1, n + 1, dtype=np.int64)).astype(np.uint64)
+
+
+def assemble(
+    meta: dict[str, Any],
+    *,
+    regs: np.ndarray,
+    comm_recs: np.ndarray,
+    op_recs: np.ndarray,
+    final_beats: np.ndarray,
+    t_end: int,
+    opts: ImportOptions,
+    path: str = "",
+    extrapolate: bool = True,
+) -> RawTrace:
+    """Lay the records out as described in the module docstring and wrap them in a ``RawTrace``.
+
+    ``final_beats`` is the per rank × communicator state at ``t_end``; its ``time_ns`` is set here.
+    ``extrapolate=False`` evaluates once at ``t_end`` only (for sources that describe no pending
+    state, e.g. nccl-tests).
+    """
+    ranks = np.unique(regs["rank"]).astype(np.int32)
+    world = int(regs["world_size"].max()) if len(regs) else 0
+    op_recs = op_recs[np.argsort(op_recs["time_ns"], kind="stable")]
+    t_op = op_recs["time_ns"].astype(np.int64)
+    t_first = int(t_op[0]) if len(t_op) else int(t_end)
+    t_end = max(int(t_end), int(t_op[-1]) if len(t_op) else 0)
+
+    hist = history_ticks(t_first, t_end, opts.bw_check_period_s * 1_000_000_000)
+    hist = hist[hist < t_end]
+    # ranks "beat" at every tick: say so, so that the widest gap between ticks is not read as a loss
+    gaps = np.diff(np.concatenate([[t_first], hist.astype(np.int64), [t_end]]))
+    regs = regs.copy()
+    regs["heartbeat_ms"] = max(int(gaps.max()) // 1_000_000, opts.hang_timeout_us // 1000, 1)
+    steps = opts.hang_times if extrapolate else 0
+    final_t = (t_end + _END_EPSILON_NS + opts.hang_timeout_ns * np.arange(steps + 1, dtype=np.int64)).astype(
+        np.uint64
+    )
+
+    # the stream in order, and each kind's records in the same order (RawTrace.kinds, without a re-split)
+    parts: list[np.ndarray] = [_as_header(regs), _as_header(comm_recs)]
+    beat_parts: list[np.ndarray] = []
+
+    def add(a: np.ndarray, into: list[np.ndarray] | None) -> None:
+        parts.append(_as_header(a))
+        if into is not None:
+            into.append(a)
+
+    cuts = np.searchsorted(t_op, hist.astype(np.int64), side="right")
+    prev = 0
+    for cut, t in zip(cuts.tolist(), hist.tolist(), strict=True):
+        add(op_recs[prev:cut], None)  # history: ops up to the tick, the process beats, the tick
+        add(_process_beats(ranks, world, np.array([t], dtype=np.uint64)), beat_parts)
+        add(_ticks(np.array([t], dtype=np.uint64)), None)
+        prev = cut
+    add(op_recs[prev:], None)
+    for t in final_t.tolist():
+        fb = final_beats.copy()
+        fb["time_ns"] = t
+        add(fb, beat_parts)
+        add(_process_beats(ranks, world, np.array([t], dtype=np.uint64)), beat_parts)
+        add(_ticks(np.array([t], dtype=np.uint64)), None)
+    v = np.dtype((np.void, schema.RECORD_SIZE))  # concatenating plain voids is ~3x faster than structs
+    raw = np.concatenate([np.ascontiguousarray(p).view(v) for p in parts]).view(schema.HEADER)
+    kinds = {
+        schema.Kind.REGISTER: regs,
+        schema.Kind.OP: op_recs,  # its slices went into the stream in order: no copy needed
+        schema.Kind.HEARTBEAT: np.concatenate(beat_parts) if beat_parts else heartbeats(0),
+        schema.Kind.COMM: comm_recs,
+        schema.Kind.PEER: np.empty(0, dtype=schema.PEER),
+    }
+
+    full = {
+        "schema_version": schema.SCHEMA_VERSION,
+        "record_size": schema.RECORD_SIZE,
+        "created_ns": t_first,
+        **meta,
+    }
+    imp = full.setdefault("import", {})
+    imp.update(
+        {
+            "t_end_ns": t_end,
+            "extrapolated": bool(extrapolate),
+            "final_ticks_ns": [int(t) for t in final_t],
+            "history_ticks": len(hist),
+            "hang_timeout_us": opts.hang_timeout_us,
+            "hang_times": opts.hang_times,
+        }
+    )
+    imp.setdefault("warnings", [])
+    return RawTrace(meta=full, raw=raw, path=path, kinds=kinds)
+
+
+def save(rt: RawTrace, path: str) -> None:
+    """Write an imported trace as a c4d trace file (``c4d report`` / ``c4d.trace.load`` read it)."""
+    from c4d.trace import TraceWriter
+
+    w = TraceWriter(path, {k: v for k, v in rt.meta.items() if k not in ("schema_version", "record_size")})
+    try:
+        w.write(rt.raw)
+    finally:
+        w.close()

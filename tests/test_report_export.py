@@ -1,0 +1,164 @@
+"""Issue 4: `c4d report` pictures, the pandas API, Parquet export and Prometheus metrics, on a real sim trace."""
+
+from __future__ import annotations
+
+import os
+import struct
+import subprocess
+import sys
+import urllib.request
+
+import pandas as pd
+import pytest
+
+from c4d import trace
+from tests.conftest import wait_for
+
+SLOW_RANK = 5
+
+
+def run_c4d(*args: str, env=None, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "c4d", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
+
+
+@pytest.fixture(scope="module")
+def slow_trace(tmp_path_factory, libc4d, simtrain):
+    path = tmp_path_factory.mktemp("rep") / "slow.c4d"
+    p = run_c4d(
+        "sim",
+        "--ranks",
+        "8",
+        "--ranks-per-node",
+        "4",
+        "--tp",
+        "2",
+        "--pp",
+        "2",
+        "--steps",
+        "150",
+        "--fault",
+        f"noncomm-slow@rank={SLOW_RANK},step=10,factor=4",
+        "--trace",
+        str(path),
+        env={"C4D_CONN_BW_CHECK_PERIOD": "1"},
+    )
+    assert p.returncode == 0, p.stderr
+    return path
+
+
+def _png_size(path) -> tuple[int, int]:
+    head = path.read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n"
+    return struct.unpack(">II", head[16:24])
+
+
+def test_report_writes_plots_and_a_page_naming_the_culprit(slow_trace, tmp_path):
+    out = tmp_path / "report"
+    p = run_c4d("report", str(slow_trace), "-o", str(out))
+    assert p.returncode == 0, p.stderr
+    for name in ("lateness", "wait_transfer", "busbw", "diagnoses"):
+        png = out / f"{name}.png"
+        w, h = _png_size(png)
+        assert w >= 800 and h >= 300 and png.stat().st_size > 10_000, name
+    page = (out / "report.html").read_text()
+    assert "RankNonCommSlow" in page and f"rank {SLOW_RANK} (node-1)" in page
+    assert page.count("data:image/png;base64,") == 4  # self-contained
+
+
+def test_pandas_api_columns_and_dtypes(slow_trace):
+    tr = trace.load(slow_trace)
+    ops = tr.ops_split
+    for col, kind in [
+        ("rank", "i"),
+        ("comm_id", "u"),
+        ("seq", "u"),
+        ("bytes", "u"),
+        ("start_ns", "u"),
+        ("wait_ns", "f"),
+        ("transfer_ns", "f"),
+        ("busbw_gbs", "f"),
+        ("lateness_ns", "f"),
+    ]:
+        assert ops[col].dtype.kind == kind, col
+    assert ops["op_name"].isin(["AllReduce", "AllGather", "ReduceScatter", "Send", "Recv"]).all()
+    late = ops.dropna(subset=["lateness_ns"]).groupby("rank")["lateness_ns"].median()
+    assert late.idxmax() == SLOW_RANK
+    d = tr.diagnoses
+    assert list(d.columns[:4]) == ["time", "level", "kind", "comm"]
+    assert (d["kind"] == "RankNonCommSlow").any()
+    assert all(r == [SLOW_RANK] for r in d[d["kind"] == "RankNonCommSlow"]["ranks"])
+
+
+def test_export_parquet_roundtrip(slow_trace, tmp_path):
+    out = tmp_path / "ops.parquet"
+    p = run_c4d("export", str(slow_trace), str(out))
+    assert p.returncode == 0, p.stderr
+    back = pd.read_parquet(out)
+    assert len(back) == len(trace.load(slow_trace).ops)
+    assert {"wait_ns", "transfer_ns", "busbw_gbs"} <= set(back.columns)
+    p = run_c4d("export", str(slow_trace), str(tmp_path / "d.parquet"), "--table", "diagnoses")
+    assert p.returncode == 0, p.stderr
+
+
+def test_offline_commands_reject_garbage_with_one_line(tmp_path):
+    bad = tmp_path / "garbage.bin"
+    bad.write_bytes(os.urandom(4096))
+    for cmd in ("analyze", "report", "export"):
+        args = [cmd, str(bad)] + ([str(tmp_path / "o.parquet")] if cmd == "export" else [])
+        p = run_c4d(*args)
+        assert p.returncode != 0
+        assert "Traceback" not in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+
+
+def test_prometheus_metrics_during_a_run(tmp_path, libc4d, simtrain):
+    port = _free_port()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "c4d",
+            "sim",
+            "--ranks",
+            "4",
+            "--ranks-per-node",
+            "2",
+            "--steps",
+            "100000",
+            "--max-seconds",
+            "60",
+            "--metrics-port",
+            str(port),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+
+        def scrape() -> str | None:
+            try:
+                body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
+            except OSError:
+                return None
+            return body if "c4d_transfer_seconds_count" in body and "c4d_busbw_gbs{" in body else None
+
+        body = wait_for(scrape, timeout=60, what="metrics with observed collectives", interval=0.3)
+        assert 'c4d_records_total{kind="op"}' in body
+        assert "c4d_wait_seconds_bucket" in body and "c4d_records_dropped 0.0" in body
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
