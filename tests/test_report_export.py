@@ -1,4 +1,4 @@
-"""Issue 4: `c4d report` pictures, the pandas API, Parquet export and Prometheus metrics, on a real sim trace."""
+"""Issue 4: `c4d report` pictures, pandas API, Parquet export and Prometheus metrics on a real sim trace."""
 
 from __future__ import annotations
 
