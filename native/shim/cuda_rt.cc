@@ -1,0 +1,67 @@
+#include "cuda_rt.h"
+
+#include <dlfcn.h>
+
+#include <initializer_list>
+
+#include "log.h"
+
+namespace c4d {
+
+CudaRt g_cuda;
+
+namespace {
+
+bool g_resolved = false;
+
+void* find(void* lib, const char* name) { return dlsym(lib ? lib : RTLD_DEFAULT, name); }
+
+template <typename T>
+bool load(void* lib, T* out, const char* name) {
+  *out = reinterpret_cast<T>(find(lib, name));
+  return *out != nullptr;
+}
+
+bool load_all(void* lib) {
+  CudaRt r{};
+  bool ok = load(lib, &r.eventCreateWithFlags, "cudaEventCreateWithFlags") &&
+            load(lib, &r.eventRecord, "cudaEventRecord") && load(lib, &r.eventQuery, "cudaEventQuery") &&
+            load(lib, &r.eventElapsedTime, "cudaEventElapsedTime") &&
+            load(lib, &r.eventDestroy, "cudaEventDestroy") && load(lib, &r.getDevice, "cudaGetDevice") &&
+            load(lib, &r.setDevice, "cudaSetDevice") &&
+            load(lib, &r.streamCreateWithFlags, "cudaStreamCreateWithFlags");
+  if (!ok) return false;
+  load(lib, &r.streamIsCapturing, "cudaStreamIsCapturing");
+  r.ok = true;
+  g_cuda = r;
+  return true;
+}
+
+}  // namespace
+
+bool cuda_rt_resolve() {
+  if (g_resolved) return g_cuda.ok;
+  bool found = load_all(nullptr);
+  if (found) C4D_LOG(kDebug, "CUDA runtime found in the global scope");
+  for (const char* name : {"libcudart.so.13", "libcudart.so.12", "libcudart.so"}) {
+    if (found) break;
+    void* lib = dlopen(name, RTLD_NOLOAD | RTLD_LAZY | RTLD_LOCAL);
+    if (lib && load_all(lib)) {
+      C4D_LOG(kDebug, "CUDA runtime found in the loaded %s", name);
+      found = true;  // keep the reference: the runtime outlives us anyway
+    } else if (lib) {
+      dlclose(lib);
+    }
+  }
+  if (!found) C4D_LOG(kInfo, "no CUDA runtime in this process: ops carry host times only");
+  g_resolved = true;  // last: a fork child of a thread caught mid-way resolves again
+  return found;
+}
+
+int cuda_current_device() {
+  int d = -1;
+  if (!g_cuda.ok || g_cuda.getDevice(&d) != C4D_CUDA_SUCCESS) return -1;
+  return d;
+}
+
+}  // namespace c4d

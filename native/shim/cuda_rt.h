@@ -1,0 +1,42 @@
+/*
+ * The CUDA runtime, found at run time so that libc4d.so loads in a process with no CUDA.
+ * Looked up once, at the first communicator init (by then the application has loaded
+ * its runtime): dlsym(RTLD_DEFAULT), then an already-loaded libcudart.so.12 / .13 /
+ * libcudart.so (RTLD_NOLOAD: we never load a second runtime). simnccl's libnccl.so.2
+ * exports the same names, so the simulator is found by the first step.
+ * Absent → no device timing: records carry host times only.
+ */
+#ifndef C4D_SHIM_CUDA_RT_H
+#define C4D_SHIM_CUDA_RT_H
+
+#include "c4d/cuda_abi.h"
+
+namespace c4d {
+
+typedef cudaError_t (*c4d_cudaStreamIsCapturing_t)(cudaStream_t, int*);
+
+struct CudaRt {
+  bool ok;  // every required function found
+  c4d_cudaEventCreateWithFlags_t eventCreateWithFlags;
+  c4d_cudaEventRecord_t eventRecord;
+  c4d_cudaEventQuery_t eventQuery;
+  c4d_cudaEventElapsedTime_t eventElapsedTime;
+  c4d_cudaEventDestroy_t eventDestroy;
+  c4d_cudaGetDevice_t getDevice;
+  c4d_cudaSetDevice_t setDevice;
+  c4d_cudaStreamCreateWithFlags_t streamCreateWithFlags;
+  c4d_cudaStreamIsCapturing_t streamIsCapturing;  // optional: events are skipped on capturing streams
+};
+
+extern CudaRt g_cuda;
+
+/* Resolves g_cuda once; true when device timing is possible. Called under the init
+ * mutex (comm init), so no other synchronisation. */
+bool cuda_rt_resolve();
+
+/* The calling thread's current device, -1 without CUDA. */
+int cuda_current_device();
+
+}  // namespace c4d
+
+#endif  // C4D_SHIM_CUDA_RT_H

@@ -1,0 +1,244 @@
+#include "recorder.h"
+
+#include "comm_table.h"
+#include "cuda_rt.h"
+#include "event_pool.h"
+#include "lifecycle.h"
+#include "op_pool.h"
+#include "shim.h"
+#include "timing.h"
+
+namespace c4d {
+
+namespace {
+thread_local ThreadState t_state;
+std::atomic<uint64_t> g_group_counter{0};
+
+/* A capturing stream would put our event records into the CUDA graph: skip events. */
+inline bool capturing(cudaStream_t stream) {
+  if (!g_cuda.streamIsCapturing) return false;
+  int status = 0;
+  return g_cuda.streamIsCapturing(stream, &status) == C4D_CUDA_SUCCESS && status != 0;
+}
+}  // namespace
+
+ThreadState* thread_state() { return &t_state; }
+
+/* The ready ring refused the slot (see OpPool::submit): give everything back, count. */
+static OpTicket drop(OpTicket k) {
+  OpSlot& s = g_ops.at(k.slot);
+  if (EventPool* p = event_pool_for(s.device)) {
+    p->release(s.ev_start);
+    p->release(s.ev_end);
+  }
+  g_ops.release(k.slot);
+  count(g_counters.dropped_full);
+  return OpTicket{kNone, kNone, nullptr, k.stream, false};
+}
+
+OpTicket op_begin(ThreadState* t, const OpDesc& d) {
+  OpTicket k{kNone, kNone, nullptr, d.stream, false};
+  uint64_t issue_ns = host_now_ns();
+  CommSlot* c = comm_lookup(d.comm);
+  if (!c) {
+    count(g_counters.untracked);
+    return k;
+  }
+  if (!c->ready.load(std::memory_order_acquire)) comm_refresh(c);  // non-blocking init: once
+  uint64_t seq;
+  if (d.flags & C4D_OPF_P2P) {
+    std::atomic<uint64_t>* arr = c->p2p_seq.load(std::memory_order_acquire);
+    int n = c->nranks.load(std::memory_order_relaxed);
+    seq = (arr && d.peer >= 0 && d.peer < n)
+              ? arr[(d.op == C4D_OP_RECV ? n : 0) + d.peer].fetch_add(1, std::memory_order_relaxed)
+              : UINT64_MAX;  // peer out of range (NCCL will refuse it) or shape unknown
+  } else {
+    seq = c->coll_seq.fetch_add(1, std::memory_order_relaxed);
+  }
+  uint32_t i = g_ops.take();
+  if (i == kNone) {
+    count(g_counters.dropped_full);
+    return k;
+  }
+  OpSlot& s = g_ops.at(i);
+  s.kind = kSlotOp;
+  s.op = d.op;
+  s.dtype = d.dtype;
+  s.redop = d.redop;
+  s.flags = d.flags;
+  s.comm = comm_index(c);
+  s.peer = d.peer;
+  s.device = c->device.load(std::memory_order_relaxed);
+  s.seq = seq;
+  s.issue_ns = issue_ns;
+  s.count = d.count;
+  s.bytes = d.count * c4d_dtype_size(d.dtype);
+  s.stream = reinterpret_cast<uint64_t>(d.stream);
+  s.group_id = 0;
+  s.ev_start = s.ev_end = kNone;
+  s.late_flags = 0;
+  s.result = ncclSuccess;
+  s.return_ns = 0;
+  s.arrived = s.agent_flags = 0;
+  s.start_ns = s.end_ns = 0;
+  k.slot = i;
+
+  if (t->group_depth > 0) {
+    s.group_id = t->group_id;
+    s.flags |= C4D_OPF_IN_GROUP;
+    if (t->group_n < kGroupMax) {
+      s.state.store(kIssued, std::memory_order_relaxed);
+      if (!g_ops.submit(i)) return drop(k);  // release: the agent sees the fields above
+      t->group[t->group_n++] = i;
+      k.grouped = true;
+      return k;
+    }
+    count(g_counters.group_overflow);
+    s.flags |= C4D_OPF_NO_EVENT;  // recorded on its own, host times only
+  } else if (EventPool* p = event_pool_for(s.device)) {
+    if (capturing(d.stream)) {
+      count(g_counters.captured);
+    } else {
+      uint32_t a = p->take(), b = p->take();
+      if (a == kNone || b == kNone) {
+        p->release(a);
+        p->release(b);
+        s.flags |= C4D_OPF_NO_EVENT;
+        count(g_counters.no_event);
+      } else if (g_cuda.eventRecord(p->event(a), d.stream) != C4D_CUDA_SUCCESS) {
+        p->release(a);
+        p->release(b);
+        s.flags |= C4D_OPF_EVENT_ERROR;
+        count(g_counters.event_errors);
+      } else {
+        s.ev_start = a;
+        s.ev_end = b;
+        k.ev_end = b;
+        k.pool = p;
+      }
+    }
+  }
+  s.state.store(kLaunched, std::memory_order_relaxed);
+  if (!g_ops.submit(i)) return drop(k);
+  return k;
+}
+
+void op_end(const OpTicket& k, ncclResult_t r) {
+  if (k.slot == kNone) return;
+  OpSlot& s = g_ops.at(k.slot);
+  if (k.grouped) {
+    s.result = r;  // read by group_end on this thread; the agent waits for kReturned
+    return;
+  }
+  if (k.ev_end != kNone) {
+    auto* p = static_cast<EventPool*>(k.pool);
+    if (g_cuda.eventRecord(p->event(k.ev_end), k.stream) != C4D_CUDA_SUCCESS) {
+      s.late_flags |= C4D_OPF_EVENT_ERROR;  // the agent must not query a never-recorded event
+      count(g_counters.event_errors);
+    }
+  }
+  s.return_ns = host_now_ns();
+  s.result = r;
+  s.state.store(kReturned, std::memory_order_release);
+}
+
+void group_started(ThreadState* t) {
+  if (t->group_depth++ == 0) {
+    t->group_id = g_group_counter.fetch_add(1, std::memory_order_relaxed) + 1;
+    t->group_n = 0;
+  }
+}
+
+ncclResult_t group_end(ThreadState* t, ncclResult_t (*real)()) {
+  if (t->group_depth == 0) return real();  // unbalanced: NCCL reports it
+  if (--t->group_depth > 0) return real();
+  uint32_t n = t->group_n;
+  t->group_n = 0;
+  if (n == 0) return real();
+
+  // One (start, end) event pair per distinct stream of the group, shared by its ops.
+  struct Pair {
+    cudaStream_t stream;
+    EventPool* pool;
+    uint32_t a, b, refs;
+    bool error;
+  };
+  Pair pairs[kGroupMax];
+  uint16_t which[kGroupMax];
+  constexpr uint16_t kNoPair = 0xffff;
+  uint32_t np = 0;
+  for (uint32_t j = 0; j < n; ++j) {
+    OpSlot& s = g_ops.at(t->group[j]);
+    which[j] = kNoPair;
+    EventPool* p = event_pool_for(s.device);
+    if (!p) continue;
+    auto stream = reinterpret_cast<cudaStream_t>(s.stream);
+    uint32_t q = 0;
+    while (q < np && !(pairs[q].stream == stream && pairs[q].pool == p)) ++q;
+    if (q == np) {
+      Pair& pr = pairs[np++];
+      pr = Pair{stream, p, kNone, kNone, 0, false};
+      if (capturing(stream)) {
+        count(g_counters.captured);
+      } else {
+        pr.a = p->take();
+        pr.b = p->take();
+        if (pr.a == kNone || pr.b == kNone) {
+          p->release(pr.a);
+          p->release(pr.b);
+          pr.a = pr.b = kNone;
+          count(g_counters.no_event);
+        } else if (g_cuda.eventRecord(p->event(pr.a), stream) != C4D_CUDA_SUCCESS) {
+          p->release(pr.a);
+          p->release(pr.b);
+          pr.a = pr.b = kNone;
+          pr.error = true;
+          count(g_counters.event_errors);
+        }
+      }
+    }
+    which[j] = uint16_t(q);
+    if (pairs[q].a != kNone) ++pairs[q].refs;
+  }
+  for (uint32_t q = 0; q < np; ++q)
+    if (pairs[q].a != kNone) {
+      pairs[q].pool->set_refs(pairs[q].a, pairs[q].refs);
+      pairs[q].pool->set_refs(pairs[q].b, pairs[q].refs);
+    }
+  for (uint32_t j = 0; j < n; ++j) {
+    OpSlot& s = g_ops.at(t->group[j]);
+    if (which[j] != kNoPair) {
+      const Pair& pr = pairs[which[j]];
+      s.ev_start = pr.a;
+      s.ev_end = pr.b;
+      if (pr.a == kNone) s.late_flags |= pr.error ? C4D_OPF_EVENT_ERROR : C4D_OPF_NO_EVENT;
+    }
+    s.state.store(kLaunched, std::memory_order_release);
+  }
+
+  ncclResult_t r = real();
+
+  for (uint32_t q = 0; q < np; ++q) {
+    Pair& pr = pairs[q];
+    if (pr.b != kNone && g_cuda.eventRecord(pr.pool->event(pr.b), pr.stream) != C4D_CUDA_SUCCESS) {
+      pr.error = true;
+      count(g_counters.event_errors);
+    }
+  }
+  uint64_t now = host_now_ns();
+  for (uint32_t j = 0; j < n; ++j) {
+    OpSlot& s = g_ops.at(t->group[j]);
+    if (which[j] != kNoPair && pairs[which[j]].error) s.late_flags |= C4D_OPF_EVENT_ERROR;
+    s.return_ns = now;  // grouped ops are launched by the outermost ncclGroupEnd
+    if (s.result == ncclSuccess) s.result = r;
+    s.state.store(kReturned, std::memory_order_release);
+  }
+  return r;
+}
+
+void recorder_reset_after_fork() {
+  t_state.group_depth = 0;
+  t_state.group_n = 0;
+}
+
+}  // namespace c4d

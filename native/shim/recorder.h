@@ -1,0 +1,84 @@
+/*
+ * The hot path: what an interposed NCCL operation does besides calling NCCL.
+ *
+ *   op_begin  (before the real call): host clock → comm slot → sequence number → op slot
+ *             → start event recorded on the op's stream → slot handed to the agent.
+ *   op_end    (after it): end event recorded → return time and result → state RETURNED.
+ *
+ * No allocation, no lock, no syscall (clock_gettime is vDSO), no I/O. Inside
+ * ncclGroupStart/End the ops are handed over at once but get their events at the
+ * outermost ncclGroupEnd: one start event per distinct stream just before the real
+ * ncclGroupEnd and one end event after, shared by that stream's ops.
+ */
+#ifndef C4D_SHIM_RECORDER_H
+#define C4D_SHIM_RECORDER_H
+
+#include <stdint.h>
+
+#include "c4d/nccl_abi.h"
+#include "c4d/record.h"
+
+namespace c4d {
+
+constexpr uint32_t kGroupMax = 256;  // ops per thread per outermost group that get device timing
+constexpr uint8_t kNoRedOp = 255;
+
+/* Per-thread state (TLS, zero-initialised). */
+struct ThreadState {
+  int depth;           // hook nesting: only the outermost call is recorded
+  int group_depth;     // ncclGroupStart nesting
+  uint64_t group_id;   // of the current outermost group
+  uint32_t group_n;    // ops in group[] (at most kGroupMax)
+  uint32_t group[kGroupMax];
+};
+
+ThreadState* thread_state();
+
+/* Re-entry guard: NCCL calls its own public symbols (ncclBcast → ncclBroadcast,
+ * ncclCommInitAll → ncclGetUniqueId ...): only the application's call is recorded. */
+class HookScope {
+ public:
+  HookScope() : t_(thread_state()) { outer_ = t_->depth++ == 0; }
+  ~HookScope() { --t_->depth; }
+  HookScope(const HookScope&) = delete;
+  HookScope& operator=(const HookScope&) = delete;
+  bool outer() const { return outer_; }
+  ThreadState* thread() const { return t_; }
+
+ private:
+  ThreadState* t_;
+  bool outer_;
+};
+
+struct OpDesc {
+  uint8_t op;     // c4d_op_kind
+  uint8_t dtype;  // ncclDataType_t
+  uint8_t redop;  // ncclRedOp_t or kNoRedOp
+  uint8_t flags;  // C4D_OPF_P2P / INPLACE / CONFIG_CALL
+  int32_t peer;   // root, p2p peer or -1
+  uint64_t count;
+  ncclComm_t comm;
+  cudaStream_t stream;
+};
+
+struct OpTicket {
+  uint32_t slot;      // op slot, kNone when not recorded
+  uint32_t ev_end;    // end event to record after the call, kNone without
+  void* pool;         // EventPool of ev_end
+  cudaStream_t stream;
+  bool grouped;       // events come at the outermost ncclGroupEnd
+};
+
+OpTicket op_begin(ThreadState* t, const OpDesc& d);
+void op_end(const OpTicket& k, ncclResult_t r);
+
+/* Group bookkeeping around the real ncclGroupStart / ncclGroupEnd. */
+void group_started(ThreadState* t);
+ncclResult_t group_end(ThreadState* t, ncclResult_t (*real)());
+
+/* Fork child: the forking thread's group table is the parent's. */
+void recorder_reset_after_fork();
+
+}  // namespace c4d
+
+#endif  // C4D_SHIM_RECORDER_H

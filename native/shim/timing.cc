@@ -1,0 +1,108 @@
+#include "timing.h"
+
+#include "cuda_rt.h"
+#include "event_pool.h"
+#include "log.h"
+
+namespace c4d {
+
+std::atomic<int64_t> g_clock_offset_ns{0};
+
+namespace {
+
+constexpr int kAnchors = 8;
+constexpr uint64_t kAnchorPeriodNs = 1000000000ull;
+
+enum AnchorState : uint8_t { kUnused = 0, kRecorded = 1, kFired = 2 };
+
+struct Anchor {
+  cudaEvent_t ev;
+  uint64_t host_ns;  // host time right after cudaEventRecord returned
+  uint8_t state;
+};
+
+/* Written by timing_device_init (app thread, before `ready`), then only by the agent. */
+struct DeviceClock {
+  std::atomic<bool> ready;
+  cudaStream_t stream;
+  Anchor ring[kAnchors];
+  int next;                   // ring slot the next anchor goes to
+  uint64_t last_record_mono;  // when the newest anchor was recorded
+};
+
+DeviceClock g_clocks[kMaxDevices];
+
+bool record_anchor(DeviceClock& c, uint64_t mono_now) {
+  Anchor& a = c.ring[c.next];
+  if (a.state == kRecorded) return false;  // still in flight: never re-record it
+  if (g_cuda.eventRecord(a.ev, c.stream) != C4D_CUDA_SUCCESS) return false;
+  a.host_ns = host_now_ns();
+  a.state = kRecorded;
+  c.next = (c.next + 1) % kAnchors;
+  c.last_record_mono = mono_now;
+  return true;
+}
+
+}  // namespace
+
+bool timing_device_init(int device) {
+  if (!g_cuda.ok || device < 0 || device >= kMaxDevices) return false;
+  DeviceClock& c = g_clocks[device];
+  if (c.ready.load(std::memory_order_acquire)) return true;
+  int prev = cuda_current_device();
+  if (prev != device && g_cuda.setDevice(device) != C4D_CUDA_SUCCESS) return false;
+  bool ok = g_cuda.streamCreateWithFlags(&c.stream, cudaStreamNonBlocking) == C4D_CUDA_SUCCESS;
+  for (int i = 0; ok && i < kAnchors; ++i) {
+    ok = g_cuda.eventCreateWithFlags(&c.ring[i].ev, cudaEventDefault) == C4D_CUDA_SUCCESS;
+    c.ring[i].state = kUnused;
+  }
+  c.next = 0;
+  ok = ok && record_anchor(c, mono_now_ns());
+  if (prev >= 0 && prev != device) g_cuda.setDevice(prev);
+  if (!ok) {
+    C4D_LOG(kWarning, "could not set up the anchor stream of device %d: host times only there", device);
+    return false;
+  }
+  c.ready.store(true, std::memory_order_release);
+  return true;
+}
+
+void timing_tick(uint64_t mono_now) {
+  for (int d = 0; d < kMaxDevices; ++d) {
+    DeviceClock& c = g_clocks[d];
+    if (!c.ready.load(std::memory_order_acquire)) continue;
+    for (Anchor& a : c.ring)
+      if (a.state == kRecorded) {
+        cudaError_t q = g_cuda.eventQuery(a.ev);
+        if (q == C4D_CUDA_SUCCESS) a.state = kFired;
+        else if (q != C4D_CUDA_ERROR_NOT_READY) a.state = kUnused;  // broken: don't use it
+      }
+    if (mono_now - c.last_record_mono >= kAnchorPeriodNs) record_anchor(c, mono_now);
+  }
+}
+
+TimeResult timing_event_ns(int device, cudaEvent_t ev, uint64_t ref_ns, uint64_t* out) {
+  if (device < 0 || device >= kMaxDevices) return kTimeFailed;
+  DeviceClock& c = g_clocks[device];
+  if (!c.ready.load(std::memory_order_acquire)) return kTimeFailed;
+  const Anchor* best = nullptr;   // newest fired anchor recorded at or before ref_ns
+  const Anchor* oldest = nullptr; // fallback: the oldest fired anchor
+  for (const Anchor& a : c.ring) {
+    if (a.state != kFired) continue;
+    if (a.host_ns <= ref_ns && (!best || a.host_ns > best->host_ns)) best = &a;
+    if (!oldest || a.host_ns < oldest->host_ns) oldest = &a;
+  }
+  if (!best) best = oldest;
+  if (!best) return kTimeNoAnchorYet;  // the first anchor is in flight (fires within µs)
+  float ms = 0;
+  if (g_cuda.eventElapsedTime(&ms, best->ev, ev) != C4D_CUDA_SUCCESS) return kTimeFailed;
+  int64_t delta = int64_t(double(ms) * 1e6);
+  *out = uint64_t(int64_t(best->host_ns) + delta);
+  return kTimeOk;
+}
+
+void timing_reset_after_fork() {
+  for (DeviceClock& c : g_clocks) c.ready.store(false, std::memory_order_relaxed);
+}
+
+}  // namespace c4d

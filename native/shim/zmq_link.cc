@@ -1,0 +1,176 @@
+#include "zmq_link.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <glob.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <atomic>
+
+#include "log.h"
+
+namespace c4d {
+
+namespace {
+
+/* The libzmq C API we use, declared here (no zmq.h at build time). Constants from zmq.h,
+ * stable since libzmq 3. */
+constexpr int ZMQ_PUSH = 8;
+constexpr int ZMQ_LINGER = 17;
+constexpr int ZMQ_SNDHWM = 23;
+constexpr int ZMQ_DONTWAIT = 1;
+constexpr int ZMQ_BLOCKY = 70;
+
+struct ZmqApi {
+  void* (*ctx_new)();
+  int (*ctx_set)(void*, int, int);
+  int (*ctx_term)(void*);
+  void* (*socket)(void*, int);
+  int (*setsockopt)(void*, int, const void*, size_t);
+  int (*connect)(void*, const char*);
+  int (*send)(void*, const void*, size_t, int);
+  int (*close)(void*);
+  int (*errno_)();
+  const char* (*strerror)(int);
+  void (*version)(int*, int*, int*);
+};
+
+constexpr const char* kDropped = "records are dropped and counted";
+
+ZmqApi g_zmq;
+enum LoadState { kNotTried, kLoaded, kFailed };
+std::atomic<int> g_state{kNotTried};  // written under g_init_mutex (activation)
+char g_path[PATH_MAX];
+
+template <typename T>
+bool sym(void* lib, T* out, const char* name) {
+  *out = reinterpret_cast<T>(dlsym(lib, name));
+  return *out != nullptr;
+}
+
+bool try_load(const char* path) {
+  void* lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  if (!lib) {
+    C4D_LOG(kDebug, "dlopen(%s): %s", path, dlerror());
+    return false;
+  }
+  ZmqApi z{};
+  if (!(sym(lib, &z.ctx_new, "zmq_ctx_new") && sym(lib, &z.ctx_set, "zmq_ctx_set") &&
+        sym(lib, &z.ctx_term, "zmq_ctx_term") && sym(lib, &z.socket, "zmq_socket") &&
+        sym(lib, &z.setsockopt, "zmq_setsockopt") && sym(lib, &z.connect, "zmq_connect") &&
+        sym(lib, &z.send, "zmq_send") && sym(lib, &z.close, "zmq_close") && sym(lib, &z.errno_, "zmq_errno") &&
+        sym(lib, &z.strerror, "zmq_strerror") && sym(lib, &z.version, "zmq_version"))) {
+    C4D_LOG(kDebug, "%s lacks the libzmq API", path);
+    dlclose(lib);
+    return false;
+  }
+  g_zmq = z;
+  strncpy(g_path, path, sizeof g_path - 1);
+  int a = 0, b = 0, c = 0;
+  g_zmq.version(&a, &b, &c);
+  C4D_LOG(kDebug, "libzmq %d.%d.%d from %s", a, b, c, path);
+  return true;
+}
+
+/* pyzmq's wheel bundles libzmq in site-packages/pyzmq.libs/ (auditwheel); we live in
+ * site-packages/c4d/_native/. Also tried: the same two levels up from the resolved path. */
+bool try_beside_pyzmq() {
+  Dl_info info;
+  if (!dladdr(reinterpret_cast<void*>(&try_beside_pyzmq), &info) || !info.dli_fname) return false;
+  char real[PATH_MAX];
+  const char* paths[2] = {info.dli_fname, realpath(info.dli_fname, real)};
+  for (const char* self : paths) {
+    if (!self) continue;
+    char dir[PATH_MAX];
+    strncpy(dir, self, sizeof dir - 1);
+    dir[sizeof dir - 1] = '\0';
+    char* slash = strrchr(dir, '/');
+    if (!slash) continue;
+    *slash = '\0';
+    static const char* const kPatterns[] = {"%s/../../pyzmq.libs/libzmq*.so*", "%s/../../zmq/.libs/libzmq*.so*"};
+    for (const char* pat : kPatterns) {
+      char pattern[PATH_MAX + 64];
+      snprintf(pattern, sizeof pattern, pat, dir);
+      glob_t g;
+      if (glob(pattern, 0, nullptr, &g) == 0) {
+        for (size_t i = 0; i < g.gl_pathc; ++i)
+          if (try_load(g.gl_pathv[i])) {
+            globfree(&g);
+            return true;
+          }
+      }
+      globfree(&g);
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
+bool ZmqLink::load(const char* override_path) {
+  int st = g_state.load(std::memory_order_acquire);
+  if (st != kNotTried) return st == kLoaded;
+  bool loaded = (override_path && *override_path && try_load(override_path)) || try_beside_pyzmq() ||
+                try_load("libzmq.so.5") || try_load("libzmq.so");
+#ifdef C4D_BUILD_LIBZMQ
+  loaded = loaded || try_load(C4D_BUILD_LIBZMQ);  // source-tree build: the pyzmq CMake saw
+#endif
+  g_state.store(loaded ? kLoaded : kFailed, std::memory_order_release);
+  if (!loaded) {
+    if (override_path && *override_path)
+      C4D_LOG(kWarning, "C4D_LIBZMQ='%s' is not a usable libzmq and no other was found; %s", override_path, kDropped);
+    else
+      C4D_LOG(kWarning, "libzmq not found (no C4D_LIBZMQ, no pyzmq.libs beside c4d, no libzmq.so.5); %s", kDropped);
+  }
+  return loaded;
+}
+
+bool ZmqLink::open(const char* endpoint, int send_hwm) {
+  if (sock_) return true;
+  if (g_state.load(std::memory_order_acquire) != kLoaded) return false;  // already logged by load()
+  ctx_ = g_zmq.ctx_new();
+  if (!ctx_) {
+    C4D_LOG(kWarning, "zmq_ctx_new failed: %s; records are dropped and counted", g_zmq.strerror(g_zmq.errno_()));
+    return false;
+  }
+  g_zmq.ctx_set(ctx_, ZMQ_BLOCKY, 0);  // a forgotten socket must never block zmq_ctx_term
+  sock_ = g_zmq.socket(ctx_, ZMQ_PUSH);
+  int linger = 0;
+  if (!sock_ || g_zmq.setsockopt(sock_, ZMQ_SNDHWM, &send_hwm, sizeof send_hwm) != 0 ||
+      g_zmq.setsockopt(sock_, ZMQ_LINGER, &linger, sizeof linger) != 0 || g_zmq.connect(sock_, endpoint) != 0) {
+    C4D_LOG(kWarning, "cannot connect to C4D_MASTER_ADDR=%s: %s; records are dropped and counted", endpoint,
+            g_zmq.strerror(g_zmq.errno_()));
+    if (sock_) g_zmq.close(sock_);
+    g_zmq.ctx_term(ctx_);
+    ctx_ = sock_ = nullptr;
+    return false;
+  }
+  C4D_LOG(kDebug, "pushing records to %s", endpoint);
+  return true;
+}
+
+bool ZmqLink::send(const void* data, size_t n) {
+  if (!sock_) return false;
+  for (;;) {
+    if (g_zmq.send(sock_, data, n, ZMQ_DONTWAIT) >= 0) return true;
+    if (g_zmq.errno_() != EINTR) return false;
+  }
+}
+
+void ZmqLink::close(int linger_ms) {
+  if (!ctx_) return;
+  if (sock_) {
+    g_zmq.setsockopt(sock_, ZMQ_LINGER, &linger_ms, sizeof linger_ms);
+    g_zmq.close(sock_);
+  }
+  g_zmq.ctx_term(ctx_);  // waits for the socket's linger, no longer
+  ctx_ = sock_ = nullptr;
+}
+
+const char* ZmqLink::library() const { return g_state.load(std::memory_order_acquire) == kLoaded ? g_path : ""; }
+
+
+}  // namespace c4d

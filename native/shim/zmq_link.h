@@ -1,0 +1,46 @@
+/*
+ * The PUSH socket to the master, over a libzmq loaded at run time (dlopen, RTLD_LOCAL),
+ * so `pip install c4d` is enough: no system libzmq, no symbol clash with an application
+ * that brings its own. Search order: $C4D_LIBZMQ; pyzmq's bundled copy found relative
+ * to this library (site-packages/c4d/_native/libc4d.so → site-packages/pyzmq.libs/
+ * libzmq-*.so*); libzmq.so.5; for a source-tree build, the libzmq of the pyzmq that CMake
+ * saw. Not found → logged once; every batch is dropped and counted.
+ *
+ * Agent thread only (ZeroMQ sockets are not thread-safe).
+ */
+#ifndef C4D_SHIM_ZMQ_LINK_H
+#define C4D_SHIM_ZMQ_LINK_H
+
+#include <stddef.h>
+
+namespace c4d {
+
+class ZmqLink {
+ public:
+  /* Loads libzmq (first call only; logged once when not found). Called on the
+   * application thread at activation, never on the agent: a fork() racing a dlopen in
+   * another thread leaves the child's loader state inconsistent. */
+  static bool load(const char* libzmq_override);
+  /* Connects a PUSH socket over the loaded libzmq. False when it can't (logged):
+   * send() then fails. */
+  bool open(const char* endpoint, int send_hwm);
+  /* Non-blocking send of one message. True when ZeroMQ took it; false on EAGAIN (high
+   * water mark reached: the master is slow or absent) or when no socket exists. */
+  bool send(const void* data, size_t n);
+  /* Closes the socket, letting queued messages go for at most linger_ms, and
+   * terminates the context (blocks at most ~linger_ms). */
+  void close(int linger_ms);
+  /* Fork child: forget the parent's context without touching it. */
+  void forget() { ctx_ = sock_ = nullptr; }
+  bool connected() const { return sock_ != nullptr; }
+  /* Path of the loaded libzmq ("" when none). */
+  const char* library() const;
+
+ private:
+  void* ctx_ = nullptr;
+  void* sock_ = nullptr;
+};
+
+}  // namespace c4d
+
+#endif  // C4D_SHIM_ZMQ_LINK_H
