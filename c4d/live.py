@@ -120,7 +120,7 @@ def _comms(s: LiveState, limit: int) -> Table:
         t.add_column(c, justify="left" if c in ("comm", "kind") else "right")
     for c in shown[:limit]:
         t.add_row(
-            c.comm[:8],
+            c.comm,
             c.kind,
             str(c.ranks),
             str(c.last_done_seq),
@@ -138,19 +138,23 @@ def _comms(s: LiveState, limit: int) -> Table:
 
 def render(s: LiveState, width: int = 120, height: int = 40) -> Group:
     """The whole screen for one snapshot."""
-    diag = Text()
-    for line in s.diagnoses[:6] or ["no diagnoses"]:
-        style = "bold red" if line.startswith("ERROR") else "yellow" if line.startswith("WARNING") else ""
-        diag.append(line[: width - 4] + "\n", style=style)
+    lines = [(line[: width - 4], _diag_style(line)) for line in s.diagnoses[:6] or ["no diagnoses"]]
     if s.blacklisted:
-        diag.append(f"blacklisted: {', '.join(s.blacklisted)}", style="bold red")
-    comm_rows = max(3, height - 22)
+        lines.append((f"blacklisted: {', '.join(s.blacklisted)}", "bold red"))
+    diag = Text("\n").join(Text(t, style=st) for t, st in lines)
+    grid = _grid(s, width - 4)
+    used = 1 + (len(grid.plain.splitlines()) + 2) + (len(lines) + 2) + 4  # header, panels, table head+caption
+    comm_rows = max(1, height - used)
     return Group(
         _header(s),
-        Panel(_grid(s, width - 4), title="ranks by node", title_align="left"),
+        Panel(grid, title="ranks by node", title_align="left"),
         Panel(_comms(s, comm_rows), title="communicators", title_align="left"),
         Panel(diag, title="diagnoses", title_align="left"),
     )
+
+
+def _diag_style(line: str) -> str:
+    return "bold red" if line.startswith("ERROR") else "yellow" if line.startswith("WARNING") else ""
 
 
 _LEVEL_ORDER = {"ERROR": 0, "WARNING": 1, "INFO": 2}
