@@ -126,7 +126,7 @@ class Master:
             self.out.write(json.dumps(d.to_json()) + "\n")
             self.out.flush()
         level = getattr(logging, d.level.name, logging.WARNING)
-        log.log(level, "%s", d.summary())
+        log.log(level, "%s", d.summary().split(" ", 1)[-1])  # the logger prints the level itself
         if self.cfg.blacklist and d.blacklist_nodes:
             from c4d.actions.blacklist import append_nodes
 
