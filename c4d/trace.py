@@ -161,7 +161,18 @@ class Trace:
         """One row per diagnosis (columns of DESIGN.md's JSON; detail kept as a dict)."""
         rows = [d.to_json() for d in self.diagnoses_list()]
         cols = ["time", "level", "kind", "comm", "op", "seq", "ranks", "nodes", "hang_times", "detail"]
-        return pd.DataFrame(rows, columns=cols)
+        df = pd.DataFrame(rows, columns=cols)
+        return df.astype(
+            {
+                "time": "float64",
+                "level": "str",
+                "kind": "str",
+                "comm": "object",
+                "op": "object",
+                "seq": "Int64",
+                "hang_times": "int64",
+            }
+        )
 
     @property
     def ops_split(self) -> pd.DataFrame:
@@ -205,9 +216,8 @@ def from_raw(rt: RawTrace) -> Trace:
     if len(ops):
         names = np.array([o.name for o in schema.Op] + ["?"] * (256 - len(schema.Op)), dtype=object)
         ops["op_name"] = names[ops["op"].to_numpy()]
-        ops["duration_ns"] = (ops["end_ns"].astype("int64") - ops["start_ns"].astype("int64")).where(
-            (ops["end_ns"] > 0) & (ops["start_ns"] > 0)
-        )
+        dur = ops["end_ns"].astype("int64") - ops["start_ns"].astype("int64")
+        ops["duration_ns"] = dur.where((ops["end_ns"] > 0) & (ops["start_ns"] > 0)).astype("float64")
     return Trace(
         meta=rt.meta,
         registrations=reg,
