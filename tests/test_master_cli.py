@@ -1,0 +1,82 @@
+"""`c4d master` as its own process: a sim with --master feeds it, garbage doesn't stop it, SIGTERM
+closes the trace cleanly; `c4d lib` prints the library path."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import zmq
+
+from c4d import trace
+from tests.conftest import wait_for
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_c4d_lib_prints_an_existing_absolute_path(libc4d):
+    p = subprocess.run([sys.executable, "-m", "c4d", "lib"], capture_output=True, text=True, check=True)
+    path = Path(p.stdout.strip())
+    assert path.is_absolute() and path.is_file() and path.name == "libc4d.so"
+
+
+def test_master_process_with_a_sim_and_garbage(tmp_path, libc4d, simtrain):
+    ep = f"tcp://127.0.0.1:{_port()}"
+    tpath = tmp_path / "m.c4d"
+    master = subprocess.Popen(
+        [sys.executable, "-m", "c4d", "master", "--bind", ep, "--trace", str(tpath)],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for(lambda: tpath.exists(), timeout=30, what="the master to open its trace")
+        ctx = zmq.Context.instance()
+        push = ctx.socket(zmq.PUSH)
+        push.setsockopt(zmq.LINGER, 1000)
+        push.connect(ep)
+        for junk in (b"", b"hello", b"C4DB" + bytes(100), bytes(range(256)) * 10):
+            push.send(junk)
+        push.close()
+        sim = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "c4d",
+                "sim",
+                "--ranks",
+                "4",
+                "--ranks-per-node",
+                "2",
+                "--steps",
+                "10",
+                "--master",
+                ep,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert sim.returncode == 0, sim.stderr
+
+        def all_final() -> bool:
+            hb = trace.load(tpath).heartbeats
+            return len(hb) > 0 and hb[(hb["hb_flags"] & 1) != 0]["rank"].nunique() == 4
+
+        wait_for(all_final, timeout=30, what="every rank's final heartbeat in the trace", interval=0.3)
+    finally:
+        master.send_signal(signal.SIGTERM)
+        _, err = master.communicate(timeout=30)
+    assert master.returncode == 0, err
+    assert "Traceback" not in err
+    assert "malformed message" in err
+    tr = trace.load(tpath)
+    assert tr.raw.truncated_bytes == 0
+    assert tr.nodes == {0: "node-0", 1: "node-0", 2: "node-1", 3: "node-1"}
+    assert len(tr.ops) > 0
