@@ -17,6 +17,8 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from c4d.engine.types import CommSnapshot
+
 # state → (glyph, style); one character per rank so 1,024 ranks fit a 120×40 terminal
 STATE_STYLE: dict[str, tuple[str, str]] = {
     "computing": ("■", "green"),
@@ -32,20 +34,6 @@ STATE_STYLE: dict[str, tuple[str, str]] = {
 
 
 @dataclass(frozen=True)
-class CommRow:
-    comm: str
-    kind: str
-    ranks: int
-    last_done_seq: int
-    ops_per_s: float
-    wait_med_us: float
-    wait_p99_us: float
-    xfer_med_us: float
-    xfer_p99_us: float
-    busbw_gbs: float
-
-
-@dataclass(frozen=True)
 class LiveState:
     job: str
     ranks_registered: int
@@ -56,7 +44,7 @@ class LiveState:
     since_last_record_s: float
     rank_nodes: dict[int, str] = field(default_factory=dict)  # rank → node
     rank_states: dict[int, str] = field(default_factory=dict)  # rank → key of STATE_STYLE
-    comms: list[CommRow] = field(default_factory=list)
+    comms: list[CommSnapshot] = field(default_factory=list)
     diagnoses: list[str] = field(default_factory=list)  # one line each, ERROR first
     blacklisted: list[str] = field(default_factory=list)
 
@@ -104,7 +92,7 @@ def _node_key(n: str) -> tuple[str, int]:
 
 
 def _comms(s: LiveState, limit: int) -> Table:
-    shown = sorted((c for c in s.comms if c.ranks > 1), key=lambda c: (-c.ranks, c.kind, c.comm))
+    shown = sorted((c for c in s.comms if c.nranks > 1), key=lambda c: (-c.nranks, c.kind, c.comm))
     hidden = len(s.comms) - len(shown)
     t = Table(box=None, pad_edge=False, expand=False, header_style="bold")
     for c in (
@@ -122,7 +110,7 @@ def _comms(s: LiveState, limit: int) -> Table:
         t.add_row(
             c.comm,
             c.kind,
-            str(c.ranks),
+            str(c.nranks),
             str(c.last_done_seq),
             f"{c.ops_per_s:,.0f}",
             f"{c.wait_med_us:,.0f}/{c.wait_p99_us:,.0f}",
@@ -167,7 +155,7 @@ def snapshot(master: Any, now: float | None = None) -> LiveState:
     last = max((r.last_seen_ns for r in rec.ranks.values()), default=0)
     eng = master.engine.state() if hasattr(master.engine, "state") else None
     rank_states = {r: ("done" if i.final else "computing") for r, i in rec.ranks.items()}
-    comms: list[CommRow] = []
+    comms: list[CommSnapshot] = []
     if eng is not None:
         rank_states.update(_engine_rank_states(eng))
         comms = _engine_comm_rows(eng)
@@ -201,25 +189,8 @@ def _engine_rank_states(eng: Any) -> dict[int, str]:
     return out
 
 
-def _engine_comm_rows(eng: Any) -> list[CommRow]:
-    rows = []
-    for c in getattr(eng, "comms", []):
-        g = lambda name, default=0.0, c=c: getattr(c, name, default)  # noqa: E731
-        rows.append(
-            CommRow(
-                comm=str(g("comm", "")),
-                kind=str(g("kind", "?")),
-                ranks=int(g("nranks", 0)),
-                last_done_seq=int(g("last_done_seq", -1)),
-                ops_per_s=float(g("ops_per_s")),
-                wait_med_us=float(g("wait_med_us")),
-                wait_p99_us=float(g("wait_p99_us")),
-                xfer_med_us=float(g("xfer_med_us")),
-                xfer_p99_us=float(g("xfer_p99_us")),
-                busbw_gbs=float(g("busbw_gbs")),
-            )
-        )
-    return rows
+def _engine_comm_rows(eng: Any) -> list[CommSnapshot]:
+    return list(getattr(eng, "comms", []))
 
 
 class LiveView:

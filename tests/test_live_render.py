@@ -6,7 +6,8 @@ import io
 
 from rich.console import Console
 
-from c4d.live import CommRow, LiveState, render
+from c4d.engine.types import CommSnapshot
+from c4d.live import LiveState, render
 
 
 def big_state(ranks: int = 1024, per_node: int = 8, hung: int = 77) -> LiveState:
@@ -14,7 +15,7 @@ def big_state(ranks: int = 1024, per_node: int = 8, hung: int = 77) -> LiveState
     states.update({r: "waiting" for r in range(0, ranks, 3)})
     states[hung] = "hung"
     comms = [
-        CommRow(f"{i:016x}", "DP" if i % 2 else "TP", 64, 1000 + i, 50.0, 10, 90, 200, 900, 12.5)
+        CommSnapshot(f"{i:016x}", "DP" if i % 2 else "TP", 64, 1000 + i, 50.0, 10, 90, 200, 900, 12.5)
         for i in range(40)
     ]
     return LiveState(

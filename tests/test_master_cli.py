@@ -4,7 +4,6 @@ closes the trace cleanly; `c4d lib` prints the library path."""
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -12,13 +11,7 @@ from pathlib import Path
 import zmq
 
 from c4d import trace
-from tests.conftest import wait_for
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.conftest import free_port, wait_for
 
 
 def test_c4d_lib_prints_an_existing_absolute_path(libc4d):
@@ -28,7 +21,7 @@ def test_c4d_lib_prints_an_existing_absolute_path(libc4d):
 
 
 def test_master_process_with_a_sim_and_garbage(tmp_path, libc4d, simtrain):
-    ep = f"tcp://127.0.0.1:{_port()}"
+    ep = f"tcp://127.0.0.1:{free_port()}"
     tpath = tmp_path / "m.c4d"
     master = subprocess.Popen(
         [sys.executable, "-m", "c4d", "master", "--bind", ep, "--trace", str(tpath)],

@@ -117,7 +117,7 @@ def test_offline_commands_reject_garbage_with_one_line(tmp_path):
 
 
 def test_prometheus_metrics_during_a_run(tmp_path, libc4d, simtrain):
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -154,11 +154,3 @@ def test_prometheus_metrics_during_a_run(tmp_path, libc4d, simtrain):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
