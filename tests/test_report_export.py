@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from c4d import trace
-from tests.conftest import wait_for
+from tests.conftest import free_port, wait_for
 
 SLOW_RANK = 5
 
