@@ -82,8 +82,8 @@ def run_demo(args) -> int:
 def _print_outcome(con: Console, master: Master, res, blacklist: Path, trace_path: Path) -> None:
     rec = master.received
     t = Table(title=f"what the master received: {rec.records:,} records from {len(rec.ranks)} ranks")
-    for c in ("rank", "node", "records", "ops", "comms", "dropped", "clean exit"):
-        t.add_column(c, justify="right")
+    for col in ("rank", "node", "records", "ops", "comms", "dropped", "clean exit"):
+        t.add_column(col, justify="right")
     for r in sorted(rec.ranks):
         i = rec.ranks[r]
         t.add_row(
@@ -97,8 +97,8 @@ def _print_outcome(con: Console, master: Master, res, blacklist: Path, trace_pat
         )
     con.print(t)
     ct = Table(title=f"{len(rec.comms)} communicators")
-    for c in ("comm", "ranks", "ops", "bytes", "last seq"):
-        ct.add_column(c, justify="right")
+    for col in ("comm", "ranks", "ops", "bytes", "last seq"):
+        ct.add_column(col, justify="right")
     for cid, c in sorted(rec.comms.items()):
         ct.add_row(f"{cid:016x}", str(c.nranks or len(c.ranks)), f"{c.ops:,}", f"{c.bytes:,}", str(c.max_seq))
     con.print(ct)

@@ -95,7 +95,7 @@ def _comms(s: LiveState, limit: int) -> Table:
     shown = sorted((c for c in s.comms if c.nranks > 1), key=lambda c: (-c.nranks, c.kind, c.comm))
     hidden = len(s.comms) - len(shown)
     t = Table(box=None, pad_edge=False, expand=False, header_style="bold")
-    for c in (
+    for col in (
         "comm",
         "kind",
         "ranks",
@@ -105,7 +105,7 @@ def _comms(s: LiveState, limit: int) -> Table:
         "xfer med/p99 µs",
         "busbw GB/s",
     ):
-        t.add_column(c, justify="left" if c in ("comm", "kind") else "right")
+        t.add_column(col, justify="left" if col in ("comm", "kind") else "right")
     for c in shown[:limit]:
         t.add_row(
             c.comm,

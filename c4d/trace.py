@@ -194,7 +194,7 @@ class Trace:
 
 
 def _frame(arr: np.ndarray, drop: tuple[str, ...] = ()) -> pd.DataFrame:
-    cols = {n: arr[n] for n in arr.dtype.names if n not in drop and not n.startswith("reserved")}
+    cols = {n: arr[n] for n in arr.dtype.names or () if n not in drop and not n.startswith("reserved")}
     return pd.DataFrame(cols)
 
 

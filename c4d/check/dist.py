@@ -54,7 +54,8 @@ class WorkerPool:
         self.killed: set[int] = set()
         for args in args_per_worker:
             parent, child = ctx.Pipe(duplex=True)
-            p = ctx.Process(target=target, args=(*args, child), daemon=True)
+            # typeshed's BaseContext lacks Process; the fork/spawn contexts have it
+            p = ctx.Process(target=target, args=(*args, child), daemon=True)  # type: ignore[attr-defined]
             p.start()
             child.close()
             self.procs.append(p)
@@ -93,7 +94,7 @@ class WorkerPool:
             left = deadline - time.monotonic()
             if left <= 0:
                 break
-            waitables: dict[object, int] = {}
+            waitables: dict[Any, int] = {}
             for i in pending:
                 waitables[self.conns[i]] = i
                 waitables[self.procs[i].sentinel] = i

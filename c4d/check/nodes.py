@@ -96,8 +96,8 @@ def run_node_check(
         raise CheckUnavailable("backend nccl needs a CUDA build of torch and a GPU")
     if not cuda and not dist.is_gloo_available():
         raise CheckUnavailable("backend gloo is not available in this torch build")
-    for msg in faults.parse(os.environ.get(faults.ENV))[1]:
-        print(msg, file=sys.stderr)
+    for note in faults.parse(os.environ.get(faults.ENV))[1]:
+        print(note, file=sys.stderr)
 
     from c4d.check.worker import node_worker
 

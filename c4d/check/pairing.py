@@ -184,29 +184,31 @@ def localize(
     notes: list[str] = []
 
     def fast(p: str) -> bool:  # ran at normal speed in some group
-        return p in best and best[p][1] is not None and best[p][1] <= factor
+        r = best[p][1] if p in best else None
+        return r is not None and r <= factor
 
     verdicts = []
     for n in nodes:
-        t, ratio = best.get(n, (None, None))
+        best_t, best_ratio = best.get(n, (None, None))
         if n in died:
-            verdicts.append(NodeVerdict(n, NodeStatus.FAULTY, t, ratio, f"worker died: {died[n]}"))
+            verdicts.append(NodeVerdict(n, NodeStatus.FAULTY, best_t, best_ratio, f"worker died: {died[n]}"))
         elif n in passed:
-            slow = t is not None and ratio is not None and ratio > factor
+            slow = best_t is not None and best_ratio is not None and best_ratio > factor
             witnesses = sorted({p for g in by_node[n] if g.ok for p in g.nodes if p != n and fast(p)})
             if slow and len(witnesses) >= 2:
+                assert best_t is not None and best_ratio is not None  # implied by `slow`
                 reason = (
-                    f"every group it ran in was slow, best {t * 1e3:.1f} ms = {ratio:.1f}x its round's "
-                    f"median, while its partners {', '.join(witnesses)} ran at normal speed elsewhere"
+                    f"every group it ran in was slow, best {best_t * 1e3:.1f} ms = {best_ratio:.1f}x its "
+                    f"round's median, while its partners {', '.join(witnesses)} ran at normal speed elsewhere"
                 )
-                verdicts.append(NodeVerdict(n, NodeStatus.STRAGGLER, t, ratio, reason))
+                verdicts.append(NodeVerdict(n, NodeStatus.STRAGGLER, best_t, best_ratio, reason))
             else:
                 if slow:
                     notes.append(
-                        f"{n} was slow ({ratio:.1f}x) in every group it ran in, but fewer than two of its "
-                        "partners were proven fast elsewhere: a possible straggler, not confirmed"
+                        f"{n} was slow ({best_ratio:.1f}x) in every group it ran in, but fewer than two "
+                        "of its partners were proven fast elsewhere: a possible straggler, not confirmed"
                     )
-                verdicts.append(NodeVerdict(n, NodeStatus.OK, t, ratio, ""))
+                verdicts.append(NodeVerdict(n, NodeStatus.OK, best_t, best_ratio, ""))
         else:
             proof = next(  # the latest round first: there the partner was known good beforehand
                 (

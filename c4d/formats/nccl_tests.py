@@ -274,7 +274,10 @@ class _Layout:
             ts = " ".join(tokens[-2:])
             tokens = tokens[:-2]
         if len(tokens) == n_prefix + 2 * n_block:
-            blocks = {"oop": tokens[n_prefix : n_prefix + n_block], "ip": tokens[n_prefix + n_block :]}
+            blocks: dict[str, list[str] | None] = {
+                "oop": tokens[n_prefix : n_prefix + n_block],
+                "ip": tokens[n_prefix + n_block :],
+            }
         elif len(tokens) == n_prefix + n_block:  # no out-of-place body (trace replay)
             blocks = {"oop": None, "ip": tokens[n_prefix:]}
         else:
@@ -286,7 +289,8 @@ class _Layout:
             for b, vals in blocks.items():
                 for f in ("time_us", "algbw_gbs", "busbw_gbs", "wrong"):
                     row[f"{b}_{f}"] = math.nan
-                for f, tok in zip(self.block, vals or [None] * n_block, strict=True):
+                toks: list[str | None] = list(vals) if vals else [None] * n_block
+                for f, tok in zip(self.block, toks, strict=True):
                     row[f"{b}_{f}"] = _num(tok)
         except ValueError:
             return None
@@ -509,12 +513,12 @@ def parse_json(text: str) -> NcclTestsRun:
             row[f"{b}_busbw_gbs"] = _num(_s(blk.get("bus_bw")))
             row[f"{b}_wrong"] = _num(_s(blk.get("nwrong")))
         rows.append(row)
-    b = _Builder()
-    b.rows = rows
+    builder = _Builder()
+    builder.rows = rows
     avg = doc.get("average_bus_bandwidth") or {}
     oob = doc.get("out_of_bounds") or {}
     okay = avg.get("okay")
-    run = b.build()
+    run = builder.build()
     args = doc.get("args") or []
     program = Path(args[0]).name if args else None
     code = doc.get("nccl_version")
