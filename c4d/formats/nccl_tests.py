@@ -290,8 +290,8 @@ class _Layout:
                 for f in ("time_us", "algbw_gbs", "busbw_gbs", "wrong"):
                     row[f"{b}_{f}"] = math.nan
                 toks: list[str | None] = list(vals) if vals else [None] * n_block
-                for f, tok in zip(self.block, toks, strict=True):
-                    row[f"{b}_{f}"] = _num(tok)
+                for f, val in zip(self.block, toks, strict=True):
+                    row[f"{b}_{f}"] = _num(val)
         except ValueError:
             return None
         if ts is not None:
