@@ -57,8 +57,15 @@ def lateness_heatmap(inp: ReportInput, path: Path, bins: int = 60) -> Path:
         m = g.groupby(["r", "b"])["late_ms"].mean()
         grid[m.index.get_level_values(0), m.index.get_level_values(1)] = m.to_numpy()
         lim = np.nanpercentile(np.abs(grid), 99) if np.isfinite(grid).any() else 1.0
-        im = ax.imshow(grid, aspect="auto", cmap="RdBu_r", vmin=-lim, vmax=lim, interpolation="nearest",
-                       extent=(0, edges[-1], len(ranks) - 0.5, -0.5))  # fmt: skip
+        im = ax.imshow(
+            grid,
+            aspect="auto",
+            cmap="RdBu_r",
+            vmin=-lim,
+            vmax=lim,
+            interpolation="nearest",
+            extent=(0, edges[-1], len(ranks) - 0.5, -0.5),
+        )
         fig.colorbar(im, ax=ax, label="arrival vs. median arrival (ms)")
         if len(ranks) <= 64:
             ax.set_yticks(range(len(ranks)), [f"{r} {inp.nodes.get(r, '')}" for r in ranks], fontsize=7)

@@ -20,12 +20,23 @@ def test_parse_and_lower():
 @pytest.mark.parametrize(
     "spec",
     [
-        "bogus@rank=1", "comm-hang", "comm-hang@", "comm-hang@rank=1,node=node-0", "comm-hang@rank=x",
-        "noncomm-hang@link=1-2", "noncomm-hang@rank=1,factor=2", "comm-slow@rank=1,factor=0.5",
-        "comm-hang@rank=99", "comm-hang@link=3-3", "crash@node=node-9", "crash@node=gpu7", "crash@rank=1,rank=2",
-        "crash@rank=1,step=-2", "crash@rank=1,color=red",
+        "bogus@rank=1",
+        "comm-hang",
+        "comm-hang@",
+        "comm-hang@rank=1,node=node-0",
+        "comm-hang@rank=x",
+        "noncomm-hang@link=1-2",
+        "noncomm-hang@rank=1,factor=2",
+        "comm-slow@rank=1,factor=0.5",
+        "comm-hang@rank=99",
+        "comm-hang@link=3-3",
+        "crash@node=node-9",
+        "crash@node=gpu7",
+        "crash@rank=1,rank=2",
+        "crash@rank=1,step=-2",
+        "crash@rank=1,color=red",
     ],
-)  # fmt: skip
+)
 def test_bad_specs_get_one_line_reasons(spec):
     with pytest.raises(faults.FaultSpecError) as e:
         faults.parse(spec, world=8, nodes=2)

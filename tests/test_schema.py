@@ -22,19 +22,23 @@ HEADER_FIELDS = {"kind", "version", "rank", "time_ns"}
 
 
 def _probe_source() -> str:
-    lines = ['#include <cstdio>', '#include <cstddef>', '#include "c4d/record.h"', "int main() {"]
+    lines = ["#include <cstdio>", "#include <cstddef>", '#include "c4d/record.h"', "int main() {"]
     lines.append('printf("batch_header %zu\\n", sizeof(c4d_batch_header));')
     lines.append('printf("version %d\\n", C4D_SCHEMA_VERSION);')
     lines.append('printf("record_size %d\\n", C4D_RECORD_SIZE);')
     lines.append('printf("magic %u\\n", C4D_BATCH_MAGIC);')
     for f in schema.BATCH_HEADER.names:
-        lines.append(f'printf("c4d_batch_header.{f} %zu %zu\\n", offsetof(c4d_batch_header, {f}), '
-                     f"sizeof(((c4d_batch_header*)0)->{f}));")  # fmt: skip
+        lines.append(
+            f'printf("c4d_batch_header.{f} %zu %zu\\n", offsetof(c4d_batch_header, {f}), '
+            f"sizeof(((c4d_batch_header*)0)->{f}));"
+        )
     for dt, st in STRUCTS.items():
         lines.append(f'printf("{st} %zu\\n", sizeof({st}));')
         for f in dt.names:
             member = f"h.{f}" if f in HEADER_FIELDS else f
-            lines.append(f'printf("{st}.{f} %zu %zu\\n", offsetof({st}, {member}), sizeof((({st}*)0)->{member}));')
+            lines.append(
+                f'printf("{st}.{f} %zu %zu\\n", offsetof({st}, {member}), sizeof((({st}*)0)->{member}));'
+            )
     lines.append("return 0; }")
     return "\n".join(lines)
 
@@ -45,8 +49,9 @@ def probe(tmp_path_factory) -> dict[str, list[int]]:
     assert cxx, "a C++ compiler is needed to check the schema (the README's install command brings one)"
     d = tmp_path_factory.mktemp("probe")
     (d / "probe.cc").write_text(_probe_source())
-    subprocess.run([cxx, "-std=c++17", f"-I{ROOT / 'native/include'}", "probe.cc", "-o", "probe"],
-                   cwd=d, check=True)  # fmt: skip
+    subprocess.run(
+        [cxx, "-std=c++17", f"-I{ROOT / 'native/include'}", "probe.cc", "-o", "probe"], cwd=d, check=True
+    )
     out = subprocess.run([str(d / "probe")], capture_output=True, text=True, check=True).stdout
     return {k: [int(x) for x in v] for k, *v in (line.split() for line in out.splitlines())}
 
