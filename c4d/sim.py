@@ -115,6 +115,8 @@ class SimJob:
         if cfg.preload:
             pre = env.get("LD_PRELOAD", "")
             env["LD_PRELOAD"] = str(native.lib_path()) + (":" + pre if pre else "")
+            # NCCL (and simnccl) look the profiler plugin up in the preloaded shim: PEER records.
+            env.setdefault("NCCL_PROFILER_PLUGIN", "STATIC_PLUGIN")
         return env
 
     def start(self) -> None:

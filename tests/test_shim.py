@@ -46,6 +46,8 @@ EXPECTED_EXPORTS = {
         ]
     ),
     "c4d_version",
+    "ncclProfiler_v5",
+    "ncclProfiler_v6",
     "c4d_stats",
 }  # fmt: skip
 

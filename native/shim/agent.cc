@@ -12,9 +12,11 @@
  *       op slot ← free stack      op_pool.h (CAS)          c poll pending ops with cudaEventQuery:
  *       2 events ← pool; cudaEventRecord(start)                start fired → arrived; RETURNED and end
  *       ready ring ← slot          (Vyukov MPMC)                fired → done → c4d_op_record into the batch
- *   4 real ncclAllReduce                                   d every C4D_HEARTBEAT_MS: a process heartbeat and
- *   5 op_end: cudaEventRecord(end); return time,              one per live comm (REGISTER + COMM every 10th)
- *     result; state = RETURNED (release)                  e batch of ≤ 512 records or ≤ 50 ms old →
+ *   4 real ncclAllReduce                                   c' profiler transfers done → PEER records (profiler.h)
+ *   5 op_end: cudaEventRecord(end); return time,           d every C4D_HEARTBEAT_MS: a process heartbeat and
+ *     result; state = RETURNED (release)                      one per live comm (REGISTER + COMM every 10th),
+ *                                                            one PEER record per profiler transfer in flight
+ *                                                          e batch of ≤ 512 records or ≤ 50 ms old →
  *                                                            zmq_send(DONTWAIT); EAGAIN → dropped, counted
  *   grouped ops: slot handed over at the call; events     at exit (atexit): drain, FINAL heartbeat, flush for
  *   at the outermost ncclGroupEnd (recorder.cc)            ≤ C4D_EXIT_FLUSH_MS, stop; never hangs the exit
@@ -22,7 +24,8 @@
  * Shared between the two sides: op slots (released to the agent by the ring, fields
  * after submit published by `state`), event reference counts, comm slot counters. The
  * agent holds no lock the hot path takes. Memory is fixed at start: op slots
- * (C4D_QUEUE_CAPACITY), events (C4D_EVENT_POOL per device), one batch buffer.
+ * (C4D_QUEUE_CAPACITY), events (C4D_EVENT_POOL per device), one batch buffer; the
+ * profiler plugin's pools (C4D_PEER_TRACK) at its first init.
  */
 #include "agent.h"
 
@@ -41,6 +44,7 @@
 #include "event_pool.h"
 #include "log.h"
 #include "op_pool.h"
+#include "profiler.h"
 #include "real_nccl.h"
 #include "shim.h"
 #include "timing.h"
@@ -272,6 +276,7 @@ void heartbeats(uint16_t hb_flags) {
     fill_pending(h, p.pend);
     append(&h);
   }
+  peer_heartbeat(append);  // transfers still in flight: where a hang stopped
 }
 
 /* ---------------------------------------------------------------- op progress */
@@ -446,6 +451,7 @@ bool drain() {
       continue;
     }
     ++a.ops_seen;
+    peer_note_op(s);
     a.pending[a.n_pending++] = i;  // never overflows: pending holds at most every slot
   }
   return any;
@@ -499,6 +505,7 @@ void finish_up() {
     uint64_t now = mono_now_ns();
     timing_tick(now);
     poll();
+    peer_poll(append);
     if (!a.n_pending || now >= wait_ops_until) break;
     timespec ms{0, 1000000};
     nanosleep(&ms, nullptr);
@@ -524,6 +531,7 @@ void* agent_main(void*) {
     bool busy = drain();
     timing_tick(now);
     busy |= poll();
+    busy |= peer_poll(append);
     if (now >= next_hb) {
       heartbeats(0);
       flush();
@@ -632,10 +640,12 @@ void agent_shutdown() {
   uint64_t full = g_counters.dropped_full.load(std::memory_order_relaxed);
   uint64_t send = g_counters.dropped_send.load(std::memory_order_relaxed);
   uint64_t nolink = g_counters.dropped_nolink.load(std::memory_order_relaxed);
-  C4D_LOG(kInfo, "rank %d pid %d: %llu records sent, %llu dropped (queue full %llu, master busy %llu, no link %llu)",
+  char prof[128];
+  peer_summary(prof, sizeof prof);
+  C4D_LOG(kInfo, "rank %d pid %d: %llu records sent, %llu dropped (queue full %llu, master busy %llu, no link %llu)%s",
           g_cfg.rank, int(getpid()), (unsigned long long)g_counters.sent.load(std::memory_order_relaxed),
           (unsigned long long)(full + send + nolink), (unsigned long long)full, (unsigned long long)send,
-          (unsigned long long)nolink);
+          (unsigned long long)nolink, prof);
 }
 
 void agent_reset_after_fork() {

@@ -27,6 +27,7 @@ struct Config {
   int send_hwm;              // C4D_SEND_HWM (ZeroMQ messages)
   int exit_flush_ms;         // C4D_EXIT_FLUSH_MS
   int64_t clock_offset_ns;   // C4D_CLOCK_OFFSET_NS (simulated clock skew)
+  uint32_t peer_track;       // C4D_PEER_TRACK: transfers the profiler plugin tracks at once
   char libzmq[1024];         // C4D_LIBZMQ; empty = search
   /* identity, from the launcher's variables */
   char job[24];              // C4D_JOB_ID / TORCHELASTIC_RUN_ID / SLURM_JOB_ID

@@ -13,6 +13,7 @@
 #include "event_pool.h"
 #include "log.h"
 #include "op_pool.h"
+#include "profiler.h"
 #include "recorder.h"
 #include "timing.h"
 
@@ -51,6 +52,7 @@ void at_fork_child() {
   event_pools_reset_after_fork();
   timing_reset_after_fork();
   recorder_reset_after_fork();
+  profiler_reset_after_fork();
   for (std::atomic<uint64_t>* c : {&g_counters.dropped_full, &g_counters.dropped_send, &g_counters.dropped_nolink,
                                    &g_counters.sent, &g_counters.no_event, &g_counters.group_overflow,
                                    &g_counters.untracked, &g_counters.event_errors, &g_counters.clamped,

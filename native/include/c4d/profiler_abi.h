@@ -1,8 +1,8 @@
 /*
  * The NCCL profiler plugin interface, version 5 (NCCL 2.28.3+), declared by c4d from
  * the documented facts (shared/reference/nccl-profiler-plugin.md); we never include
- * NVIDIA's headers. simnccl loads plugins through it, and the shim can export
- * `ncclProfiler_v5` with it. C and C++.
+ * NVIDIA's headers. simnccl loads plugins through it, and the shim exports
+ * `ncclProfiler_v5` and `ncclProfiler_v6` with it (native/shim/profiler.h). C and C++.
  *
  * v6 and v7 keep these callbacks and extend the descriptor union with new event kinds
  * (v7 also appends fields to coll/p2p), so a v5 plugin keeps working under newer NCCL
@@ -24,7 +24,9 @@
  * its shared memory too, so every member derives it without talking.
  *
  * ---- what simnccl emits (from the stream worker, as modeled time passes) ----
- *   Coll {seqNumber = per-comm collective index from 0, func "AllReduce"..., count,
+ *   Coll {seqNumber = per-comm collective index from 0 over count > 0 calls (NCCL counts
+ *         per (comm, function) instead; the shim tells them apart: native/shim/profiler.h),
+ *         func "AllReduce"..., count,
  *         root (-1 unrooted), datatype "ncclFloat32"..., nChannels 1, algo "RING",
  *         proto "SIMPLE"}  or  P2p {func "Send"/"Recv", buff, count, datatype, peer}
  *     └ ProxyOp {pid, channelId 0, peer = the other end of one transfer (comm rank),
@@ -210,6 +212,14 @@ typedef struct {
 } ncclProfiler_v5_t;
 
 #define C4D_PROFILER_SYMBOL_V5 "ncclProfiler_v5"
+
+/* v6 (NCCL 2.29.2+): the same five callbacks. Its descriptor union adds Copy-Engine
+ * events (ceColl/ceCollSync/ceCollBatch, type bits 1<<12..1<<14, states 25-30) after the
+ * v5 members, which keep their layout, so a v5 reader of a v6 descriptor sees every v5
+ * event type at the same offsets. A plugin may export both symbols with one set of
+ * callbacks; NCCL tries the newest first. */
+typedef ncclProfiler_v5_t ncclProfiler_v6_t;
+#define C4D_PROFILER_SYMBOL_V6 "ncclProfiler_v6"
 
 #ifdef __cplusplus
 }
