@@ -44,3 +44,10 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def c4d_cmd(*args: object) -> list[str]:
+    """argv for running the c4d CLI of this checkout in a subprocess."""
+    import sys
+
+    return [sys.executable, "-m", "c4d", *(str(a) for a in args)]

@@ -11,7 +11,7 @@ from pathlib import Path
 import zmq
 
 from c4d import trace
-from tests.conftest import free_port, wait_for
+from tests.conftest import c4d_cmd, free_port, wait_for
 
 
 def test_c4d_lib_prints_an_existing_absolute_path(libc4d):
@@ -38,20 +38,7 @@ def test_master_process_with_a_sim_and_garbage(tmp_path, libc4d, simtrain):
             push.send(junk)
         push.close()
         sim = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "c4d",
-                "sim",
-                "--ranks",
-                "4",
-                "--ranks-per-node",
-                "2",
-                "--steps",
-                "10",
-                "--master",
-                ep,
-            ],
+            c4d_cmd("sim", "--ranks", 4, "--ranks-per-node", 2, "--steps", 10, "--master", ep),
             capture_output=True,
             text=True,
             timeout=120,

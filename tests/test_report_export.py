@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from c4d import trace
-from tests.conftest import free_port, wait_for
+from tests.conftest import c4d_cmd, free_port, wait_for
 
 SLOW_RANK = 5
 
@@ -119,22 +119,19 @@ def test_offline_commands_reject_garbage_with_one_line(tmp_path):
 def test_prometheus_metrics_during_a_run(tmp_path, libc4d, simtrain):
     port = free_port()
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "c4d",
+        c4d_cmd(
             "sim",
             "--ranks",
-            "4",
+            4,
             "--ranks-per-node",
-            "2",
+            2,
             "--steps",
-            "100000",
+            100000,
             "--max-seconds",
-            "60",
+            60,
             "--metrics-port",
-            str(port),
-        ],
+            port,
+        ),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
