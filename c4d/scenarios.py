@@ -32,14 +32,22 @@ EXPECTED_KIND = {
     "crash": "RankLost",
 }
 HANG_KINDS = {"RankNonCommHang", "RankCommHang", "RankLost"}
+SLOW_STEPS = 250  # enough for the onset window and two more at the slowed pace
 
 # small thresholds so a matrix runs in minutes: T = 1 s, ERROR after 3 × T, 1 s slow windows;
-# heartbeats at T/5 so that silence (RankLost) is measurable at this T
+# heartbeats at T/5 so that silence (RankLost) is measurable at this T.
+# Links at 1 GB/s inside a node and 0.25 GB/s across nodes (simnccl's defaults are 4 and 1):
+# on a 2-core machine running up to 32 rank processes, every simulated op also costs
+# 0.1–0.5 ms of process wake-ups, which at the default bandwidths is as long as a 256 KiB
+# tensor-parallel transfer itself, so a factor-4 slower link would show as ~2x. With the
+# modeled transfer dominating that overhead, a factor F slowdown reads as roughly F.
 SCENARIO_ENV = {
     "C4D_HANG_TIMEOUT": "1000000",
     "C4D_HANG_TIMES": "3",
     "C4D_CONN_BW_CHECK_PERIOD": "1",
     "C4D_HEARTBEAT_MS": "200",
+    "SIMNCCL_INTRA_GBPS": "1",
+    "SIMNCCL_INTER_GBPS": "0.25",
 }
 
 
@@ -162,26 +170,41 @@ def run(sc: Scenario, workdir: Path | None = None, timeout: float = 300) -> Outc
 
 def matrix(full: bool = False) -> list[Scenario]:
     """Every fault kind at the first, a middle and the last rank, across node boundaries, in
-    several shapes; plus clean runs with and without clock skew. ``full=False`` is the CI subset."""
+    several shapes; plus clean runs with and without clock skew. ``full=False`` is the CI subset.
+
+    comm-hang at a rank runs in shapes whose first op after the onset is a ring of four: in
+    the tp=2 shapes every rank's first op is a two-rank all-gather or a pipeline p2p, i.e.
+    one link, and a rank whose transfers all stopped is then indistinguishable from that
+    link (nothing else of it is in flight). There the engine names the link, honestly, and
+    a scenario expecting the rank could only pass by guessing; see docs/engine.md.
+    """
     out: list[Scenario] = []
     shapes = [(8, 4, 2, 2), (16, 4, 2, 2)] + ([(16, 8, 2, 1), (32, 8, 2, 2)] if full else [])
     for ranks, rpn, tp, pp in shapes:
         first, mid, last = 0, ranks // 2 + 1, ranks - 1
-        for kind, extra in (("noncomm-hang", ""), ("comm-hang", ""), ("crash", ""),
-                            ("noncomm-slow", ",factor=4"), ("comm-slow", ",factor=4")):  # fmt: skip
+        for kind, extra, steps in (("noncomm-hang", "", 400), ("crash", "", 400),
+                                   ("noncomm-slow", ",factor=4", SLOW_STEPS),
+                                   ("comm-slow", ",factor=4", SLOW_STEPS)):  # fmt: skip
             positions = (first, mid, last) if (full or ranks == 8) else (mid,)
             for r in positions:
-                out.append(Scenario(ranks, rpn, tp, pp, f"{kind}@rank={r},step=20{extra}"))
-        # a link across a node boundary: pipeline neighbours (same PP group, adjacent stages)
-        a, b = rpn - 1, rpn - 1 + ranks // pp
+                out.append(Scenario(ranks, rpn, tp, pp, f"{kind}@rank={r},step=20{extra}", steps=steps))
+        # a link across a node boundary: pipeline neighbours (same PP group, adjacent stages),
+        # or without a pipeline, neighbours in a data-parallel ring
+        a = rpn - 1
+        b = a + (ranks // pp if pp > 1 else tp)
         out.append(Scenario(ranks, rpn, tp, pp, f"comm-hang@link={a}-{b},step=20"))
         if full:
-            out.append(Scenario(ranks, rpn, tp, pp, f"comm-slow@link={a}-{b},step=20,factor=4"))
+            slow_link = f"comm-slow@link={a}-{b},step=20,factor=4"
+            out.append(Scenario(ranks, rpn, tp, pp, slow_link, steps=SLOW_STEPS))
             out.append(Scenario(ranks, rpn, tp, pp, "noncomm-hang@node=node-1,step=20"))
+    for ranks, rpn, tp, pp in [(8, 4, 4, 1)] + ([(16, 4, 4, 1)] if full else []):
+        for r in (0, ranks // 2 + 1, ranks - 1):
+            out.append(Scenario(ranks, rpn, tp, pp, f"comm-hang@rank={r},step=20"))
     out.append(Scenario(16, 4, 2, 2, None, steps=300))
     out.append(Scenario(16, 4, 2, 2, None, steps=300, clock_skew=0.05))
     if full:
         out.append(Scenario(32, 8, 2, 2, None, steps=300, clock_skew=0.05))
         out.append(Scenario(16, 4, 2, 2, "noncomm-hang@rank=9,step=20", clock_skew=0.05))
-        out.append(Scenario(16, 4, 2, 2, "noncomm-slow@rank=9,step=20,factor=4", clock_skew=0.05))
+        slow9 = "noncomm-slow@rank=9,step=20,factor=4"
+        out.append(Scenario(16, 4, 2, 2, slow9, steps=SLOW_STEPS, clock_skew=0.05))
     return out

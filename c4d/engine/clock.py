@@ -15,11 +15,14 @@
    completed in a batch is its remaining error; ``clock_gain`` of it is applied per batch,
    averaged per node and centred per communicator so the common clock does not drift.
 
-Offset = ``rel`` + ``anchor``. A clock domain (a node, or a rank whose node is unknown)
-gets its ``rel`` from its receipt bound when first seen and follows that bound until the
-consensus refines it; from then on only the consensus moves it, so a better receipt bound
-later cannot jolt the ranks' relative alignment. The single ``anchor`` (median of bound
-minus ``rel``) ties the set to the master clock.
+Offset = ``rel`` + the anchor of its island. A clock domain (a node, or a rank whose node
+is unknown) follows its receipt bound until the consensus refines it; from then on only
+the consensus moves its ``rel``, so a better receipt bound later cannot jolt the ranks'
+relative alignment. Domains the consensus links form an island (merged as communicators
+link them); each island's anchor (median of bound minus ``rel`` over its domains) ties it
+to the master clock. Islands that nothing links (pipeline stages on other nodes exchange
+only p2p, whose grouped events do not end together) are each anchored on their own bounds,
+to within the bounds' few ms.
 
 The result is applied before any cross-rank comparison of arrival times and whenever a
 rank time is compared with the master clock (hang durations).
@@ -68,30 +71,44 @@ def on_tick(ranks: RankTable, now_ns: int, epoch_state: list[int]) -> None:
 
 
 def _place(ranks: RankTable) -> None:
-    """Give new clock domains (nodes, or ranks of unknown node) a relative offset from their
-    receipt bound; domains no end-time consensus has refined yet keep following it. Then
-    re-anchor the whole set on the receipt bounds (median), which moves every absolute
-    offset together and never the relative ones."""
+    """A domain (a node, or a rank of unknown node) that no end-time consensus has refined
+    yet follows its receipt bound (offset = bound). Refined domains form islands (the
+    domains some communicator's end times link): their relative offsets are the
+    consensus's, and each island is anchored on the master clock by the median of its
+    domains' receipt bounds minus rel. Islands stay separate where nothing links them
+    (pipeline stages on other nodes talk only p2p), so each needs its own anchor: one
+    anchor for all would leave an island wherever its first bounds put it."""
     th, ok = ranks.theta.astype(np.float64), ranks.theta_ok
     nd = ranks.node
     k = len(ranks.node_names)
+    labels, diffs = [], []
     if k:
         nth = np.full(k, np.nan)
         sel = ok & (nd >= 0)
         if sel.any():
             nth[nd[sel]] = th[sel]  # equal within a node (shared bound)
-        follow = ~np.isnan(nth) & ~ranks.rel_node_refined
-        ranks.rel_node[follow] = nth[follow] - ranks.anchor
-        ranks.rel_node_ok |= ~np.isnan(nth)
-    solo = ok & (nd < 0) & ~ranks.rel_rank_refined
-    ranks.rel_rank[solo] = th[solo] - ranks.anchor
-    ranks.rel_rank_ok |= ok & (nd < 0)
-    diffs = []
-    if k:
-        m = ranks.rel_node_ok & ~np.isnan(nth)
+        have = ~np.isnan(nth)
+        follow = have & ~ranks.rel_node_refined
+        ranks.rel_node[follow] = nth[follow]
+        ranks.anc_node[follow] = 0.0
+        ranks.rel_node_ok |= have
+        m = have & ranks.rel_node_refined
+        labels.append(ranks.isl_node[m])
         diffs.append(nth[m] - ranks.rel_node[m])
-    m = ok & (nd < 0) & ranks.rel_rank_ok
+    solo = ok & (nd < 0)
+    follow = solo & ~ranks.rel_rank_refined
+    ranks.rel_rank[follow] = th[follow]
+    ranks.anc_rank[follow] = 0.0
+    ranks.rel_rank_ok |= solo
+    m = solo & ranks.rel_rank_refined
+    labels.append(ranks.isl_rank[m])
     diffs.append(th[m] - ranks.rel_rank[m])
-    d = np.concatenate(diffs) if diffs else np.empty(0)
-    if len(d):
-        ranks.anchor = float(np.median(d))
+    lab = np.concatenate(labels)
+    if not len(lab):
+        return
+    d = np.concatenate(diffs)
+    for label in np.unique(lab).tolist():
+        a = float(np.median(d[lab == label]))
+        if k:
+            ranks.anc_node[(ranks.isl_node == label) & ranks.rel_node_refined] = a
+        ranks.anc_rank[(ranks.isl_rank == label) & (nd < 0) & ranks.rel_rank_refined] = a

@@ -48,8 +48,10 @@ class EngineConfig:
     compute gap (not a late finish of its previous op): victims of a cascade are not blamed."""
     slow_bw_ratio: float = 0.5
     """C4D_SLOW_BW_RATIO: RankCommSlow when busbw < this x baseline (own earlier windows or siblings)."""
-    slow_link_ratio: float = 0.5
-    """C4D_SLOW_LINK_RATIO: a link is slow when its PEER rate < this x the comm's median link rate."""
+    slow_pace_share: float = 0.6
+    """C4D_SLOW_PACE_SHARE: in a slow ring, the link that sets the pace (finishes its steps last,
+    PEER records) in this share of the window's ops is the slow link; two links of one rank
+    that together do, the rank."""
     slow_baseline_windows: int = 8
     """C4D_SLOW_BASELINE_WINDOWS: baseline = median of up to this many earlier clean windows."""
     slow_grace_ms: float = 150.0

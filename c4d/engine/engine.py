@@ -19,7 +19,7 @@ from c4d import schema
 from c4d.engine import clock, hang
 from c4d.engine.config import EngineConfig, ResolvedThresholds
 from c4d.engine.slow import SlowFinding, SlowJudge
-from c4d.engine.state import GONE_EVENTS, MAX_NRANKS, MAX_RANK, P2P, Comm, RankTable
+from c4d.engine.state import GONE_EVENTS, IN_GROUP, MAX_NRANKS, MAX_RANK, P2P, Comm, P2PPairs, RankTable
 from c4d.engine.types import CommSnapshot, DiagKind, Diagnosis, EngineSnapshot, Level, RankState
 from c4d.schema import Kind, Op
 
@@ -44,6 +44,7 @@ class Engine:
         self._active: dict[tuple, Diagnosis] = {}  # hang key -> latest diagnosis (live view)
         self._epoch = [-1]
         self._slow = SlowJudge(self.cfg)
+        self._pairs = P2PPairs()
         self._now = 0
         self._warned: set[str] = set()
         self.stats = {"records": 0, "invalid": 0, "batches": 0, "ticks": 0}
@@ -230,7 +231,10 @@ class Engine:
             self._invalid("an unknown op kind", int((~ok).sum()))
             ops = ops[ok]
         gain = self.cfg.clock_gain
-        for c, part, pg in self._by_comm(ops, "OP", self._gaps(ops)):
+        extra = np.stack([self._gaps(ops), self._shares_events(ops)], axis=1)
+        p2p_rows, p2p_comm, p2p_shared = [], [], []
+        for c, part, ex in self._by_comm(ops, "OP", extra):
+            pg = ex[:, 0]
             n = len(part)
             self._member(c, part["comm_rank"].astype(np.int64), part["rank"].astype(np.int64))
             c.ops_seen += n
@@ -240,8 +244,26 @@ class Engine:
                 okp = (pp["peer"] >= 0) & (pp["peer"] < c.n)
                 if okp.any():
                     c.add_p2p(pp[okp])
+                    p2p_rows.append(pp[okp])
+                    p2p_comm.append(np.full(int(okp.sum()), c.idx, np.int64))
+                    p2p_shared.append(ex[p2p][okp, 1] != 0)
             if (~p2p).any():
                 c.add_collectives(part[~p2p], pg[~p2p], self.ranks, gain)
+        if p2p_rows:  # one pass over every communicator's sends and receives
+            self._pairs.feed(np.concatenate(p2p_rows), np.concatenate(p2p_comm), np.concatenate(p2p_shared),
+                             self.comms, self.ranks)  # fmt: skip
+
+    @staticmethod
+    def _shares_events(ops: np.ndarray) -> np.ndarray:
+        """Per op: 1 when another op of this chunk came from the same ncclGroup of the same rank
+        (they share the group's events, so its times span the whole group), else 0."""
+        out = np.zeros(len(ops), np.int64)
+        ing = np.flatnonzero((ops["flags"] & IN_GROUP) != 0)
+        if len(ing):
+            key = np.stack([ops["rank"][ing].astype(np.int64), ops["group_id"][ing].astype(np.int64)], axis=1)
+            _, inv, cnt = np.unique(key, axis=0, return_inverse=True, return_counts=True)
+            out[ing] = cnt[inv.ravel()] > 1
+        return out
 
     def _gaps(self, ops: np.ndarray) -> np.ndarray:
         """Per op: arrival minus the end of the same rank's previous op (its compute gap), -1 unknown."""
@@ -288,6 +310,11 @@ class Engine:
         n = int(dur // T) if dur > 0 else 0
         prev = self._emitted.get(f.key, 0)
         if n < 1 or n <= prev:
+            return []
+        if prev == 0 and f.detail.get("missing") and dur < T + T // 2:
+            # Some ranks' evidence is not in yet (their latest report predates the wait's
+            # first T/2: delivery lags on a loaded host). A whole node that hangs would be
+            # named a few ranks short; the first diagnosis waits up to T/2 for them.
             return []
         self._emitted[f.key] = n
         d = dict(f.detail)

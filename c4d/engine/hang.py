@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from c4d.engine.config import ResolvedThresholds
-from c4d.engine.peer import localize_hang
+from c4d.engine.peer import global_links, localize_hang
 from c4d.engine.state import P2P, Comm, RankTable
 from c4d.engine.types import DiagKind
 from c4d.schema import Op, OpFlag
@@ -390,7 +390,7 @@ def evaluate(ranks: RankTable, comms: list[Comm], th: ResolvedThresholds, now: i
         if verdict is not None:
             ranks_g = tuple(int(c.grank[r]) for r in verdict.ranks)
             d.update(localized_by="peer-progress", localized=True, confidence=verdict.confidence)
-            d.update(verdict.evidence)
+            d.update(global_links(verdict.evidence, c))
             if verdict.is_link:
                 d["link"] = list(ranks_g)
             localized = True

@@ -10,10 +10,9 @@ sides' ``steps_done / steps_total``.
   stalled links that share one rank name that rank (its transfers stopped); a single link
   (or its two directions) names the link. If every link is equally stalled, progress does
   not discriminate and the caller falls back.
-* Slow: over a window, each link's own step rate (``link_rates``: bytes of a step over
-  the step's own move time, separated from the pace every link of a ring shares); links
-  below ``link_ratio`` x their baseline (earlier clean windows) are slow, and are reduced
-  to a rank or link the same way.
+* Slow: a ring goes at the pace of its slowest link, which finishes its steps last
+  (``pace_setters``). In a communicator already found slow, the link that sets the pace in
+  most of the window's ops is the slow link; two links of one rank taking turns, the rank.
 """
 
 from __future__ import annotations
@@ -136,45 +135,38 @@ def localize_hang(c: Comm, seq: int) -> tuple[PeerVerdict | None, list[int]]:
     return PeerVerdict(ranks, is_link, round(conf, 2), ev), missing
 
 
-def link_rates(c: Comm, seqs: np.ndarray) -> dict[tuple[int, int], float]:
-    """Per directed link: median bytes/ns of one step's own move time over the finished
-    transfers of ``seqs``.
+def pace_setters(c: Comm, seqs: np.ndarray) -> tuple[dict[tuple[int, int], int], int]:
+    """Per directed link, in how many of the finished ops ``seqs`` it set the ring's pace.
 
-    Every link's steps start at the pace of the slowest one (step s at t0 + s·pace), so a
-    transfer's ``last - first`` is ``(nsteps - 1)·pace + move``: the slowest transfer of an
-    op gives the pace (its move is the pace) and every other one its own move time. A link
-    whose own steps got slower shows a lower rate; one that is merely paced by another
-    does not.
+    A ring's steps go at the pace of its slowest link (step s starts at t0 + s·pace on every
+    link), so the slowest link is the one that finishes its steps last: the longest
+    ``last_ns - first_ns`` of the op's transfers, reported by both of its ends. That needs
+    no per-link rate (which only the pace-setting link would reveal; the others' own move
+    time is a small difference of large numbers) and no clock across ranks. Returns the
+    counts and the number of ops that had PEER rows.
     """
     tab = c.peer_table()
     if not len(tab) or not len(seqs):
-        return {}
+        return {}, 0
     rows = tab[np.isin(tab["seq"].astype(np.int64), seqs) & (tab["done"] > 0) & (tab["steps_total"] > 0)]
     if len(rows) < 2:
-        return {}
+        return {}, 0
     rows = _latest_per_op(rows)
-    d = (rows["last_ns"].astype(np.int64) - rows["first_ns"].astype(np.int64)).astype(float)
-    nst = rows["steps_total"].astype(float)
-    ok = d > 0
-    rows, d, nst = rows[ok], d[ok], nst[ok]
-    if len(rows) < 2:
-        return {}
-    _, inv = np.unique(rows["seq"], return_inverse=True)
+    d = rows["last_ns"].astype(np.int64) - rows["first_ns"].astype(np.int64)
+    seq = rows["seq"].astype(np.int64)
+    useq, inv = np.unique(seq, return_inverse=True)
     inv = inv.ravel()
-    pace = np.zeros(inv.max() + 1)
-    np.maximum.at(pace, inv, d / nst)
-    p = pace[inv]
-    move = np.clip(d - (nst - 1) * p, 0.02 * p, None)
-    rate = rows["bytes_done"].astype(float) / nst / move
-    src = np.where(rows["direction"] == 0, rows["comm_rank"], rows["peer"]).astype(np.int64)
-    dst = np.where(rows["direction"] == 0, rows["peer"], rows["comm_rank"]).astype(np.int64)
-    key = src * (c.n + 1) + dst
-    uk, kinv = np.unique(key, return_inverse=True)
-    kinv = kinv.ravel()
-    order = np.argsort(kinv, kind="stable")
-    cuts = np.flatnonzero(np.diff(kinv[order])) + 1
-    meds = [float(np.median(part)) for part in np.split(rate[order], cuts)]
-    return {(int(k // (c.n + 1)), int(k % (c.n + 1))): m for k, m in zip(uk.tolist(), meds, strict=True)}
+    longest = np.zeros(len(useq), np.int64)
+    np.maximum.at(longest, inv, d)
+    # ties within 1 % share the count: a rank's two slowed links are equally slow
+    top = rows[d >= longest[inv] - longest[inv] // 100]
+    src = np.where(top["direction"] == 0, top["comm_rank"], top["peer"]).astype(np.int64)
+    dst = np.where(top["direction"] == 0, top["peer"], top["comm_rank"]).astype(np.int64)
+    key = np.unique(np.stack([top["seq"].astype(np.int64), src, dst], axis=1), axis=0)  # once per op
+    counts: dict[tuple[int, int], int] = {}
+    for a, b in key[:, 1:].tolist():
+        counts[(a, b)] = counts.get((a, b), 0) + 1
+    return counts, len(useq)
 
 
 def _latest_per_op(rows: np.ndarray) -> np.ndarray:
@@ -187,28 +179,43 @@ def _latest_per_op(rows: np.ndarray) -> np.ndarray:
     return r[last]
 
 
-def localize_slow(
-    rates: dict[tuple[int, int], float], baseline: dict[tuple[int, int], float], link_ratio: float
-) -> PeerVerdict | None:
-    """Slow link/rank: links whose step rate fell below ``link_ratio`` x their own baseline
-    (or, for links without one, x the median link of this window)."""
-    if len(rates) < 2:
+def localize_slow(counts: dict[tuple[int, int], int], n_ops: int, share: float) -> PeerVerdict | None:
+    """The link (or rank) that makes a slow ring slow: a link that sets its pace in at least
+    ``share`` of the ops; or two links of one rank that together do, each often (a rank
+    whose transfers are slow slows its in- and out-link alike, so they take turns)."""
+    if n_ops < 2 or not counts:
         return None
-    ref_all = float(np.median(list(rates.values())))
-    slow = []
-    for k, v in sorted(rates.items()):
-        ref = baseline.get(k, ref_all)
-        if v < link_ratio * ref:
-            slow.append(k)
-    if not slow or len(slow) == len(rates):
-        return None
-    red = _reduce(slow)
-    if red is None:
-        return None
-    ranks, is_link, conf = red
-    ev = {
-        "slow_links": [f"{a}->{b}" for a, b in slow],
-        "slow_link_rate_gbs": round(min(rates[k] for k in slow), 4),
-        "link_baseline_gbs": round(float(np.median([baseline.get(k, ref_all) for k in slow])), 4),
-    }
-    return PeerVerdict(ranks, is_link, round(conf * 0.95, 2), ev)
+    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    (l1, c1) = ranked[0]
+    if len(ranked) >= 2:
+        (l2, c2) = ranked[1]
+        common = set(l1) & set(l2)
+        if len(common) == 1 and c2 >= 0.4 * c1 and c1 + c2 >= share * n_ops:
+            r = next(iter(common))
+            links = sorted([l1, l2])
+            ev = {
+                "slow_links": [f"{a}->{b}" for a, b in links],
+                "pace_share": {f"{a}->{b}": round(counts[(a, b)] / n_ops, 3) for a, b in links},
+            }
+            return PeerVerdict((r,), False, round(0.9 * min(1.0, c2 / c1), 2), ev)
+    if c1 >= share * n_ops:
+        ev = {"slow_links": [f"{l1[0]}->{l1[1]}"], "pace_share": {f"{l1[0]}->{l1[1]}": round(c1 / n_ops, 3)}}
+        return PeerVerdict(tuple(l1), True, round(0.85 * min(1.0, c1 / n_ops + 0.1), 2), ev)
+    return None
+
+
+def global_links(ev: dict, c: Comm) -> dict:
+    """PEER evidence names links by comm rank ("3->4"); the user reads global ranks."""
+
+    def g(link: str) -> str:
+        a, b = link.split("->")
+        return f"{int(c.grank[int(a)])}->{int(c.grank[int(b)])}"
+
+    out = dict(ev)
+    for k in ("slow_links", "stalled_links"):
+        if k in out:
+            out[k] = [g(x) for x in out[k]]
+    for k in ("pace_share", "wait_states"):
+        if k in out:
+            out[k] = {g(x): v for x, v in out[k].items()}
+    return out

@@ -17,7 +17,7 @@ against its siblings, the other communicators with the same op, size, rank count
 span in the same window (at least two), else against C's own baseline, the median of up
 to ``slow_baseline_windows`` earlier windows that were not slow. Slow when below
 ``slow_bw_ratio`` of that reference. A slowdown every sibling shares is not a rank's.
-Localized by PEER link rates (peer.localize_slow), else by cross-comm evidence (the one
+Localized by PEER pace setters (peer.localize_slow), else by cross-comm evidence (the one
 rank the slow communicators have in common), else every member is a suspect.
 """
 
@@ -29,9 +29,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from c4d.engine.config import EngineConfig, ResolvedThresholds
-from c4d.engine.peer import link_rates, localize_slow
+from c4d.engine.peer import global_links, localize_slow, pace_setters
 from c4d.engine.state import COMPLETED, Comm, RankTable
 from c4d.engine.types import DiagKind
+from c4d.schema import Op
+
+CLEAR_SLOW_OPS = 0.2  # a unit with more of its ops this slow is not evidence that a rank is fine
 
 
 @dataclass
@@ -49,9 +52,11 @@ class SlowJudge:
     def __init__(self, cfg: EngineConfig) -> None:
         self.cfg = cfg
         self.next_window: int | None = None
-        self.baseline: dict[tuple[int, int, int], deque[float]] = {}
-        self.link_base: dict[tuple[int, int, int], deque[float]] = {}  # (comm idx, src, dst) -> window rates
+        self.baseline: dict[tuple, deque[float]] = {}  # unit base key -> clean windows' bw
         self.slow_ranks: dict[int, int] = {}  # global rank -> last window it was reported slow in
+        self.slow_units: dict[tuple, int] = {}  # unit key -> last window it was slow in
+        self.last_judged: dict[tuple, int] = {}  # unit key -> last window it had enough ops in
+        self.unit_members: dict[tuple, tuple[int, ...]] = {}  # unit key -> global ranks
         self.late_ops = 0  # ops that completed after their window was judged
 
     def judge(
@@ -60,37 +65,43 @@ class SlowJudge:
         P = th.period_ns
         closed = (now - int(self.cfg.slow_grace_ms * 1e6)) // P - 1  # last window that may be judged
         per_comm: dict[int, np.ndarray] = {}
-        lo = None
+        per_p2p: dict[int, np.ndarray] = {}
         for c in comms:
-            if not c.pending:
-                continue
-            ops = np.concatenate(c.pending) if len(c.pending) > 1 else c.pending[0]
-            win = ops["last_arrive"] // P
-            keep = win > closed
-            c.pending = [ops[keep]] if keep.any() else []
-            ops, win = ops[~keep], win[~keep]
-            if self.next_window is not None:
-                late = win < self.next_window
-                self.late_ops += int(late.sum())
-                ops = ops[~late]
-            ops = ops[ops["aligned"]]  # reduced before the members' clocks were known
-            if len(ops):
-                per_comm[c.idx] = ops
-                w0 = int((ops["last_arrive"] // P).min())
-                lo = w0 if lo is None else min(lo, w0)
+            for attr, into in (("pending", per_comm), ("p2p_pending", per_p2p)):
+                rows = self._closed_rows(c, attr, closed, P)
+                if rows is not None:
+                    into[c.idx] = rows
         out: list[SlowFinding] = []
-        if per_comm and lo is not None:
-            wins = np.unique(np.concatenate([o["last_arrive"] // P for o in per_comm.values()]))
-            for w in wins.tolist():
+        parts = [o["last_arrive"] // P for o in (*per_comm.values(), *per_p2p.values())]
+        if parts:
+            for w in np.unique(np.concatenate(parts)).tolist():
                 sel = {i: o[o["last_arrive"] // P == w] for i, o in per_comm.items()}
-                sel = {i: o for i, o in sel.items() if len(o)}
-                out += self._window(ranks, comms, sel, int(w), P)
+                sel_p2p = {i: o[o["last_arrive"] // P == w] for i, o in per_p2p.items()}
+                out += self._window(ranks, comms, {i: o for i, o in sel.items() if len(o)},
+                                    {i: o for i, o in sel_p2p.items() if len(o)}, int(w), P)  # fmt: skip
         if closed >= (self.next_window if self.next_window is not None else closed):
             self.next_window = int(closed) + 1
         return out
 
+    def _closed_rows(self, c: Comm, attr: str, closed: int, P: int) -> np.ndarray | None:
+        """Take c's rows (COMPLETED or P2P_DONE) of windows that may now be judged."""
+        pend = getattr(c, attr)
+        if not pend:
+            return None
+        ops = np.concatenate(pend) if len(pend) > 1 else pend[0]
+        win = ops["last_arrive"] // P
+        keep = win > closed
+        setattr(c, attr, [ops[keep]] if keep.any() else [])
+        ops, win = ops[~keep], win[~keep]
+        if self.next_window is not None:
+            late = win < self.next_window
+            self.late_ops += int(late.sum())
+            ops = ops[~late]
+        ops = ops[ops["aligned"]]  # reduced before the members' clocks were known
+        return ops if len(ops) else None
+
     # -- one window --------------------------------------------------------------------
-    def _window(self, ranks: RankTable, comms: list[Comm], sel: dict[int, np.ndarray], w: int, P: int):
+    def _window(self, ranks: RankTable, comms: list[Comm], sel: dict, sel_p2p: dict, w: int, P: int):
         cfg = self.cfg
         win = {"window_start_s": round(w * P / 1e9, 3), "window_s": round(P / 1e9, 3)}
         out: list[SlowFinding] = []
@@ -139,102 +150,233 @@ class SlowJudge:
                             int(mine["seq"][-1]), (g,), True, d)
             )  # fmt: skip
 
-        # RankCommSlow
-        stats: dict[int, tuple[int, int, float, np.ndarray]] = {}
-        for i, o in sel.items():
-            if comms[i].n < 2:
+        out += self._comm_slow(ranks, comms, sel, sel_p2p, w, win)
+        return out
+
+    # -- RankCommSlow ------------------------------------------------------------------
+    def _units(self, ranks: RankTable, comms: list[Comm], sel, sel_p2p) -> list[_Unit]:
+        """What can be slow in a window: communicators (their main collective) and p2p links."""
+        cfg = self.cfg
+        units: list[_Unit] = []
+        for i, o in sorted(sel.items()):
+            c = comms[i]
+            if c.n < 2:
                 continue
             o = o[np.isfinite(o["busbw"])]  # an end before the last arrival is timer noise
             if len(o) < cfg.slow_min_ops:
                 continue
             keys = o["op"].astype(np.int64) * (1 << 48) + o["bytes"]
             uk, cnt = np.unique(keys, return_counts=True)
-            kmain = uk[cnt.argmax()]
-            om = o[keys == kmain]
+            om = o[keys == uk[cnt.argmax()]]
             if len(om) < cfg.slow_min_ops:
                 continue
-            stats[i] = (int(om["op"][0]), int(om["bytes"][0]), float(np.median(om["busbw"])), om)
-        sib: dict[tuple, list[tuple[int, float]]] = {}
-        for i, (op, nb, bw, _) in stats.items():
-            c = comms[i]
+            op, nb = int(om["op"][0]), int(om["bytes"][0])
+            members = tuple(sorted(int(g) for g in c.grank if g >= 0))
             span = len(set(ranks.node[c.grank[c.grank >= 0]].tolist()))
-            sib.setdefault((op, nb, c.n, span), []).append((i, bw))
-        slow: dict[int, dict] = {}
-        for (op, nb, _, _), members in sib.items():
-            for i, bw in members:
-                base_q = self.baseline.get((i, op, nb))
-                own = float(np.median(base_q)) if base_q else None
-                others = [b for j, b in members if j != i]
-                sref = float(np.median(others)) if len(others) >= 2 else None
-                r_own = bw / own if own else None
-                r_sib = bw / sref if sref else None
-                # With siblings, only a slowdown they do not share is this communicator's
-                # (a shift all of them share is the network's or the host's, not a rank's).
-                ratio = r_sib if r_sib is not None else r_own
-                is_slow = ratio is not None and ratio < cfg.slow_bw_ratio
-                if is_slow:
-                    slow[i] = {
-                        "busbw_gbs": round(bw, 6),
-                        "baseline_gbs": None if own is None else round(own, 6),
-                        "siblings_gbs": None if sref is None else round(sref, 6),
-                        "ratio": round(ratio, 3),
-                        "compared_with": "siblings" if r_sib is not None else "own baseline",
-                    }
-                else:
-                    q = self.baseline.setdefault((i, op, nb), deque(maxlen=cfg.slow_baseline_windows))
-                    q.append(bw)
-                    for (a, b), v in link_rates(comms[i], stats[i][3]["seq"]).items():
-                        lq = self.link_base.setdefault((i, a, b), deque(maxlen=cfg.slow_baseline_windows))
-                        lq.append(v)
-        if slow:
-            count: dict[int, int] = {}
-            for i in slow:
-                c = comms[i]
-                for g in set(c.grank[c.grank >= 0].tolist()):
-                    count[g] = count.get(g, 0) + 1
-            groups: dict[tuple, list[tuple[int, dict]]] = {}
-            for i in sorted(slow):
-                c = comms[i]
-                op, nb, bw, om = stats[i]
-                d = dict(slow[i])
-                rates = link_rates(c, om["seq"])
-                base = {
-                    k: float(np.median(self.link_base[(i, *k)])) for k in rates if (i, *k) in self.link_base
-                }
-                v = localize_slow(rates, base, cfg.slow_link_ratio)
-                members_g = sorted(int(g) for g in c.grank if g >= 0)
-                if v is not None:
-                    culprit = tuple(int(c.grank[r]) for r in v.ranks)
-                    d.update(
-                        localized_by="peer-progress", localized=True, confidence=v.confidence, **v.evidence
-                    )
-                    if v.is_link:
-                        d["link"] = list(culprit)
-                else:
-                    multi = sorted(g for g in members_g if count.get(g, 0) > 1)
-                    if len(multi) in (1, 2) and len(slow) > 1:
-                        culprit = tuple(multi)
-                        d.update(localized_by="cross-comm", localized=True, confidence=0.6)
-                        if len(multi) == 2:
-                            d["link"] = list(culprit)
-                    else:
-                        culprit = tuple(members_g)
-                        d.update(localized_by="heartbeat", localized=False,
-                                 confidence=round(1 / max(len(members_g), 1), 2))  # fmt: skip
-                d["suspects"] = list(culprit)
-                groups.setdefault(culprit if d["localized"] else ("comm", i), []).append((i, d))
-            for _key, items in groups.items():
-                i, d = min(items, key=lambda x: (x[1]["ratio"], x[0]))
-                c = comms[i]
-                op, nb, bw, om = stats[i]
-                d = {**d, "comms": [f"{comms[j].id:016x}" for j, _ in items], **win}
-                culprit = tuple(d["suspects"])
-                for g in culprit if d["localized"] else ():
-                    self.slow_ranks[g] = w
-                out.append(
-                    SlowFinding(DiagKind.RankCommSlow, c, op, int(om["seq"][-1]), culprit, d["localized"], d)
-                )
+            units.append(
+                _Unit(("c", i), i, members, float(np.median(om["busbw"])), ("c", op, nb, c.n, span),
+                      ("c", i, op, nb), op, int(om["seq"][-1]), om, om["busbw"])
+            )  # fmt: skip
+        for i, p in sorted(sel_p2p.items()):
+            c = comms[i]
+            key = p["src"].astype(np.int64) * (c.n + 1) + p["dst"]
+            for k in np.unique(key).tolist():
+                pl = p[key == k]
+                if len(pl) < cfg.slow_min_ops:
+                    continue
+                a, b = int(pl["src"][0]), int(pl["dst"][0])
+                ga, gb = int(c.grank[a]), int(c.grank[b])
+                if ga < 0 or gb < 0:
+                    continue
+                ub, cnt = np.unique(pl["bytes"], return_counts=True)
+                nb = int(ub[cnt.argmax()])
+                pl = pl[pl["bytes"] == nb]
+                if len(pl) < cfg.slow_min_ops:
+                    continue
+                bws = pl["bytes"] / pl["transfer"]
+                bw = float(np.median(bws))
+                span = 1 if ranks.node[ga] == ranks.node[gb] else 2
+                units.append(
+                    _Unit(("p", i, min(a, b), max(a, b)), i, tuple(sorted((ga, gb))), bw,
+                          ("p", c.n, a, b, nb, span), ("p", i, a, b, nb), int(Op.Send),
+                          int(pl["seq"][-1]), None, bws, link=(ga, gb))
+                )  # fmt: skip
+        return units
+
+    def _comm_slow(self, ranks, comms, sel, sel_p2p, w: int, win: dict) -> list[SlowFinding]:
+        cfg = self.cfg
+        units = self._units(ranks, comms, sel, sel_p2p)
+        for u in units:
+            self.last_judged[u.key] = w
+            self.unit_members[u.key] = u.members
+        # Reference per unit: its siblings (same shape, same op and size, other ranks) in this
+        # window, else its own earlier clean windows. A shift every sibling shares is the
+        # network's or the host's, not a rank's; against own baselines the same guard is the
+        # job-wide median ratio (a loaded host slows every communicator at once).
+        sib: dict[tuple, list[_Unit]] = {}
+        for u in units:
+            sib.setdefault(u.sib_key, []).append(u)
+        own_ratios = []
+        for u in units:
+            others = [x.bw for x in sib[u.sib_key] if x is not u]
+            u.sib_ref = float(np.median(others)) if others else None
+            q = self.baseline.get(u.base_key)
+            u.own_ref = float(np.median(q)) if q else None
+            if u.own_ref:
+                own_ratios.append(u.bw / u.own_ref)
+        shared = min(1.0, float(np.median(own_ratios))) if len(own_ratios) >= 3 else 1.0
+        now_units: dict[tuple, _Unit] = {}
+        for u in units:
+            u.shared = shared
+            if u.key not in now_units or not u.clear(cfg.slow_bw_ratio):
+                now_units[u.key] = u
+        slow: dict[tuple, _Unit] = {}  # by unit key: a p2p link is slow when either direction is
+        for u in units:
+            if u.sib_ref:
+                u.ratio, u.compared = u.bw / u.sib_ref, "siblings"
+            elif u.own_ref:
+                u.ratio, u.compared = u.bw / u.own_ref / max(shared, 1e-9), "own baseline"
+            if u.ratio is not None and u.ratio < cfg.slow_bw_ratio:
+                if u.key not in slow or u.ratio < (slow[u.key].ratio or 0):
+                    slow[u.key] = u
+            else:
+                q = self.baseline.setdefault(u.base_key, deque(maxlen=cfg.slow_baseline_windows))
+                q.append(u.bw)
+        # Cross-comm evidence remembers the previous window: a unit with too few ops in this
+        # one (a window cut by the job's end) still counts.
+        recent = dict(slow)
+        for key, w0 in self.slow_units.items():
+            if w0 == w - 1 and key not in recent:
+                recent[key] = None
+        for key in slow:
+            self.slow_units[key] = w
+        count: dict[int, int] = {}
+        for key in recent:
+            for g in self.unit_members[key]:
+                count[g] = count.get(g, 0) + 1
+        groups: dict[tuple, list[tuple[_Unit, dict]]] = {}
+        for key in sorted(slow):
+            u = slow[key]
+            d = {
+                "busbw_gbs": round(u.bw, 6),
+                "baseline_gbs": None if u.own_ref is None else round(u.own_ref, 6),
+                "siblings_gbs": None if u.sib_ref is None else round(u.sib_ref, 6),
+                "ratio": round(u.ratio, 3),
+                "compared_with": u.compared,
+            }
+            culprit = self._localize(comms, u, count, recent, now_units, w, d)
+            if culprit is None:
+                continue  # undecided this window (see _localize)
+            d["suspects"] = list(culprit)
+            groups.setdefault(culprit if d["localized"] else ("unit", key), []).append((u, d))
+        out = []
+        for _key, items in groups.items():
+            u, d = min(items, key=lambda x: (x[1]["ratio"], x[0].key))
+            c = comms[u.comm]
+            names = []
+            for x, _ in items:
+                name = f"{comms[x.comm].id:016x}"
+                if name not in names:
+                    names.append(name)
+            d = {**d, "comms": names, **win}
+            if u.link is not None:
+                d["p2p_link"] = list(u.link)
+            culprit = tuple(d["suspects"])
+            for g in culprit if d["localized"] else ():
+                self.slow_ranks[g] = w
+            out.append(SlowFinding(DiagKind.RankCommSlow, c, u.op, u.seq, culprit, d["localized"], d))
         return out
+
+    def _localize(self, comms, u: _Unit, count, recent, now_units, w: int, d: dict) -> tuple[int, ...] | None:
+        """Rank or link behind a slow unit; None to wait for the next window's evidence.
+
+        Evidence, strongest first: in a ring of three or more, the link that sets its pace
+        (PEER records), or a rank whose two links take turns at it; the one rank the slow
+        units of this and the previous window share (cross-comm); for a single link (a
+        two-rank communicator, a p2p link, or the pace-setting link), the exclusion of its
+        ranks (their other units are clear). A link whose one end is in other slow units is
+        that rank's (its slowest link showed first).
+        """
+        cfg = self.cfg
+        multi = sorted(g for g in u.members if count.get(g, 0) > 1)
+        link: tuple[int, ...] | None = u.link or (u.members if len(u.members) == 2 else None)
+        how = "exclusion"
+        if u.ops is not None and len(u.members) > 2:
+            c = comms[u.comm]
+            counts, n_ops = pace_setters(c, u.ops["seq"])
+            v = localize_slow(counts, n_ops, cfg.slow_pace_share)
+            if v is not None:
+                d.update(global_links(v.evidence, c))
+                culprit = tuple(int(c.grank[r]) for r in v.ranks)
+                if not v.is_link:
+                    d.update(localized_by="peer-progress", localized=True, confidence=v.confidence)
+                    return culprit
+                link, how = culprit, "peer-progress"
+        if link is not None:
+            ends = [g for g in link if g in multi]
+            if len(ends) == 1:
+                d.update(localized_by="cross-comm", localized=True, confidence=0.7, slow_link=list(link))
+                return (ends[0],)
+        if len(multi) == 1 or (len(multi) == 2 and len(recent) > 1):
+            # the rank (or the two ranks of a link) that the slow communicators share
+            d.update(localized_by="cross-comm", localized=True, confidence=0.6)
+            if len(multi) == 2:
+                d["link"] = multi
+            return tuple(multi)
+        if link is not None:
+            # One link. It is the link and not one of its ranks when each rank's other
+            # communicators were judged in this window and are clear (a slow rank slows all
+            # of them): not slow, and hardly any op slow either, since in the window a fault
+            # began in, a unit with few ops can tip before the others' medians do. Where
+            # one was not judged (too few ops), wait for the next window.
+            others_clear, alone = True, True
+            for g in link:
+                for key, mem in self.unit_members.items():
+                    if key == u.key or g not in mem or self.last_judged.get(key, -9) < w - 2:
+                        continue
+                    alone = False
+                    x = now_units.get(key)
+                    if x is None or key in recent or not x.clear(cfg.slow_bw_ratio):
+                        others_clear = False
+            if not others_clear:
+                return None
+            conf = 0.85 if how == "peer-progress" else 0.6
+            conf *= 0.7 if alone else 1.0
+            d.update(localized_by=how, localized=True, confidence=round(conf, 2), link=list(link))
+            if alone:
+                d["note"] = "no other communicator of these ranks tells the link from a rank"
+            return tuple(link)
+        d.update(localized_by="heartbeat", localized=False, confidence=round(1 / max(len(u.members), 1), 2))
+        return tuple(u.members)
+
+
+@dataclass
+class _Unit:
+    """A communicator's main collective, or one directed p2p link, in one window."""
+
+    key: tuple  # ("c", comm idx) or ("p", comm idx, comm rank a, comm rank b) with a < b
+    comm: int
+    members: tuple[int, ...]  # global ranks
+    bw: float  # GB/s (bytes/ns): busbw for collectives, bytes / transfer for p2p
+    sib_key: tuple
+    base_key: tuple
+    op: int
+    seq: int
+    ops: np.ndarray | None  # COMPLETED rows (collectives): PEER link rates
+    bws: np.ndarray  # per op, same unit as bw
+    link: tuple[int, int] | None = None  # (sender, receiver) global ranks of a p2p link
+    sib_ref: float | None = None
+    own_ref: float | None = None
+    ratio: float | None = None
+    compared: str = ""
+    shared: float = 1.0
+
+    def clear(self, bw_ratio: float) -> bool:
+        """Not slow, and at most a few ops below ``bw_ratio`` x the reference."""
+        if self.ratio is not None and self.ratio < bw_ratio:
+            return False
+        ref = self.sib_ref or (self.own_ref * self.shared if self.own_ref else None)
+        return ref is None or float(np.mean(self.bws < bw_ratio * ref)) <= CLEAR_SLOW_OPS
 
 
 __all__ = ["COMPLETED", "SlowFinding", "SlowJudge"]

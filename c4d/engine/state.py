@@ -33,6 +33,8 @@ log = logging.getLogger("c4d.engine")
 MAX_RANK = 1 << 20
 MAX_NRANKS = 1 << 17
 P2P = int(OpFlag.P2P)
+IN_GROUP = int(OpFlag.IN_GROUP)
+SEND, RECV = int(Op.Send), int(Op.Recv)
 END_SYNC_OPS = (int(Op.AllReduce), int(Op.AllGather), int(Op.ReduceScatter), int(Op.AlltoAll))
 GONE_EVENTS = (int(schema.CommEvent.FINALIZE), int(schema.CommEvent.DESTROY), int(schema.CommEvent.ABORT))
 
@@ -52,6 +54,38 @@ COMPLETED = np.dtype(
         ("wait_med", "<i8"),
         ("wait_max", "<i8"),
         ("aligned", "?"),  # every member's clock offset was known when it was reduced
+    ]
+)
+
+# One side of a p2p transfer waiting for its counterpart (send k from src to dst pairs with
+# recv k at dst from src).
+P2P_HALF = np.dtype(
+    [
+        ("src", "<i4"),  # comm ranks
+        ("dst", "<i4"),
+        ("seq", "<i8"),
+        ("recv", "?"),  # this side is the receiver
+        ("grouped", "?"),  # shares its ncclGroup's events with other ops: times span the group
+        ("bytes", "<i8"),
+        ("arr", "<i8"),  # rank clock
+        ("end", "<i8"),
+        ("g", "<i8"),  # global rank of this side
+        ("comm", "<i8"),  # communicator index
+    ]
+)
+P2P_BOUND_EPOCH_NS = 30_000_000_000
+P2P_HALF_CAP = 65536  # unpaired sides kept (the oldest go first)
+
+# A paired p2p transfer whose transfer time is measurable (see P2PPairs).
+P2P_DONE = np.dtype(
+    [
+        ("src", "<i4"),
+        ("dst", "<i4"),
+        ("seq", "<i8"),
+        ("bytes", "<i8"),
+        ("last_arrive", "<i8"),  # master clock (aligned), for the window
+        ("transfer", "<i8"),
+        ("aligned", "?"),
     ]
 )
 
@@ -82,8 +116,10 @@ class RankTable:
         self.last_recv = np.zeros(0, np.int64)  # master clock of the batch that carried its last record
         self.final = np.zeros(0, bool)
         self.pend_tmax = np.zeros(0, np.int64)  # max record time_ns fed since the last tick (rank clock)
-        # clock (c4d/engine/clock.py): offset = rel + anchor, rel per node (a host's ranks share
-        # its clock) or per rank when the node is unknown; theta = receipt bounds
+        # clock (c4d/engine/clock.py): offset = rel + anchor of the domain's island; a domain is
+        # a node (a host's ranks share its clock) or a rank whose node is unknown; an island is
+        # a set of domains the end-time consensus links (label: a node index, or -1 - rank);
+        # theta = receipt bounds
         self.theta = np.zeros(0, np.int64)
         self.theta_cur = np.zeros(0, np.int64)
         self.theta_prev = np.zeros(0, np.int64)
@@ -94,7 +130,10 @@ class RankTable:
         self.rel_node = np.zeros(0, np.float64)
         self.rel_node_ok = np.zeros(0, bool)
         self.rel_node_refined = np.zeros(0, bool)
-        self.anchor = 0.0
+        self.isl_node = np.zeros(0, np.int64)
+        self.isl_rank = np.zeros(0, np.int64)
+        self.anc_node = np.zeros(0, np.float64)
+        self.anc_rank = np.zeros(0, np.float64)
         self.last_end = np.zeros(0, np.int64)  # latest op end seen (rank clock), for compute gaps
         self.node_names: list[str] = []
         self._node_index: dict[str, int] = {}
@@ -121,6 +160,10 @@ class RankTable:
         self.rel_rank = _grow(self.rel_rank, n, 0.0)
         self.rel_rank_ok = _grow(self.rel_rank_ok, n, False)
         self.rel_rank_refined = _grow(self.rel_rank_refined, n, False)
+        old = len(self.isl_rank)
+        self.isl_rank = _grow(self.isl_rank, n, 0)
+        self.isl_rank[old:] = -1 - np.arange(old, n)
+        self.anc_rank = _grow(self.anc_rank, n, 0.0)
         self.last_end = _grow(self.last_end, n, 0)
         self.comms_of.extend([] for _ in range(n - self.n))
         self.n = n
@@ -132,9 +175,11 @@ class RankTable:
         return np.where(nd >= 0, node_ok, self.rel_rank_ok[g])
 
     def add_residuals(self, g: np.ndarray, res: np.ndarray) -> None:
-        """End-time consensus step: per-rank residuals, averaged per node (a host moves as one)."""
+        """End-time consensus step: per-rank residuals, averaged per node (a host moves as one).
+        The domains of ``g`` become (or stay) one island."""
         nd = self.node[g]
         has = nd >= 0
+        self._merge(nd[has], g[~has])
         if has.any():
             k = len(self.node_names)
             s = np.bincount(nd[has], weights=res[has], minlength=k)
@@ -144,6 +189,33 @@ class RankTable:
         if (~has).any():
             np.add.at(self.rel_rank, g[~has], res[~has])
             self.rel_rank_refined[g[~has]] = True
+
+    def _merge(self, nodes: np.ndarray, solo: np.ndarray) -> None:
+        """Join the islands of these domains, keeping every offset where it is: each joining
+        island's rel moves by the difference of the anchors, which the next clock update
+        replaces with the merged island's own anchor."""
+        labels = sorted(set(self.isl_node[nodes].tolist()) | set(self.isl_rank[solo].tolist()))
+        if len(labels) < 2:
+            return
+        target = labels[-1]  # a node label when there is one (they are >= 0)
+        anc = self._island_anchor(target)
+        for lab in labels[:-1]:
+            shift = self._island_anchor(lab) - anc
+            m = self.isl_node == lab
+            self.rel_node[m] += shift
+            self.isl_node[m] = target
+            self.anc_node[m] = anc
+            r = (self.isl_rank == lab) & (self.node < 0)
+            self.rel_rank[r] += shift
+            self.isl_rank[r] = target
+            self.anc_rank[r] = anc
+
+    def _island_anchor(self, label: int) -> float:
+        m = np.flatnonzero(self.isl_node == label)
+        if len(m):
+            return float(self.anc_node[m[0]])
+        r = np.flatnonzero((self.isl_rank == label) & (self.node < 0))
+        return float(self.anc_rank[r[0]]) if len(r) else 0.0
 
     def node_name(self, g: int) -> str:
         i = int(self.node[g]) if 0 <= g < self.n else -1
@@ -158,6 +230,8 @@ class RankTable:
             self.rel_node = _grow(self.rel_node, k, 0.0)
             self.rel_node_ok = _grow(self.rel_node_ok, k, False)
             self.rel_node_refined = _grow(self.rel_node_refined, k, False)
+            self.isl_node = _grow(self.isl_node, k, k - 1)
+            self.anc_node = _grow(self.anc_node, k, 0.0)
         self.node[g] = i
 
     def offsets(self, granks: np.ndarray) -> np.ndarray:
@@ -168,11 +242,12 @@ class RankTable:
         nd = self.node[gi]
         if len(self.rel_node):
             ndi = np.maximum(nd, 0)
-            rel = np.where(nd >= 0, self.rel_node[ndi], self.rel_rank[gi])
+            by_node = self.rel_node[ndi] + self.anc_node[ndi]
+            rel = np.where(nd >= 0, by_node, self.rel_rank[gi] + self.anc_rank[gi])
             have = np.where(nd >= 0, self.rel_node_ok[ndi], self.rel_rank_ok[gi])
         else:
-            rel, have = self.rel_rank[gi], self.rel_rank_ok[gi]
-        return np.where(ok & have, np.rint(rel + self.anchor).astype(np.int64), 0)
+            rel, have = self.rel_rank[gi] + self.anc_rank[gi], self.rel_rank_ok[gi]
+        return np.where(ok & have, np.rint(rel).astype(np.int64), 0)
 
     def offset(self, g: int) -> int:
         if g < 0 or g >= self.n:
@@ -223,6 +298,7 @@ class Comm:
         # from OP records
         self.op_done = np.zeros(n, np.int64)  # highest collective seq finished + 1
         self.p2p_done: dict[tuple[int, int, int], int] = {}  # (comm rank, op, peer) -> seq + 1
+        self.p2p_pending: list[np.ndarray] = []  # P2P_DONE rows not yet judged by a slow window
         self.has_coll = False
         self.has_p2p = False
         self.ops_seen = 0
@@ -298,6 +374,7 @@ class Comm:
             self.peer_n -= len(self.peer_rows.pop(0))
 
     def add_p2p(self, ops: np.ndarray) -> None:
+        """p2p OP rows: completion counters per (member, op, peer) for the hang graph."""
         self.has_p2p = True
         keys = np.stack([ops["comm_rank"].astype(np.int64), ops["op"].astype(np.int64), ops["peer"]], axis=1)
         uk, inv = np.unique(keys, axis=0, return_inverse=True)
@@ -351,6 +428,13 @@ class Comm:
         self.processed[done] = True
         return self._reduce(done, ranks, gain)
 
+    def _one_clock(self, ranks: RankTable) -> bool:
+        """Every member is known and registered the same node (one host clock)."""
+        if (self.grank < 0).any():
+            return False
+        nd = ranks.node[self.grank]
+        return bool((nd >= 0).all() and (nd == nd[0]).all())
+
     def _reduce(self, slots: np.ndarray, ranks: RankTable, gain: float) -> np.ndarray:
         """One COMPLETED row per complete op; also refines clock offsets from end times."""
         n = self.n
@@ -365,20 +449,33 @@ class Comm:
         op = self.opk[slots]
         out["op"] = op
         out["bytes"] = self.nbytes[slots]
-        last = A.argmax(axis=1)
+        endmed = np.median(E, axis=1)
+        # Who arrived last, by how much, and the transfer (last arrival -> done). Within one
+        # host clock, aligned times are exact. Across hosts they carry the offset estimate's
+        # error (ms early on, as large as the transfer itself), so ops that end together on
+        # every member use each rank's own duration d = end - arrival instead, which needs no
+        # clock: the last arriver has the smallest d, transfer = min d, wait_i = d_i - min d.
+        K = A.astype(np.float64)  # "lateness": larger = arrived later
+        own = np.zeros(m, bool)
+        if n >= 2 and not self._one_clock(ranks):
+            Eo, Ao = self.end[slots], self.arr[slots]
+            own = np.isin(op, END_SYNC_OPS) & (Eo > 0).all(axis=1) & (Ao > 0).all(axis=1)
+            if own.any():
+                K[own] = -(Eo[own] - Ao[own]).astype(np.float64)
+        last = K.argmax(axis=1)
+        Klast = K[rows, last]
         L = A[rows, last]
         out["last_arrive"] = L
         out["first_arrive"] = A.min(axis=1)
         out["last"] = last
-        second = np.partition(A, n - 2, axis=1)[:, n - 2] if n >= 2 else L
-        out["margin"] = L - second
-        endmed = np.median(E, axis=1)
-        transfer = endmed - L
+        second = np.partition(K, n - 2, axis=1)[:, n - 2] if n >= 2 else Klast
+        out["margin"] = (Klast - second).astype(np.int64)
+        transfer = np.where(own, -Klast, endmed - L)
         out["transfer"] = transfer.astype(np.int64)
         size = total_bytes(op, self.nbytes[slots], np.full(m, n))
         with np.errstate(divide="ignore", invalid="ignore"):  # ends before the last arrival: timer noise
             out["busbw"] = np.where(transfer > 0, size / transfer * busbw_factor(op, np.full(m, n)), np.nan)
-        wait = L[:, None] - A
+        wait = (Klast[:, None] - K).astype(np.int64)
         out["wait_med"] = np.median(wait, axis=1).astype(np.int64)
         out["wait_max"] = wait.max(axis=1)
         out["gap_last"] = G[rows, last]
@@ -407,3 +504,127 @@ class Comm:
             r = np.concatenate(self.recent)[-1024:]
             self.recent, self.recent_n = [r], len(r)
         return out
+
+
+class P2PPairs:
+    """Pairs every send with its receive (all communicators at once, once per chunk) and
+    hands each communicator the transfers whose time is measurable (``Comm.p2p_pending``).
+
+    Each side's own duration d = end - arrival needs no clock, and both sides end when the
+    bytes have moved, so the side that arrived last has d = transfer. Ops in an ncclGroup
+    with other ops share the group's events (d spans the whole group), so a pair is kept
+    when both sides are alone (transfer = min d), or when the side that is alone provably
+    arrived last; the others measure waiting, not the link.
+
+    "Provably" without trusting clock estimates (pipeline stages on other nodes often share
+    no collective, so nothing aligns their clocks to better than a few ms): causality bounds
+    the two ranks' clock difference. Data cannot arrive before it was sent, so for every
+    transfer s -> r, off_r - off_s <= end_r - arrival_s (raw times); the smallest such
+    value over recent transfers on that link is within about one transfer time of the
+    truth. Side u arrived after side v for sure when arrival_u - arrival_v >= that bound
+    for the link v -> u.
+    """
+
+    def __init__(self) -> None:
+        self.half = np.empty(0, P2P_HALF)
+        # causality bounds per directed link, sorted by key (comm << 42 | src << 21 | dst):
+        # the minimum of the current and the previous epoch
+        self.bkey = np.empty(0, np.int64)
+        self.bcur = np.empty(0, np.int64)
+        self.bprev = np.empty(0, np.int64)
+        self.bep = np.empty(0, np.int64)
+
+    @staticmethod
+    def _key(comm: np.ndarray, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+        return (comm.astype(np.int64) << 42) | (src.astype(np.int64) << 21) | dst.astype(np.int64)
+
+    def feed(self, ops, comm: np.ndarray, shared: np.ndarray, comms: list[Comm], ranks: RankTable) -> None:
+        """p2p OP rows of one chunk, with each row's communicator index and whether it
+        shares its group's events (Engine._shares_events)."""
+        done = ops["end_ns"] > 0
+        if not done.any():
+            return
+        ops, comm, shared = ops[done], comm[done], shared[done]
+        h = np.zeros(len(ops), P2P_HALF)
+        me = ops["comm_rank"].astype(np.int32)
+        peer = ops["peer"].astype(np.int32)
+        is_recv = ops["op"] == RECV
+        h["src"] = np.where(is_recv, peer, me)
+        h["dst"] = np.where(is_recv, me, peer)
+        h["seq"] = ops["seq"].astype(np.int64)
+        h["recv"] = is_recv
+        h["grouped"] = shared
+        h["bytes"] = ops["bytes"].astype(np.int64)
+        start = ops["start_ns"].astype(np.int64)
+        h["arr"] = np.where(start > 0, start, ops["issue_ns"].astype(np.int64))
+        h["end"] = ops["end_ns"].astype(np.int64)
+        h["g"] = ops["rank"].astype(np.int64)
+        h["comm"] = comm
+        allh = np.concatenate([self.half, h]) if len(self.half) else h
+        order = np.lexsort((allh["recv"], allh["seq"], self._key(allh["comm"], allh["src"], allh["dst"])))
+        allh = allh[order]
+        k = self._key(allh["comm"], allh["src"], allh["dst"])
+        seq = allh["seq"]
+        same = (k[1:] == k[:-1]) & (seq[1:] == seq[:-1]) & ~allh["recv"][:-1] & allh["recv"][1:]
+        i = np.flatnonzero(same)
+        paired = np.zeros(len(allh), bool)
+        paired[i] = paired[i + 1] = True
+        rest = allh[~paired]
+        if len(rest) > P2P_HALF_CAP:
+            rest = rest[np.argsort(rest["arr"], kind="stable")[-P2P_HALF_CAP:]]
+        self.half = rest
+        if not len(i):
+            return
+        S, R = allh[i], allh[i + 1]
+        ksr = k[i]
+        krs = self._key(S["comm"], S["dst"], S["src"])
+        self._note(ksr, R["end"] - S["arr"], int(S["arr"].max()) // P2P_BOUND_EPOCH_NS)
+        hi_sr, hi_rs = self._bound(ksr), self._bound(krs)  # bounds on off_r - off_s, off_s - off_r
+        dS, dR = S["end"] - S["arr"], R["end"] - R["arr"]
+        both = ~S["grouped"] & ~R["grouped"]
+        s_last = ~S["grouped"] & R["grouped"] & (S["arr"] - R["arr"] >= hi_rs)
+        r_last = S["grouped"] & ~R["grouped"] & (R["arr"] - S["arr"] >= hi_sr)
+        transfer = np.where(both, np.minimum(dS, dR), np.where(s_last, dS, dR))
+        keep = (both | s_last | r_last) & (transfer > 0)
+        if not keep.any():
+            return
+        S, R, transfer = S[keep], R[keep], transfer[keep]
+        gs, gr = S["g"], R["g"]
+        out = np.zeros(len(S), P2P_DONE)
+        out["src"], out["dst"], out["seq"] = S["src"], S["dst"], S["seq"]
+        out["bytes"] = np.maximum(S["bytes"], R["bytes"])
+        out["last_arrive"] = np.maximum(S["arr"] - ranks.offsets(gs), R["arr"] - ranks.offsets(gr))
+        out["transfer"] = transfer
+        out["aligned"] = ranks.aligned(gs) & ranks.aligned(gr)
+        cidx = S["comm"]
+        cuts = np.flatnonzero(cidx[1:] != cidx[:-1]) + 1  # sorted by comm already
+        for part in np.split(np.arange(len(S)), cuts):
+            comms[int(cidx[part[0]])].p2p_pending.append(out[part])
+
+    def _note(self, key: np.ndarray, val: np.ndarray, epoch: int) -> None:
+        """Fold this chunk's end_r - arrival_s into the per-link minima."""
+        uk, inv = np.unique(key, return_inverse=True)
+        mn = np.full(len(uk), np.iinfo(np.int64).max, np.int64)
+        np.minimum.at(mn, inv.ravel(), val.astype(np.int64))
+        new = ~np.isin(uk, self.bkey)
+        if new.any():
+            big = np.iinfo(np.int64).max
+            allk = np.concatenate([self.bkey, uk[new]])
+            o = np.argsort(allk, kind="stable")
+            self.bkey = allk[o]
+            self.bcur = np.concatenate([self.bcur, np.full(int(new.sum()), big, np.int64)])[o]
+            self.bprev = np.concatenate([self.bprev, np.full(int(new.sum()), big, np.int64)])[o]
+            self.bep = np.concatenate([self.bep, np.full(int(new.sum()), epoch, np.int64)])[o]
+        pos = np.searchsorted(self.bkey, uk)
+        rolled = self.bep[pos] != epoch
+        self.bprev[pos] = np.where(rolled, self.bcur[pos], self.bprev[pos])
+        self.bcur[pos] = np.where(rolled, mn, np.minimum(self.bcur[pos], mn))
+        self.bep[pos] = epoch
+
+    def _bound(self, key: np.ndarray) -> np.ndarray:
+        big = np.iinfo(np.int64).max
+        if not len(self.bkey):
+            return np.full(len(key), big, np.int64)
+        pos = np.minimum(np.searchsorted(self.bkey, key), len(self.bkey) - 1)
+        hit = self.bkey[pos] == key
+        return np.where(hit, np.minimum(self.bcur[pos], self.bprev[pos]), big)
