@@ -4,7 +4,7 @@ Prints, per diagnosis kind: scenarios, precision, recall, localization accuracy 
 detection latency from fault onset to WARNING and to ERROR (hangs) or to the first
 finding (slow kinds), plus the clean runs' false positives.
 
-    python analysis/evaluate.py            # the full matrix (~15 minutes on 2 cores)
+    python analysis/evaluate.py            # the full matrix (~10 minutes on 2 cores)
     python analysis/evaluate.py --quick    # the CI subset
 """
 
@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -29,13 +30,14 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="the CI subset of the matrix")
     ap.add_argument("--only", default="", help="run only scenarios whose name contains this")
     args = ap.parse_args()
-    con = Console()
+    con = Console(width=max(Console().width, 120))  # the table's columns, also when piped
     outcomes = []
     t0 = time.time()
     for sc in scenarios.matrix(full=not args.quick):
         if args.only and args.only not in sc.name:
             continue
-        o = scenarios.run(sc)
+        with tempfile.TemporaryDirectory(prefix="c4d-scn-") as wd:  # traces are not kept
+            o = scenarios.run(sc, Path(wd))
         outcomes.append(o)
         mark = "ok" if (o.correct if sc.fault else not o.diagnoses) and not o.wrong else "MISS"
         con.print(f"{mark:4s} {sc.name:60s} {len(o.correct)} right, {len(o.wrong)} wrong, {o.seconds:5.1f} s",

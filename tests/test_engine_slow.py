@@ -12,6 +12,7 @@ import pytest
 from factories import Fault, Job, run_cached
 
 from c4d.engine import DiagKind, Level
+from c4d.engine.state import Comm
 
 PERIOD_S = 1
 
@@ -165,3 +166,57 @@ def test_clocks_of_nodes_linked_only_by_p2p_are_anchored_separately():
     est = np.array([off[r] for r in range(j.world)])
     err = (est - est.mean()) - (true - true.mean())
     assert np.abs(err).max() < 3.0, err
+
+
+def _p2p_op(rank, crank, peer, op, seq, start_us, end_us, group=0, offset_us=0):
+    """One p2p OP row; times in µs of true time, written on a clock ``offset_us`` ahead."""
+    from c4d import schema
+
+    a = np.zeros(1, schema.OP)
+    a["kind"], a["version"], a["rank"] = schema.Kind.OP, 1, rank
+    a["comm_id"], a["comm_rank"], a["comm_nranks"], a["peer"] = 7, crank, 2, peer
+    a["op"], a["seq"], a["bytes"] = op, seq, 1 << 20
+    t0 = 1_700_000_000_000_000  # µs
+    a["issue_ns"] = (t0 + start_us + offset_us) * 1000 - 5000
+    a["start_ns"], a["end_ns"] = (t0 + start_us + offset_us) * 1000, (t0 + end_us + offset_us) * 1000
+    a["flags"] = (
+        int(schema.OpFlag.P2P)
+        | int(schema.OpFlag.DEVICE_TIMING)
+        | (int(schema.OpFlag.IN_GROUP) if group else 0)
+    )
+    a["group_id"] = group
+    return a
+
+
+@pytest.mark.parametrize("skew_us", [40_000, 0, -40_000])
+def test_p2p_transfer_is_measured_only_where_the_lone_side_provably_arrived_last(skew_us):
+    """Pipeline stages as simtrain runs them: stage 0 sends activations and receives gradients
+    in one group (shared events), stage 1 receives and sends alone. Stage 1's clock is off by
+    ``skew_us``, which no estimate knows: causality bounds decide who arrived last."""
+    from c4d.engine.state import P2PPairs, RankTable
+    from c4d.schema import Op
+
+    ranks = RankTable()
+    ranks.ensure(1)
+    comm = Comm(0, 7, 2)
+    comm.grank[:] = [0, 1]
+    pairs = P2PPairs()
+    rows, shared = [], []
+    for k in range(4):
+        t = k * 10_000
+        # stage 0: group{send act (seq k) to 1, recv grads (seq k) from 1} starts at t+1000 and
+        # ends when the gradients are in; stage 1 posted its receive at t (it waited 1000 µs),
+        # receives by t+1100, computes, sends its gradients at t+5000, done at t+5100
+        g0 = dict(group=k + 1, start_us=t + 1000, end_us=t + 5100)
+        rows += [_p2p_op(0, 0, 1, Op.Send, k, **g0), _p2p_op(0, 0, 1, Op.Recv, k, **g0)]
+        rows += [_p2p_op(1, 1, 0, Op.Recv, k, t, t + 1100, k + 1, skew_us)]
+        rows += [_p2p_op(1, 1, 0, Op.Send, k, t + 5000, t + 5100, k + 100, skew_us)]
+        shared += [True, True, False, False]
+    ops = np.concatenate(rows)
+    pairs.feed(ops, np.zeros(len(ops), np.int64), np.array(shared), [comm], ranks)
+    done = np.concatenate(comm.p2p_pending)
+    # gradients 1 -> 0: the lone sender arrived last, its own duration is the transfer
+    grads = done[(done["src"] == 1) & (done["dst"] == 0)]
+    assert len(grads) == 4 and (grads["transfer"] == 100_000).all()
+    # activations 0 -> 1: the lone receiver arrived first and waited; never measured
+    assert not ((done["src"] == 0) & (done["dst"] == 1)).any()
