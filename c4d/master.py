@@ -81,12 +81,13 @@ class Master:
         wait = self._next_tick - time.monotonic() if timeout_s is None else timeout_s
         for raw in self.collector.poll(max(0.0, wait)):
             now = time.time_ns()
-            self.received.add(raw, now)
+            kinds = schema.by_kind(raw)  # split once for the bookkeeping and the metrics
+            self.received.add(raw, now, kinds)
             if self.trace:
                 self.trace.write(raw)
             self.engine.feed(raw, self._last_tick_ns)
             if self.metrics is not None:
-                self.metrics.ingest(schema.by_kind(raw))
+                self.metrics.ingest(kinds)
         new: list[Any] = []
         if time.monotonic() >= self._next_tick:
             self._next_tick = time.monotonic() + self.cfg.tick_s

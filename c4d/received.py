@@ -57,14 +57,15 @@ class Received:
             info = self.comms[c] = CommInfo(comm_id=c)
         return info
 
-    def add(self, raw: np.ndarray, recv_ns: int) -> None:
+    def add(self, raw: np.ndarray, recv_ns: int, kinds: dict[schema.Kind, np.ndarray] | None = None) -> None:
+        """Count a batch; ``kinds`` is ``schema.by_kind(raw)`` when the caller already split it."""
         self.records += len(raw)
         ranks, counts = np.unique(raw["rank"], return_counts=True)
         for r, n in zip(ranks.tolist(), counts.tolist(), strict=True):
             info = self._rank(r)
             info.records += n
             info.last_seen_ns = recv_ns
-        k = schema.by_kind(raw)
+        k = kinds if kinds is not None else schema.by_kind(raw)
         for rec in k[schema.Kind.REGISTER]:
             info = self._rank(int(rec["rank"]))
             info.node = rec["node"].decode(errors="replace")
