@@ -16,6 +16,7 @@ These need the optional extra `real-nccl` (pyproject.toml; CI installs it):
 
 from __future__ import annotations
 
+import ctypes
 import importlib.util
 import os
 import re
@@ -332,3 +333,36 @@ def test_every_hooked_prototype_is_the_real_one(libc4d, tmp_path):
     cmd = [cxx, "-std=c++17", "-fsyntax-only", "-Werror", f"-I{HERE / 'native' / 'cuda_stub'}"]
     p = subprocess.run([*cmd, f"-I{NCCL / 'include'}", str(src)], capture_output=True, text=True)
     assert p.returncode == 0, p.stderr[-4000:]
+
+
+def test_gpu_validate_config_struct_is_ncclConfig_t(tmp_path):
+    """scripts/gpu_validate_worker.py builds an ncclConfig_t in ctypes (non-blocking comms on
+    simnccl): its layout and initializer are nccl.h's."""
+    assert NCCL
+    path = REPO / "scripts" / "gpu_validate_worker.py"
+    spec = importlib.util.spec_from_file_location("gpu_validate_worker", path)
+    assert spec and spec.loader
+    worker = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(worker)
+    fields = [name for name, _ in worker.NcclConfig._fields_]
+    body = "".join(f'  printf("{f} %zu\\n", offsetof(ncclConfig_t, {f}));\n' for f in fields)
+    src = tmp_path / "config.c"
+    src.write_text(
+        "#include <stddef.h>\n#include <stdio.h>\n#include <nccl.h>\nint main(void) {\n"
+        '  printf("SIZEOF %zu\\n", sizeof(ncclConfig_t));\n'
+        '  printf("MAGIC %u\\n", (unsigned)NCCL_API_MAGIC);\n'
+        '  printf("VERSION %d\\n", NCCL_VERSION_CODE);\n'
+        '  printf("UNDEF %d\\n", NCCL_CONFIG_UNDEF_INT);\n' + body + "  return 0;\n}\n"
+    )
+    exe = tmp_path / "config"
+    cmd = [compiler(), f"-I{HERE / 'native' / 'cuda_stub'}", f"-I{NCCL / 'include'}", str(src)]
+    subprocess.run([*cmd, "-o", str(exe)], check=True, capture_output=True, text=True)
+    out = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout
+    real = {k: int(v) for k, v in (line.split() for line in out.splitlines())}
+
+    assert real["SIZEOF"] == ctypes.sizeof(worker.NcclConfig)
+    for f in fields:
+        assert real[f] == getattr(worker.NcclConfig, f).offset, f
+    c = worker.nccl_config(0)
+    assert (c.size, c.magic, c.version, c.blocking) == (real["SIZEOF"], real["MAGIC"], real["VERSION"], 0)
+    assert c.minCTAs == real["UNDEF"] and c.netName is None
