@@ -310,21 +310,23 @@ def n_params(params: str) -> int:
     return 0 if params in ("", "void") else params.count(",") + 1
 
 
-def test_every_hooked_prototype_is_the_real_one(libc4d, tmp_path):
-    """Each hook's parameter list, as written in native/shim/*.cc, against the wheel's nccl.h:
-    the same count, and a C++ compiler accepts &ncclX for a pointer of the hook's exact type."""
+def real_declarations() -> dict[str, str]:
+    """name -> parameter list of every function the wheel's nccl.h declares."""
     assert NCCL
-    hooks = hook_prototypes()
-    hooked = set(defined_functions(libc4d, "nccl"))
-    assert set(hooks) == hooked, f"a C4D_HOOK not exported, or an export without one: {set(hooks) ^ hooked}"
     header = re.sub(r"/\*.*?\*/|//[^\n]*", "", (NCCL / "include" / "nccl.h").read_text(), flags=re.S)
-    real = {name: params for name, params in REAL_DECL.findall(header)}
-    for name, (_, params) in hooks.items():
-        assert name in real, f"{name} not declared in the wheel's nccl.h"
-        assert n_params(params) == n_params(real[name]), (name, params, real[name])
+    return dict(REAL_DECL.findall(header))
 
+
+def assert_same_prototypes(ours: dict[str, tuple[str, str]], tmp_path: Path, what: str) -> None:
+    """Same parameter count as nccl.h, and a C++ compiler takes &ncclX for a pointer of our
+    exact type (C++: no implicit conversion between function pointer types)."""
+    assert NCCL
+    real = real_declarations()
+    for name, (_, params) in ours.items():
+        assert name in real, f"{name} ({what}) is not declared in the wheel's nccl.h"
+        assert n_params(params) == n_params(real[name]), (what, name, params, real[name])
     lines = ["#include <nccl.h>"]
-    for name, (ret, params) in sorted(hooks.items()):
+    for name, (ret, params) in sorted(ours.items()):
         lines.append(f"{ret} (*const check_{name})({params}) = &{name};")
     src = tmp_path / "prototypes.cc"
     src.write_text("\n".join(lines) + "\nint main() { return 0; }\n")
@@ -332,7 +334,38 @@ def test_every_hooked_prototype_is_the_real_one(libc4d, tmp_path):
     assert cxx, "no C++ compiler"
     cmd = [cxx, "-std=c++17", "-fsyntax-only", "-Werror", f"-I{HERE / 'native' / 'cuda_stub'}"]
     p = subprocess.run([*cmd, f"-I{NCCL / 'include'}", str(src)], capture_output=True, text=True)
-    assert p.returncode == 0, p.stderr[-4000:]
+    assert p.returncode == 0, f"{what}:\n{p.stderr[-4000:]}"
+
+
+def test_every_hooked_prototype_is_the_real_one(libc4d, tmp_path):
+    """Each hook's parameter list, as written in native/shim/*.cc, against the wheel's nccl.h."""
+    hooks = hook_prototypes()
+    hooked = set(defined_functions(libc4d, "nccl"))
+    assert set(hooks) == hooked, f"a C4D_HOOK not exported, or an export without one: {set(hooks) ^ hooked}"
+    assert_same_prototypes(hooks, tmp_path, "native/shim hooks")
+
+
+def test_our_nccl_declarations_are_the_real_ones(tmp_path):
+    """native/include/c4d/nccl_abi.h: what the shim calls NCCL with (hooked or not: it calls
+    ncclCommCount, ncclCommUserRank, ncclCommCuDevice, ncclGetVersion itself) and what
+    simnccl implements."""
+    text = re.sub(
+        r"/\*.*?\*/|//[^\n]*",
+        "",
+        (REPO / "native" / "include" / "c4d" / "nccl_abi.h").read_text(),
+        flags=re.S,
+    )
+    decl = re.compile(r"(ncclResult_t|const\s+char\s*\*)\s*(nccl\w+)\s*\(([^;{)]*)\)\s*;")
+    ours = {
+        name: (" ".join(ret.split()), " ".join(params.split())) for ret, name, params in decl.findall(text)
+    }
+    assert len(ours) >= 37 and {
+        "ncclCommCount",
+        "ncclCommUserRank",
+        "ncclCommCuDevice",
+        "ncclGetVersion",
+    } <= set(ours)
+    assert_same_prototypes(ours, tmp_path, "native/include/c4d/nccl_abi.h")
 
 
 def test_gpu_validate_config_struct_is_ncclConfig_t(tmp_path):
