@@ -5,9 +5,10 @@ tests/native/profiler_replay.c, compiled here against upstream's own profiler he
 replays what NCCL 2.30.7 emits for a 2-rank, 2-node communicator: the Coll/P2p task events
 start and *stop* on the API thread (src/enqueue.cc, hostStreamPlanTask), and the ProxyOps start
 later on a separate progress thread with the stopped task as their parent (src/proxy.cc,
-src/transport/net.cc). The same harness in simnccl's order (ProxyOps start while the task is
-open) is the control. PEER records are collected through a real ZeroMQ PULL socket. No GPU,
-no NCCL library needed.
+src/transport/net.cc). The same harness with the ProxyOps started while the task is still open
+(simnccl's order before issue 8, and a race real NCCL's progress thread can also win) is the
+control. PEER records are collected through a real ZeroMQ PULL socket. No GPU, no NCCL library
+needed.
 """
 
 from __future__ import annotations
@@ -148,8 +149,8 @@ def test_harness_replays_what_it_claims(replay, libc4d, master):
     assert expected_events(0x1E) == 2 * N * 24 + N * 26  # 1850: worked out by hand for today's mask
 
 
-def test_simnccl_order_gives_a_peer_record_per_transfer(replay, libc4d, master):
-    """The control: ProxyOps that start while their task is still open (simnccl's order)."""
+def test_task_open_order_gives_a_peer_record_per_transfer(replay, libc4d, master):
+    """The control: ProxyOps that start while their task is still open."""
     p, transfers = run_replay(replay, libc4d, master, "ncclProfiler_v6", "task-open", "path")
     check_peer_records(p, transfers, master)
 

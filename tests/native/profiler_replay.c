@@ -20,8 +20,10 @@
  * Each event is emitted only when the activation mask the plugin returned from init asks
  * for it (the same tests as src/plugin/profiler.cc).
  *
- * ORDER "task-open" replays simnccl's order instead (native/simnccl/profiler.cc: the
- * ProxyOps start before the task stops), as the control.
+ * ORDER "task-open": the ProxyOps start before the task stops. simnccl emitted this order
+ * before issue 8 (native/simnccl/profiler.cc), and real NCCL can too, when its progress thread
+ * picks the posted ops up before the host thread reaches ncclProfilerStopTaskEvents: a plugin
+ * must handle both. The tests use it as the control.
  *
  * usage: profiler_replay LIB SYMBOL ORDER N_PER_FUNC
  *   LIB     path of the plugin library, or STATIC_PLUGIN (look the symbol up in the process,
