@@ -15,7 +15,8 @@ proves):
   nonblocking  non-blocking communicators: the loop runs, no extra NCCL warnings, transfer
                times like the blocking run's
   contexts     the preloaded process holds a primary context on its own device only
-               (CUDA driver API; nvidia-smi's compute-apps view beside it)
+               (CUDA driver API; nvidia-smi's compute-apps view beside it; simnccl: the
+               devices it says got a context)
 
 Exit status: 0 every check passed (or was skipped with a reason), 2 a check failed, 1 the
 validation itself could not run.
@@ -46,6 +47,7 @@ import zmq
 from c4d import schema, wire
 
 HERE = Path(__file__).resolve().parent
+SIM_DEVICES = 2  # --sim: simnccl shows this many devices; the loop uses the last, as on a GPU machine
 OPS = ("AllReduce", "AllGather", "ReduceScatter", "Send", "Recv")
 
 
@@ -138,6 +140,9 @@ class Runner:
         env.update(NCCL_DEBUG="WARN", RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", **env_extra)
         job = f"gpuval-{uuid.uuid4().hex[:8]}"
         env["SIMNCCL_JOB"] = job
+        dump = self.tmp / f"{job}.contexts"
+        if a.sim:  # simnccl writes, at exit, the devices that got a context (when it can)
+            env.update(SIMNCCL_NUM_DEVICES=str(SIM_DEVICES), SIMNCCL_CONTEXT_DUMP=str(dump))
         if preload:
             env.update(
                 LD_PRELOAD=self.lib,
@@ -181,6 +186,9 @@ class Runner:
         except (IndexError, ValueError):
             out = {"ok": False, "error": f"worker exited {rc} without its JSON line", "pid": -1}
         out.update(rc=rc, wall_s=round(time.monotonic() - t0, 1), preload=preload)
+        if a.sim and out.get("ok") and not out.get("skipped"):
+            words = dump.read_text().split() if dump.is_file() else []
+            out["contexts"] = [int(d) for d in words[1:]] if words[:1] == ["contexts"] else None
         out["nccl_warnings"] = sum(line.count("NCCL WARN") for line in (stdout + stderr).splitlines())
         out["stderr_tail"] = stderr[-1500:]
         out["c4d_lines"] = [line for line in stderr.splitlines() if line.startswith("c4d: ")][-5:]
@@ -330,9 +338,11 @@ def check_nonblocking(
 
 
 def check_contexts(workers: list[dict[str, Any]], device: int, sim: bool) -> dict[str, Any]:
+    seen = [w.get("contexts") for w in workers if w.get("ok") and not w.get("skipped")]
     if sim:
-        return {"ok": None, "reason": "simnccl has no CUDA driver contexts; checked on a GPU only"}
-    seen = [w.get("contexts") for w in workers if w.get("ok")]
+        if not seen or any(c is None for c in seen):
+            return {"ok": None, "reason": "this simnccl does not report which devices got a context"}
+        return {"ok": all(c == [device] for c in seen), "device": device, "contexts": seen}
     smi = [w.get("smi") or {} for w in workers if w.get("ok")]
     if not seen or any(c is None for c in seen):
         return {"ok": False, "reason": "could not read the primary context state (libcuda.so.1)"}
@@ -375,7 +385,9 @@ def pick_device(a: argparse.Namespace) -> int:
     """The last GPU: a stray context on GPU 0 then shows (one GPU: there is nothing else to see)."""
     if a.device is not None:
         return a.device
-    if a.sim or not shutil.which("nvidia-smi"):
+    if a.sim:
+        return SIM_DEVICES - 1
+    if not shutil.which("nvidia-smi"):
         return 0
     out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
     return max(0, sum(1 for line in out.splitlines() if line.startswith("GPU ")) - 1)

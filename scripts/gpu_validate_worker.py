@@ -9,7 +9,9 @@ size 1, bound to one device); ``sim`` drives simnccl's libnccl.so.2 and CUDA run
 through ctypes, the same calls in the same order (CI has no GPU).
 
 Modes: ``plain`` the eager loop; ``graph`` the step captured once in a CUDA graph and
-replayed (torch.cuda.graph, global capture mode); ``nonblocking`` communicators created
+replayed (torch.cuda.graph, global capture mode), the capture held open 1.5 s as a large
+model's would be, so that the shim's agent makes its periodic CUDA calls (event polls, a
+clock anchor about every second) while it is open; ``nonblocking`` communicators created
 non-blocking (torch: TORCH_NCCL_USE_COMM_NONBLOCKING=1, set by the driver; sim: ncclConfig_t
 blocking=0 and ncclCommGetAsyncError polled, as NCCL documents).
 
@@ -157,6 +159,7 @@ def run_torch(a: argparse.Namespace, out: dict[str, Any]) -> None:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):  # global capture mode: another thread's CUDA calls break it
             step()
+            time.sleep(a.capture_hold_ms / 1e3)  # as a large model: the agent polls while it is open
         run_once = graph.replay
         check_values(3.0)
         out["step_ms_all"] = timed_repeats(graph.replay, torch.cuda.synchronize, a.steps, a.repeats)
@@ -285,13 +288,14 @@ def run_sim(a: argparse.Namespace, out: dict[str, Any]) -> None:
     def sync() -> None:
         check(g.cudaStreamSynchronize(stream), "cudaStreamSynchronize")
 
-    def check_values(v: float) -> None:
+    def check_values(v: float, run_once: Callable[[], None]) -> None:
+        """Fill the inputs with v, run (or replay) a step, expect v everywhere (world size 1)."""
         sync()  # the stream is non-blocking: cudaMemcpy does not wait for it
         for i in range(n):
             host[i] = v
         for b in (x, rs_in, send):
             check(g.cudaMemcpy(b, host, size, 1), "cudaMemcpy H2D")
-        step()
+        run_once()
         sync()
         for name, b in (
             ("all_reduce", x),
@@ -303,43 +307,42 @@ def run_sim(a: argparse.Namespace, out: dict[str, Any]) -> None:
             if any(host[i] != v for i in range(0, n, max(1, n // 64))):
                 raise AssertionError(f"{name} result wrong after a step: expected {v}")
 
+    for _ in range(a.warmup):
+        step()
     if a.mode == "graph":
         if not hasattr(g, "cudaStreamBeginCapture"):
             out["skipped"] = "this simnccl has no CUDA graph capture (cudaStreamBeginCapture)"
             return
-        run_graph_sim(g, a, out, step, sync, stream, check)
+        replay = capture_sim(g, step, sync, stream, check, a.capture_hold_ms)
+        check_values(3.0, replay)
+        out["step_ms_all"] = timed_repeats(replay, sync, a.steps, a.repeats)
+        check_values(5.0, replay)
+        out["replays"] = a.steps + 2
     else:
-        for _ in range(a.warmup):
-            step()
-        check_values(3.0)
+        check_values(3.0, step)
         out["step_ms_all"] = timed_repeats(step, sync, a.steps, a.repeats)
     sync()
     out["calls"] = dict(calls)
-    out["contexts"] = None  # simnccl has no driver contexts to inspect
+    out["contexts"] = None  # the driver reads simnccl's SIMNCCL_CONTEXT_DUMP after the exit
     out["smi"] = {"devices": None, "reason": "no nvidia-smi on simnccl"}
     check(g.ncclCommDestroy(comm), "ncclCommDestroy")
 
 
-def run_graph_sim(g, a, out, step, sync, stream, check) -> None:
-    """The step captured on `stream` in global mode and replayed, with simnccl's graph API."""
-    for _ in range(a.warmup):
-        step()
+def capture_sim(g, step, sync, stream, check, hold_ms: int) -> Callable[[], None]:
+    """The step captured on `stream` in global mode (what torch.cuda.graph uses) with simnccl's
+    CUDA graph API, the capture held open hold_ms; returns a replay."""
     sync()
     graph, exe = ctypes.c_void_p(), ctypes.c_void_p()
-    check(g.cudaStreamBeginCapture(stream, 0), "cudaStreamBeginCapture(global)")
+    check(g.cudaStreamBeginCapture(stream, 0), "cudaStreamBeginCapture(global mode)")
     step()
+    time.sleep(hold_ms / 1e3)
     check(g.cudaStreamEndCapture(stream, ctypes.byref(graph)), "cudaStreamEndCapture")
-    if not hasattr(g, "cudaGraphLaunch"):
-        out["step_ms_all"] = []
-        out["replays"] = 0
-        return
     check(g.cudaGraphInstantiate(ctypes.byref(exe), graph, ctypes.c_ulonglong(0)), "cudaGraphInstantiate")
 
     def replay() -> None:
         check(g.cudaGraphLaunch(exe, stream), "cudaGraphLaunch")
 
-    out["step_ms_all"] = timed_repeats(replay, sync, a.steps, a.repeats)
-    out["replays"] = a.steps
+    return replay
 
 
 def main() -> int:
@@ -352,6 +355,12 @@ def main() -> int:
     p.add_argument("--bytes", type=int, default=16 << 20, help="bytes per collective buffer")
     p.add_argument("--compute", type=int, default=0, help="torch: matmul size; sim: compute µs per step")
     p.add_argument("--device", type=int, default=0)
+    p.add_argument(
+        "--capture-hold-ms",
+        type=int,
+        default=1500,
+        help="graph: how long the capture stays open (longer than the shim's ~1 s clock anchor period)",
+    )
     p.add_argument("--store", default="", help="torch: file for the process group's FileStore")
     p.add_argument("--sim-dir", default="", help="sim: folder of simnccl's libnccl.so.2")
     a = p.parse_args()
