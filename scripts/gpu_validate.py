@@ -39,7 +39,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import zmq
@@ -451,8 +451,18 @@ def validate(a: argparse.Namespace) -> dict[str, Any]:
     return summary
 
 
+class Parser(argparse.ArgumentParser):
+    """Usage errors: one line on stderr, the JSON line, exit status 1 (argparse's default is 2,
+    which c4d's commands keep for "found a problem")."""
+
+    def error(self, message: str) -> NoReturn:
+        log(f"{message} (scripts/gpu-validate --help)")
+        print(json.dumps({"c4d_gpu_validate": 1, "ok": False, "error": message}), flush=True)
+        sys.exit(1)
+
+
 def main() -> int:
-    p = argparse.ArgumentParser(description="scripts/gpu-validate's checks (run that script, not this).")
+    p = Parser(description="scripts/gpu-validate's checks (run that script, not this).")
     p.add_argument("--native-dir", required=True, help="folder with libc4d.so (and simnccl/ with --sim)")
     p.add_argument("--sim", action="store_true", help="simnccl stands in for the GPU, NCCL and PyTorch")
     p.add_argument("--pairs", type=int, default=None, help="interleaved plain/c4d pairs for the overhead")

@@ -93,3 +93,10 @@ def test_gpu_mode_without_a_gpu_is_an_operational_error():
     assert s["ok"] is False and "no PyTorch with CUDA and NCCL" in s["error"]
     (line,) = p.stderr.strip().splitlines()
     assert line.startswith("gpu-validate: ") and "--sim" in line
+
+
+def test_a_usage_error_is_one_line_and_exit_1():
+    p, s = run("--sim", "--pairs", "many", timeout=300)
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert s["ok"] is False and "--pairs" in s["error"]
+    assert p.stderr.strip().splitlines()[-1].startswith("gpu-validate: argument --pairs")
