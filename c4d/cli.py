@@ -407,6 +407,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=["c4d", "fr", "inspector", "nccl-tests"], default=None)
     p.set_defaults(func=cmd_export)
 
+    from c4d.run.cli import add_parser as add_run
+
+    add_run(sub)
     try:
         from c4d.check.cli import add_parser as add_check
     except ImportError:

@@ -51,10 +51,13 @@ class Master:
         out: TextIO | None = None,
         on_diagnosis: list[Callable[[Any], None]] | None = None,
         enrich: Callable[[Any], Any] | None = None,
+        collector: Collector | None = None,
     ):
         self.cfg = cfg
         self.out = out or sys.stdout
-        self.collector = Collector(cfg.bind)
+        # a collector passed in (c4d run keeps one endpoint across restarts) is the caller's to close
+        self._own_collector = collector is None
+        self.collector = collector or Collector(cfg.bind)
         self.endpoint = self.collector.endpoint
         self.received = Received()
         self.engine = make_engine(cfg.engine_overrides)
@@ -146,6 +149,7 @@ class Master:
             cb(d)
 
     def close(self) -> None:
-        self.collector.close()
+        if self._own_collector:
+            self.collector.close()
         if self.trace:
             self.trace.close()
