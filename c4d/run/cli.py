@@ -13,7 +13,7 @@ import signal
 import socket
 import sys
 
-from c4d.run.policy import RETRYABLE_PATTERNS, Policy, PolicyConfig
+from c4d.run.policy import RETRYABLE_PATTERNS, Policy, PolicyConfig, compile_patterns
 
 EPILOG = """\
 exit status: the job's own (0 when its last attempt succeeded); 1: bad options or nothing
@@ -91,7 +91,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     )
     g.add_argument(
         "--max-same-error",
-        type=_count,
+        type=_positive,
         default=10,
         metavar="N",
         help="the same error N times in a row marks the job failed (default 10)",
@@ -223,6 +223,7 @@ def config(args):
     from c4d.actions.isolate import parse_actions
     from c4d.run.supervisor import RunConfig
 
+    compile_patterns(args.retryable_error)  # a bad pattern is bad input: one line, status 1
     cmd = list(args.cmd)
     if cmd and cmd[0] == "--":
         cmd = cmd[1:]
@@ -239,7 +240,7 @@ def config(args):
     policy = PolicyConfig(
         policy=Policy(args.fault_tolerant_policy),
         max_restarts=args.max_restarts,
-        max_same_error=max(1, args.max_same_error),
+        max_same_error=args.max_same_error,
         retryable=RETRYABLE_PATTERNS + tuple(args.retryable_error),
     )
     return RunConfig(

@@ -26,6 +26,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import signal
 import socket
 import sys
@@ -126,7 +127,15 @@ class Supervisor:
     def run(self) -> int:
         try:
             while True:
-                rec = self._attempt(len(self.records) + 1)
+                idx = len(self.records) + 1
+                try:
+                    rec = self._attempt(idx)
+                except KeyboardInterrupt as e:  # outside the watch loop: waiting for stacks, isolating
+                    if self.job is not None:
+                        self.job.stop(self.cfg.grace_s)
+                    rec = AttemptRecord(
+                        Attempt(idx, End.interrupted, _signal_status(str(e)), "interrupted"), 0.0
+                    )
                 self.records.append(rec)
                 rec.decision = decide(self.cfg.policy, [r.attempt for r in self.records])
                 verb = "restarting" if rec.decision.restart else "not restarting"
@@ -197,7 +206,7 @@ class Supervisor:
         statuses = [launcher.exit_status(rc) for rc in rcs]
         status = next((s for s in statuses if s), 0)
         if end is End.interrupted:
-            status = 128 + (signal.SIGTERM if "signal 15" in extra else signal.SIGINT)
+            status = _signal_status(extra)
         isolated: tuple[str, ...] = ()
         if end is End.c4d_error:
             isolated = self._act(idx, rec)
@@ -386,9 +395,16 @@ class Supervisor:
     # -- live view (in-process master only) ------------------------------------------------
     def _show(self, src: LocalMaster) -> None:
         if self.view is None:
+            from rich.logging import RichHandler
+
             from c4d.live import LiveView
 
             self.view = LiveView(src.master)
+            # log lines print above the live display, not through it
+            handler = RichHandler(console=self.view.console, show_path=False, show_time=False, markup=False)
+            logging.basicConfig(
+                level=logging.getLogger().level, handlers=[handler], format="%(message)s", force=True
+            )
         else:
             self.view.master = src.master
 
@@ -396,3 +412,9 @@ class Supervisor:
         if self.view is not None:
             self.view.close()
             self.view = None
+
+
+def _signal_status(text: str) -> int:
+    """128 + the signal that interrupted ``c4d run`` ("signal 15" from its handler; else SIGINT)."""
+    m = re.search(r"signal (\d+)", text)
+    return 128 + (int(m.group(1)) if m else int(signal.SIGINT))
