@@ -121,12 +121,43 @@ def test_evidence_dumps_culprits_and_victims_once_and_enriches_later_diagnoses(h
     ev.close()
 
 
-def test_an_unprivileged_user_is_told_why_not(py_target):
-    """uid 65534 without capabilities, asking for a root process: the kernel refuses ptrace,
-    and stacks.dump says so in one line with the fix."""
+DROP = ["--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all", "--bounding-set=-all"]
+
+
+def _unprivileged() -> list[str]:
+    """argv prefix that runs a command as uid 65534 without any capability."""
     setpriv = shutil.which("setpriv")
     if os.geteuid() != 0 or not setpriv or not Path("/usr/bin/python3").exists():
         pytest.skip("needs root, setpriv and a system python3 to drop privileges")
+    return [setpriv, *DROP]
+
+
+def test_without_root_where_ptrace_allows(tmp_path):
+    """uid 65534 without capabilities dumps its own uid's process (no Yama here; under Yama
+    ptrace_scope=1 the PR_SET_PTRACER declarations of launcher.py and the shim allow it)."""
+    drop = _unprivileged()
+    if not shutil.which("gdb"):
+        pytest.skip("no gdb")
+    target = subprocess.Popen([*drop, "/bin/sleep", "600"])
+    try:
+        wait_for(lambda: Path(f"/proc/{target.pid}/exe").exists(), 10, "the target")
+        probe = f"import sys; sys.path.insert(0, {str(ROOT)!r})\nfrom c4d.run import stacks\n"
+        probe += f"d = stacks.dump({target.pid}); print(d.error); print(d.native)"
+        env = {"PATH": "/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1"}
+        cmd = [*drop, "/usr/bin/python3", "-c", probe]
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env)
+        assert p.returncode == 0, p.stderr
+        error, native = p.stdout.split("\n", 1)
+        assert error == "None" and "nanosleep" in native, p.stdout
+    finally:
+        target.kill()
+        target.wait()
+
+
+def test_an_unprivileged_user_is_told_why_not(py_target):
+    """uid 65534 without capabilities, asking for a root process: the kernel refuses ptrace,
+    and stacks.dump says so in one line with the fix."""
+    drop = _unprivileged()
     probe = textwrap.dedent(
         f"""
         import ctypes, os, sys
@@ -139,14 +170,6 @@ def test_an_unprivileged_user_is_told_why_not(py_target):
         print(d.error)
         """
     )
-    drop = [
-        setpriv,
-        "--reuid=65534",
-        "--regid=65534",
-        "--clear-groups",
-        "--inh-caps=-all",
-        "--bounding-set=-all",
-    ]
     p = subprocess.run([*drop, "/usr/bin/python3", "-c", probe], capture_output=True, text=True, timeout=60,
                        env={"PATH": "/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1"})  # fmt: skip
     assert p.returncode == 0, p.stderr
