@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 import c4d
-from c4d import phase
+from c4d import phase, schema
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -160,11 +160,15 @@ TRAIN = textwrap.dedent(
 
 
 def train_and_diagnose(libc4d, simnccl_dir, tmp_path, wrap: bool) -> list:
-    """Run the 4-rank loop against an in-process master; every diagnosis until the ranks exit."""
-    from c4d.master import Master, MasterConfig
+    """Run the 4-rank loop against an in-process master; every diagnosis until the ranks exit.
+
+    The master writes a trace; its offline replay must give the same diagnoses (the STAGE
+    records are in it)."""
+    from c4d import analyze, trace
+    from c4d.master import Master, MasterConfig, make_engine
 
     tmp_path.mkdir()
-    m = Master(MasterConfig(bind="tcp://127.0.0.1:*"))
+    m = Master(MasterConfig(bind="tcp://127.0.0.1:*", trace=str(tmp_path / "t.c4d")))
     job = f"c4dhto-{uuid.uuid4().hex[:8]}"
     env = dict(os.environ, LD_PRELOAD=str(libc4d), PYTHONPATH=str(ROOT), C4D_MASTER_ADDR=m.endpoint,
                C4D_HANG_TIMEOUT="1000000", C4D_HANG_TIMES="3", C4D_HEARTBEAT_MS="200",
@@ -188,7 +192,6 @@ def train_and_diagnose(libc4d, simnccl_dir, tmp_path, wrap: bool) -> list:
             m.step(timeout_s=0.05)
         rcs = [p.wait(5) for p in procs]
         assert rcs == [0] * 4, [p.stderr.read() for p in procs]
-        return list(m.diagnoses)
     finally:
         for p in procs:
             if p.poll() is None:
@@ -196,6 +199,15 @@ def train_and_diagnose(libc4d, simnccl_dir, tmp_path, wrap: bool) -> list:
         m.close()
         for f in Path("/dev/shm").glob(f"simnccl-{job}*"):
             f.unlink()
+    raw = trace.read_raw(tmp_path / "t.c4d")
+    st = raw.kinds[schema.Kind.STAGE]
+    seen = set(
+        zip(st["rank"].tolist(), st["generation"].tolist(), st["hang_timeout_us"].tolist(), strict=True)
+    )
+    assert seen == ({(0, 1, 60_000_000), (0, 2, 0)} if wrap else set())  # into the block, out (and repeats)
+    replayed = analyze.replay(raw, make_engine())
+    assert [d.summary() for d in replayed] == [d.summary() for d in m.diagnoses]
+    return list(m.diagnoses)
 
 
 @pytest.mark.slow

@@ -136,3 +136,14 @@ def test_report_and_live_view_show_the_stacks(e2e):
     con.print(render(LiveState("j", 8, 8, 2, 0.0, 0, 0.0, stacks=lines), 120, 40))
     shown = con.export_text()
     assert "stacks of hung ranks" in shown and "simnccl_hung_kernel" in shown
+
+
+@pytest.mark.slow
+def test_the_stopped_attempt_left_no_shared_memory(e2e):
+    """Stopping the job lets c4d sim clean up after itself (one SIGTERM, not two)."""
+    wd, _ = e2e
+    for n in (1, 2):
+        jobs = set(trace.load(wd / "run" / f"job.attempt{n}.c4d").registrations["job"])
+        assert len(jobs) == 1
+        left = sorted(Path("/dev/shm").glob(f"simnccl-{jobs.pop()}*"))
+        assert not left, left

@@ -277,3 +277,35 @@ def _zombie(pid: int) -> bool:
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+RANK_PY = """
+import ctypes, os, sys, time
+ctypes.CDLL(os.environ["SIMNCCL_LIB"], mode=ctypes.RTLD_GLOBAL)
+g = ctypes.CDLL(None)  # the preloaded shim's hooks first
+class UID(ctypes.Structure):
+    _fields_ = [("internal", ctypes.c_char * 128)]
+uid, comm, s = UID(), ctypes.c_void_p(), ctypes.c_void_p()
+assert g.ncclGetUniqueId(ctypes.byref(uid)) == 0
+assert g.ncclCommInitRank(ctypes.byref(comm), 1, uid, 0) == 0  # a world of one: no partner needed
+assert g.cudaStreamCreateWithFlags(ctypes.byref(s), 1) == 0
+buf = (ctypes.c_float * 16)()
+assert g.ncclAllReduce(buf, buf, 16, 7, 0, comm, s) == 0 and g.cudaStreamSynchronize(s) == 0
+print("rank", os.environ["RANK"], "trained", flush=True)
+if os.environ["RANK"] == "1":
+    time.sleep(600)  # never follows rank 0 out
+assert g.ncclCommDestroy(comm) == 0
+"""
+
+
+def test_exit_hang_from_the_ranks_final_heartbeats(tmp_path, simnccl_dir):
+    """One launched process (a launcher) starts two ranks; rank 0 exits cleanly (its shim sends
+    the FINAL heartbeat the hosted master sees), rank 1 does not follow: exit hang."""
+    (tmp_path / "rank.py").write_text(RANK_PY)
+    job = f"RANK=0 {sys.executable} rank.py & RANK=1 {sys.executable} rank.py & wait"
+    env = dict(os.environ, SIMNCCL_LIB=str(simnccl_dir / "libnccl.so.2"), WORLD_SIZE="2")
+    p, s = c4d_run(tmp_path, "--job-exit-hang-interval", "2", "--max-restarts", "0", job=job, env=env)
+    assert ended(s) == ["exit-hang"], p.stderr
+    assert "a rank exited successfully and the rest did not follow" in p.stderr
+    log = (tmp_path / "run" / "job.log").read_text()
+    assert "out rank 0 trained" in log and "out rank 1 trained" in log

@@ -69,6 +69,16 @@ class Job:
         live = {p.pid for p in self.procs if p.poll() is None}
         return live | proctree.descendants(self.pids)
 
+    def _in_groups(self, pids: set[int]) -> set[int]:
+        """The pids that are in one of the launched processes' groups (a killpg reaches them)."""
+        groups = {p.pid for p in self.procs}
+        out = set()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                if os.getpgid(pid) in groups:
+                    out.add(pid)
+        return out
+
     def stop(self, grace_s: float) -> list[int | None]:
         """SIGTERM to everything, SIGKILL after ``grace_s``; returns the exit statuses."""
         victims = self.tree()
@@ -76,7 +86,9 @@ class Job:
             if p.poll() is None:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(p.pid, signal.SIGTERM)
-        for pid in victims:
+        # Then those that left the groups, once: a second SIGTERM to a process that is
+        # cleaning up after the first (c4d sim removing its shared memory) would cut that short.
+        for pid in victims - self._in_groups(victims):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + grace_s
