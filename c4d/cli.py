@@ -135,10 +135,16 @@ def cmd_master(args) -> int:
 
 def _sim_config(args):
     from c4d import faults
+    from c4d.actions.blacklist import read_nodes
     from c4d.sim import SimConfig
 
-    nodes = (args.ranks + args.ranks_per_node - 1) // args.ranks_per_node
+    nodes = (args.ranks + args.ranks_per_node - 1) // args.ranks_per_node + args.spare_nodes
     fl = [faults.parse(s, world=args.ranks, nodes=nodes) for s in args.fault]
+    exclude: list[str] = []
+    if args.exclude_nodes:
+        if not os.path.isfile(args.exclude_nodes):
+            raise ValueError(f"--exclude-nodes {args.exclude_nodes}: no such file")
+        exclude = read_nodes(args.exclude_nodes)
     cfg = SimConfig(
         ranks=args.ranks,
         ranks_per_node=args.ranks_per_node,
@@ -148,6 +154,8 @@ def _sim_config(args):
         faults=fl,
         clock_skew_s=args.clock_skew,
         seed=args.seed,
+        spare_nodes=args.spare_nodes,
+        exclude_nodes=tuple(exclude),
     )
     cfg.validate()
     return cfg
@@ -182,10 +190,13 @@ def cmd_sim(args) -> int:
         "steps": cfg.steps,
         "faults": args.fault,
         "clock_skew_s": cfg.clock_skew_s,
+        "nodes": cfg.node_names,
     }
     meta = {"command": "sim", "sim": sim_meta}
     master = None
     tmp = None
+    if not args.master and os.environ.get("C4D_RUN_ID"):
+        args.master = os.environ.get("C4D_MASTER_ADDR")  # under `c4d run`: its master, not our own
     try:
         if args.master:
             endpoint = args.master
@@ -355,6 +366,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="node clocks offset by up to ± this much",
     )
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--spare-nodes", type=int, default=0, metavar="N", help="idle nodes a relaunch can use")
+    p.add_argument(
+        "--exclude-nodes",
+        default=os.environ.get("C4D_EXCLUDE_NODES_FILE"),
+        metavar="FILE",
+        help="lay ranks out on the nodes not listed in FILE (one a line; default $C4D_EXCLUDE_NODES_FILE, "
+        "which `c4d run` points at its blacklist)",
+    )
     _add_master_opts(p)
     p.set_defaults(func=cmd_sim)
 
@@ -388,6 +407,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=["c4d", "fr", "inspector", "nccl-tests"], default=None)
     p.set_defaults(func=cmd_export)
 
+    from c4d.run.cli import add_parser as add_run
+
+    add_run(sub)
     try:
         from c4d.check.cli import add_parser as add_check
     except ImportError:

@@ -50,10 +50,14 @@ class Master:
         cfg: MasterConfig,
         out: TextIO | None = None,
         on_diagnosis: list[Callable[[Any], None]] | None = None,
+        enrich: Callable[[Any], Any] | None = None,
+        collector: Collector | None = None,
     ):
         self.cfg = cfg
         self.out = out or sys.stdout
-        self.collector = Collector(cfg.bind)
+        # a collector passed in (c4d run keeps one endpoint across restarts) is the caller's to close
+        self._own_collector = collector is None
+        self.collector = collector or Collector(cfg.bind)
         self.endpoint = self.collector.endpoint
         self.received = Received()
         self.engine = make_engine(cfg.engine_overrides)
@@ -66,6 +70,8 @@ class Master:
             self.metrics_port = self.metrics.serve(cfg.metrics_port)
         self.diagnoses: list[Any] = []
         self.on_diagnosis = list(on_diagnosis or [])
+        # adds evidence gathered outside the engine (c4d run: stacks) before any sink sees a diagnosis
+        self.enrich = enrich
         self._next_tick = time.monotonic() + cfg.tick_s
         self.started_ns = time.time_ns()
         self.blacklisted: list[str] = []
@@ -122,6 +128,8 @@ class Master:
 
     # -- sinks --------------------------------------------------------------------------
     def _emit(self, d: Any) -> None:
+        if self.enrich is not None:
+            d = self.enrich(d)
         self.diagnoses.append(d)
         if self.cfg.json_out:
             self.out.write(json.dumps(d.to_json()) + "\n")
@@ -141,6 +149,7 @@ class Master:
             cb(d)
 
     def close(self) -> None:
-        self.collector.close()
+        if self._own_collector:
+            self.collector.close()
         if self.trace:
             self.trace.close()

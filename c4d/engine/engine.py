@@ -19,6 +19,7 @@ from c4d import schema
 from c4d.engine import clock, hang
 from c4d.engine.config import EngineConfig, ResolvedThresholds
 from c4d.engine.slow import SlowFinding, SlowJudge
+from c4d.engine.stage import Stages
 from c4d.engine.state import GONE_EVENTS, IN_GROUP, MAX_NRANKS, MAX_RANK, P2P, Comm, P2PPairs, RankTable
 from c4d.engine.types import CommSnapshot, DiagKind, Diagnosis, EngineSnapshot, Level, RankState
 from c4d.schema import Kind, Op
@@ -45,6 +46,7 @@ class Engine:
         self._epoch = [-1]
         self._slow = SlowJudge(self.cfg)
         self._pairs = P2PPairs()
+        self.stages = Stages()  # the training code's staged hang timeouts (stage.py)
         self._now = 0
         self._warned: set[str] = set()
         self.stats = {"records": 0, "invalid": 0, "batches": 0, "ticks": 0}
@@ -171,7 +173,8 @@ class Engine:
             & (raw["version"] >= 1)
             & (raw["version"] <= schema.SCHEMA_VERSION)
             & (kind >= Kind.REGISTER)
-            & (kind <= Kind.PEER)
+            & (kind <= Kind.STAGE)
+            & (kind != Kind.TICK)
         )
         if not ok.all():
             bad = ~ok & (kind != Kind.TICK)
@@ -197,6 +200,8 @@ class Engine:
             self._feed_heartbeats(parts[Kind.HEARTBEAT])
         if len(parts[Kind.OP]):
             self._feed_ops(parts[Kind.OP])
+        if len(parts[Kind.STAGE]):
+            self.stages.feed(parts[Kind.STAGE], recv[raw["kind"] == Kind.STAGE])
         if len(parts[Kind.PEER]):
             for c, rows, _ in self._by_comm(parts[Kind.PEER], "PEER"):
                 ok = (rows["peer"] >= 0) & (rows["peer"] < c.n)
@@ -305,8 +310,13 @@ class Engine:
 
     def _count(self, f: hang.Finding, th: ResolvedThresholds, now: int) -> list[Diagnosis]:
         """Hang counting: n = floor(duration / T); WARNING at 1, ERROR at hang_times, each increase."""
-        T = th.hang_timeout_ns
-        dur = now - f.start_ns
+        T, start = th.hang_timeout_ns, f.start_ns
+        if f.kind is DiagKind.RankNonCommHang:
+            staged = self.stages.adjust(f.ranks, T, start, now)
+            if staged is None:
+                return []  # the code disabled hang detection where it is (c4d.hang_timeout(-1))
+            T, start = staged
+        dur = now - start
         n = int(dur // T) if dur > 0 else 0
         prev = self._emitted.get(f.key, 0)
         if n < 1 or n <= prev:
@@ -318,8 +328,10 @@ class Engine:
             return []
         self._emitted[f.key] = n
         d = dict(f.detail)
-        d["waited_s"] = round(dur / 1e9, 3)
+        d["waited_s"] = round((now - f.start_ns) / 1e9, 3)
         d["timeout_s"] = round(T / 1e9, 3)
+        if (T, start) != (th.hang_timeout_ns, f.start_ns):
+            d["staged_timeout"] = True  # set by the training code (c4d.hang_timeout), see stage.py
         d["hang_times_limit"] = th.hang_times
         mk = lambda lvl: self._diag(now, lvl, f.kind, f.comm, f.op, f.seq, f.ranks, n, d)  # noqa: E731
         out = []

@@ -13,8 +13,9 @@
  *       2 events ← pool; cudaEventRecord(start)                start fired → arrived; RETURNED and end
  *       ready ring ← slot          (Vyukov MPMC)                fired → done → c4d_op_record into the batch
  *   4 real ncclAllReduce                                   c' profiler transfers done → PEER records (profiler.h)
+ *                                                          c" hang timeout set by the code → STAGE (run_support.h)
  *   5 op_end: cudaEventRecord(end); return time,           d every C4D_HEARTBEAT_MS: a process heartbeat and
- *     result; state = RETURNED (release)                      one per live comm (REGISTER + COMM every 10th),
+ *     result; state = RETURNED (release)                      one per live comm (REGISTER, COMM, STAGE every 10th),
  *                                                            one PEER record per profiler transfer in flight
  *                                                          e batch of ≤ 512 records or ≤ 50 ms old →
  *                                                            zmq_send(DONTWAIT); EAGAIN → dropped, counted
@@ -46,6 +47,7 @@
 #include "op_pool.h"
 #include "profiler.h"
 #include "real_nccl.h"
+#include "run_support.h"
 #include "shim.h"
 #include "timing.h"
 #include "zmq_link.h"
@@ -218,6 +220,7 @@ void heartbeats(uint16_t hb_flags) {
   if (a.hb_count > 0 && a.hb_count % kRegisterEvery == 0) {
     send_register();
     comm_snapshots();
+    stage_repeat(append);
   }
   ++a.hb_count;
   uint32_t nc = comm_count();
@@ -519,6 +522,7 @@ void finish_up() {
 
 void* agent_main(void*) {
   pthread_setname_np(pthread_self(), "c4d-agent");
+  declare_ptracer();
   Agent& a = g_agent;
   a.link.open(g_cfg.master_addr, g_cfg.send_hwm);
   C4D_LOG(kDebug, "agent up: rank %d pid %d → %s", g_cfg.rank, int(getpid()), g_cfg.master_addr);
@@ -532,6 +536,7 @@ void* agent_main(void*) {
     timing_tick(now);
     busy |= poll();
     busy |= peer_poll(append);
+    stage_poll(append);
     if (now >= next_hb) {
       heartbeats(0);
       flush();
@@ -652,6 +657,7 @@ void agent_reset_after_fork() {
   Agent& a = g_agent;
   a.running = false;
   a.link.forget();
+  stage_reset_after_fork();
   a.n_pending = a.n_batch = a.hb_count = 0;
   for (CommProgress& p : a.progress) p = CommProgress{0, 0, 0, 0, kNone, 0, nullptr};
   init_sync();
