@@ -248,6 +248,8 @@ class Engine:
         if not ok.all():
             self._invalid("an unknown op kind", int((~ok).sum()))
             ops = ops[ok]
+            if not len(ops):  # (an empty chunk of ops once crashed _gaps: issue 14)
+                return
         gain = self.cfg.clock_gain
         extra = np.stack([self._gaps(ops), self._shares_events(ops)], axis=1)
         p2p_rows, p2p_comm, p2p_shared = [], [], []
