@@ -113,7 +113,7 @@ def test_a_communicator_larger_than_the_world_is_refused():
 
 def test_two_hundred_thousand_random_ranks_cost_nothing():
     t = H.now_ns()
-    eng, ing = _job(t)
+    _eng, ing = _job(t)
     rng = np.random.default_rng(0)
     with H.traced_growth() as g:
         for _ in range(400):
@@ -137,7 +137,7 @@ def test_nothing_but_registration_before_the_job_registered():
 
 def test_times_and_fields_out_of_their_domains_are_each_counted():
     t = H.now_ns()
-    eng, ing = _job(t)
+    _eng, ing = _job(t)
     cases = {
         "bad time": lambda a: a["end_ns"].__setitem__(0, np.uint64(1 << 63)),  # negative as int64
         "bad dtype": lambda a: a["dtype"].__setitem__(0, 99),
