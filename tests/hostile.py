@@ -112,3 +112,26 @@ def rss_mib() -> float:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
     raise RuntimeError("no VmRSS in /proc/self/status")
+
+
+_TIME_FIELDS = {
+    Kind.OP: ("issue_ns", "start_ns", "end_ns", "return_ns"),
+    Kind.HEARTBEAT: ("last_arrive_ns", "last_done_ns", "pend_issue_ns", "pend_start_ns"),
+    Kind.PEER: ("first_ns", "last_ns"),
+}
+
+
+def shifted(raw: np.ndarray, delta_ns: int) -> np.ndarray:
+    """A copy of HEADER rows with every known time moved by ``delta_ns`` (0 stays "unknown")."""
+    out = np.ascontiguousarray(raw).view(schema.HEADER).copy()
+    d = np.uint64(delta_ns)
+    t = out["time_ns"]
+    out["time_ns"] = np.where(t > 0, t + d, t)
+    for kind, names in _TIME_FIELDS.items():
+        idx = np.flatnonzero(out["kind"] == kind)
+        if len(idx):
+            v = out[idx].view(schema.DTYPES[kind])
+            for f in names:
+                v[f] = np.where(v[f] > 0, v[f] + d, v[f])
+            out[idx] = v.view(schema.HEADER)
+    return out
