@@ -154,8 +154,8 @@ void config_load(Config* c) {
       char shown[80];
       printable(s, shown, sizeof shown);
       log_write(kWarning,
-                "C4D_MASTER_ADDR='%s' is not a ZeroMQ endpoint (tcp://HOST:PORT, ipc://PATH); records are counted, "
-                "not sent",
+                "C4D_MASTER_ADDR='%s' is not a ZeroMQ endpoint (tcp://HOST:PORT, ipc://PATH); using none: records "
+                "are counted, not sent",
                 shown);
       c->master_addr[0] = '\0';
     }
