@@ -43,6 +43,7 @@ import logging
 import os
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, fields, replace
+from typing import Any
 
 import numpy as np
 
@@ -118,7 +119,7 @@ class Limits:
         """Read C4D_<FIELD> values; a malformed one logs a line and keeps the default."""
         env = dict(os.environ if env is None else env)
         lim = cls()
-        changes: dict[str, float] = {}
+        changes: dict[str, Any] = {}
         for f in fields(cls):
             var = "C4D_" + f.name.upper()
             if var not in env:
@@ -343,7 +344,7 @@ class Edge:
         for field in ("node", "job"):
             col = v[field][reg]
             uniq, inv = np.unique(col, return_inverse=True)
-            limit = schema.REGISTER.fields[field][0].itemsize
+            limit = schema.REGISTER[field].itemsize
             clean = np.array([names.clean(bytes(u)).encode()[:limit] for u in uniq], dtype=col.dtype)
             v[field][reg] = clean[inv.ravel()]
 
