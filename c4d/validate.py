@@ -93,6 +93,8 @@ _GONE = (int(schema.CommEvent.FINALIZE), int(schema.CommEvent.DESTROY), int(sche
 _P2P = int(OpFlag.P2P)
 _ALL_FLAGS = sum(int(f) for f in OpFlag)
 _TOMBSTONES = 65536  # destroyed communicators remembered after they were freed
+_K_MIN, _K_MAX = int(min(WIRE_KINDS)), int(max(WIRE_KINDS))
+_REGISTER, _OP, _COMM, _PEER = int(Kind.REGISTER), int(Kind.OP), int(Kind.COMM), int(Kind.PEER)
 
 
 @dataclass(frozen=True)
@@ -167,22 +169,22 @@ class Edge:
             return raw
         code = np.zeros(n, np.uint8)
         kind = raw["kind"]
-        _flag(code, ~np.isin(kind, [int(k) for k in WIRE_KINDS]), "bad kind")
+        _flag(code, (kind < _K_MIN) | (kind > _K_MAX), "bad kind")
         ver = raw["version"]
         _flag(code, (ver < 1) | (ver > schema.SCHEMA_VERSION), "bad version")
         lo, hi = self._window(recv_ns)
         _flag(code, ~_time_ok(raw["time_ns"], lo, hi), "bad time")
 
-        reg = np.flatnonzero((code == 0) & (kind == Kind.REGISTER))
+        reg = np.flatnonzero((code == 0) & (kind == _REGISTER))
         world_row = self._world_rows(raw, code, reg)
         rank = raw["rank"].astype(np.int64)
         _flag(code, world_row == 0, "no registration yet")
         _flag(code, (rank < 0) | (rank >= world_row), "bad rank")
 
-        self._check_kind(raw, code, Kind.OP, world_row, lo, hi, _check_op)
-        self._check_kind(raw, code, Kind.HEARTBEAT, world_row, lo, hi, _check_heartbeat)
-        self._check_kind(raw, code, Kind.COMM, world_row, lo, hi, _check_comm)
-        self._check_kind(raw, code, Kind.PEER, world_row, lo, hi, _check_peer)
+        for k, dt, check in _CHECKS:
+            idx = np.flatnonzero((code == 0) & (kind == k))
+            if len(idx):
+                code[idx] = check(raw[idx].view(dt), world_row[idx], lo, hi)
         self._admit_comms(raw, code, world_row, int(recv_ns))
 
         keep = code == 0
@@ -261,15 +263,9 @@ class Edge:
                 continue
             self.node_names.add(name)
 
-    def _check_kind(self, raw, code, kind, world_row, lo, hi, check) -> None:
-        idx = np.flatnonzero((code == 0) & (raw["kind"] == kind))
-        if len(idx):
-            sub = raw[idx].view(schema.DTYPES[kind])
-            code[idx] = check(sub, world_row[idx], lo, hi)
-
     def _admit_comms(self, raw: np.ndarray, code: np.ndarray, world_row: np.ndarray, recv_ns: int) -> None:
         kind = raw["kind"]
-        cand = np.flatnonzero((code == 0) & np.isin(kind, [Kind.OP, Kind.HEARTBEAT, Kind.COMM, Kind.PEER]))
+        cand = np.flatnonzero((code == 0) & (kind >= _OP))  # OP, HEARTBEAT, COMM, PEER carry a comm_id
         if not len(cand):
             return
         body = raw[cand]
@@ -279,22 +275,22 @@ class Edge:
         if not len(cand):
             return
         k = body["kind"]
-        peer_row = k == Kind.PEER
+        peer_row = k == _PEER
         # comm_nranks sits at another offset per kind; PEER records carry none (-1 here)
         nr = np.full(len(cand), -1, np.int64)
         cr = np.zeros(len(cand), np.int64)
         pr = np.full(len(cand), -1, np.int64)
-        for kk in (Kind.OP, Kind.HEARTBEAT, Kind.COMM, Kind.PEER):
+        for kk, dt, _check in _CHECKS:
             m = k == kk
             if m.any():
-                v = body[m].view(schema.DTYPES[kk])
+                v = body[m].view(dt)
                 cr[m] = v["comm_rank"]
-                if kk is Kind.PEER:
+                if kk == _PEER:
                     pr[m] = v["peer"]
                 else:
                     nr[m] = v["comm_nranks"]
         ev = np.zeros(len(cand), np.int64)
-        is_comm = k == Kind.COMM
+        is_comm = k == _COMM
         if is_comm.any():
             ev[is_comm] = body[is_comm].view(schema.COMM)["event"]
         uniq, first, inv = np.unique(cid, return_index=True, return_inverse=True)
@@ -448,3 +444,11 @@ def _check_peer(a: np.ndarray, world: np.ndarray, lo: int, hi: int) -> np.ndarra
     _flag(code, bad, "bad peer record")
     _flag(code, ~(_time_ok(a["first_ns"], lo, hi) & _time_ok(a["last_ns"], lo, hi)), "bad time")
     return code
+
+
+_CHECKS = (
+    (int(Kind.OP), schema.OP, _check_op),
+    (int(Kind.HEARTBEAT), schema.HEARTBEAT, _check_heartbeat),
+    (int(Kind.COMM), schema.COMM, _check_comm),
+    (int(Kind.PEER), schema.PEER, _check_peer),
+)
