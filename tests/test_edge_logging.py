@@ -4,12 +4,15 @@ log leaves out (c4d/metrics.py), with a clock the test controls."""
 from __future__ import annotations
 
 import logging
+from typing import ClassVar
 
 from prometheus_client import generate_latest
 
+from c4d.engine import Engine, EngineConfig
 from c4d.ingest import Ingest
 from c4d.metrics import Metrics
 from c4d.ratelog import RateLimitedLog
+from c4d.validate import Edge, Limits
 from tests import hostile as H
 
 
@@ -47,11 +50,8 @@ def test_one_line_per_reason_class_per_minute_with_counts(caplog):
 def test_the_metrics_carry_every_reason_and_forget_freed_communicators():
     t = H.now_ns()
     m = Metrics()
-    from c4d.engine import Engine, EngineConfig
-    from c4d.validate import Edge, Limits
-
-    ing = Ingest(Engine(EngineConfig()), Edge(Limits(comm_idle_s=1)), sinks=[lambda ok, kinds: m.ingest(kinds)],
-                 on_free=[m.forget])  # fmt: skip
+    sink = [lambda ok, kinds: m.ingest(kinds)]
+    ing = Ingest(Engine(EngineConfig()), Edge(Limits(comm_idle_s=1)), sinks=sink, on_free=[m.forget])
     ing.feed(H.as_header(H.registers(8, t), H.comm_init(range(8), H.WORLD_COMM, 8, t)), t)
     ing.feed(H.as_header(H.allreduces(8, range(6), t)), t)
     bad = H.allreduces(8, [6], t)
@@ -59,7 +59,7 @@ def test_the_metrics_carry_every_reason_and_forget_freed_communicators():
     ing.feed(H.as_header(bad), t)
 
     class Coll:
-        bad_reasons = {"bad magic": 3}
+        bad_reasons: ClassVar[dict[str, int]] = {"bad magic": 3}
 
     m.tick(0, 3)
     m.edge(ing.edge, Coll, ing)
