@@ -25,8 +25,11 @@ of a batch, never per record):
   reduction operator has no invalid value: NCCL numbers user-defined PreMulSum operators from
   ``ncclNumOps`` upwards (nccl.h: ``ncclMaxRedOp``), and the shim keeps the low byte.
 * bounds (state): a new communicator is admitted while the communicators' members add up to
-  at most ``world × comms_per_rank``; later records must repeat its size; PEER records only
-  attach to an admitted one. Distinct node names are capped at ``2 × world + 64``.
+  at most ``world × comms_per_rank``; when they would not, the least recently named ones that
+  no record named for ``evict_silent_s`` make room (a live communicator is named by every
+  heartbeat: a one-shot flood of forged ones is gone seconds later, and the job's own
+  communicators come in with their next heartbeat); later records must repeat its size; PEER
+  records only attach to an admitted one. Distinct node names are capped at ``2 × world + 64``.
   ``expire`` frees communicators that every member destroyed (after ``destroyed_grace_s``,
   so their last slow window is judged) or that no record named for ``comm_idle_s``; the
   master then frees them in the engine and the bookkeeping. Records of a destroyed
@@ -115,6 +118,10 @@ class Limits:
     destroyed_grace_s: float = 30.0
     """C4D_DESTROYED_GRACE_S: a communicator every member destroyed is freed this long after its
     last record (its last slow-detection window is judged first)."""
+    evict_silent_s: float = 5.0
+    """C4D_EVICT_SILENT_S: when the budget is full, the communicators no record named for this
+    long (least recently named first) make room for a new one. A live communicator is named by
+    every heartbeat (C4D_HEARTBEAT_MS, 1 s), so only dead or one-shot (forged) ones go."""
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Limits:
@@ -154,8 +161,9 @@ class Edge:
         self.limits = limits or Limits()
         self.world = 0
         self.node_names: set[str] = set()
-        self.comms: dict[int, _Comm] = {}
+        self.comms: OrderedDict[int, _Comm] = OrderedDict()  # least recently named first
         self.slots = 0  # members of the admitted communicators, summed
+        self._evicted: dict[int, None] = {}  # made room for others; freed at the next expire()
         self.tombstones: OrderedDict[int, None] = OrderedDict()
         self.accepted = 0
         self.rejected: Counter[str] = Counter()
@@ -212,6 +220,8 @@ class Edge:
                     self.tombstones[cid] = None
         for cid in out:
             self.slots -= self.comms.pop(cid).n
+        out += list(self._evicted)  # forgotten here already
+        self._evicted = {}
         while len(self.tombstones) > _TOMBSTONES:
             self.tombstones.popitem(last=False)
         return out
@@ -312,10 +322,11 @@ class Edge:
                     code[cand[rows]] = _CODE["unknown communicator"]
                     continue
                 n0 = int(nr[sized[0]])
-                if self.slots + n0 > int(world_row[cand[sized[0]]]) * lim.comms_per_rank:
+                if not self._room(n0, int(world_row[cand[sized[0]]]) * lim.comms_per_rank, recv_ns):
                     code[cand[rows]] = _CODE["communicator budget"]
                     continue
                 c = self.comms[c_id] = _Comm(n=n0, last_ns=recv_ns, gone=np.zeros(n0, bool))
+                self._evicted.pop(c_id, None)  # back before the engine forgot it: keep it there
                 self.slots += n0
             changed = ~peer_row[rows] & (nr[rows] != c.n)
             code[cand[rows[changed]]] = _CODE["communicator size changed"]
@@ -325,11 +336,24 @@ class Edge:
             if not len(ok):
                 continue
             c.last_ns = max(c.last_ns, recv_ns)
+            self.comms.move_to_end(c_id)
             ce = ok[is_comm[ok]]
             if len(ce):
                 gone = np.isin(ev[ce], _GONE)
                 c.gone[cr[ce[gone]]] = True
                 c.gone[cr[ce[~gone]]] = False
+
+    def _room(self, n: int, budget: int, recv_ns: int) -> bool:
+        """Whether ``n`` more members fit, evicting communicators silent for ``evict_silent_s``."""
+        silent = recv_ns - int(self.limits.evict_silent_s * 1e9)
+        while self.slots + n > budget and self.comms:
+            cid, c = next(iter(self.comms.items()))
+            if c.last_ns > silent:
+                return False
+            del self.comms[cid]
+            self.slots -= c.n
+            self._evicted[cid] = None
+        return self.slots + n <= budget
 
     def _sanitize(self, out: np.ndarray) -> None:
         """Node and job names of the REGISTER rows become ``names.clean`` of themselves."""

@@ -230,3 +230,27 @@ def test_an_exception_in_one_batch_drops_that_batch_only(caplog):
 
 def test_the_edge_kinds_match_the_schema():
     assert {int(k) for k in Kind} - {int(k) for k in schema.DTYPES} == {int(Kind.TICK)}
+
+
+def test_a_one_shot_flood_gives_way_to_the_jobs_own_communicators():
+    """The budget is full of forged communicators; once they have been silent for
+    evict_silent_s, a communicator the job really uses (named by its heartbeats) gets in."""
+    t = H.now_ns()
+    eng, ing = _job(t, Limits(evict_silent_s=5))
+    for m in range(40):
+        recs = H.comm_init(np.zeros(500, int), 0, 1, t)
+        recs["comm_id"], recs["comm_rank"] = 0x5000_0000 + m * 500 + np.arange(500), 0
+        ing.feed(H.as_header(recs), t)
+    ing.tick(t)
+    s = 10**9
+    tp = [4, 5]  # a new TP communicator, created after the flood
+    for k in range(1, 9):  # its heartbeats every second; the world's too
+        now = t + k * s
+        hb = H.heartbeats(2, now, cid=0x7777)
+        hb["rank"] = tp
+        ing.feed(H.as_header(H.heartbeats(WORLD, now), hb), now)
+        ing.tick(now)
+        assert (0x7777 in eng._comm_index) == (k >= 5), k  # refused while the flood is fresh
+    assert H.WORLD_COMM in eng._comm_index and not ing.failures  # named every second: never evicted
+    assert ing.edge.slots <= WORLD * Limits().comms_per_rank
+    assert len(eng.comms) <= 1 + WORLD * Limits().comms_per_rank

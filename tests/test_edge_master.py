@@ -143,3 +143,55 @@ def test_a_flood_neither_bloats_the_master_nor_delays_a_real_fault(tmp_path, att
     assert got["median_s"] < 0.2, got  # a tick period's work fits the 200 ms period (was ~1.1 s)
     assert rss < 64, rss  # RSS growth in MiB (was +627 MiB / +162 MiB)
     assert m.edge.dropped > 0
+
+
+@pytest.mark.slow
+def test_a_simulated_job_under_both_floods_gets_its_error_on_time(tmp_path, libc4d, simtrain):
+    """End to end: simnccl ranks with the shim, the real master and a hostile sender on the same
+    ZeroMQ port sending 20,000 new communicators and heartbeats of rank 2²⁰−1 while the job runs
+    into a hang: the ERROR still comes at T x C4D_HANG_TIMES (+ the README's 1 s target)."""
+    import threading
+
+    import zmq
+
+    from c4d import faults, sim, wire
+
+    m = Master(MasterConfig(bind="tcp://127.0.0.1:0"))
+    # the hang comes ~8 s in: after the flood's forged communicators went silent (evict_silent_s)
+    cfg = sim.SimConfig(ranks=8, ranks_per_node=4, steps=600, seed=1, driver_args=["--compute-us", "20000"],
+                        faults=[faults.parse("noncomm-hang@rank=5,step=300", world=8, nodes=2)],
+                        env={"C4D_HANG_TIMEOUT": "1000000", "C4D_HANG_TIMES": "3"})  # fmt: skip
+    stop = threading.Event()
+    sent = {"msgs": 0}
+
+    def attacker() -> None:
+        push = zmq.Context.instance().socket(zmq.PUSH)
+        push.connect(m.endpoint)
+        try:
+            while m.edge.world == 0 and not stop.is_set():  # after the job registered: the budget counts
+                time.sleep(0.01)
+            for k in range(40):
+                t = time.time_ns()
+                for part in _comm_flood(k, t) + _rank_flood(k, t):
+                    push.send(wire.encode(part))
+                    sent["msgs"] += 1
+                time.sleep(0.02)
+        finally:
+            push.close(linger=1000)
+
+    th = threading.Thread(target=attacker, daemon=True)
+    rss0 = H.rss_mib()
+    th.start()
+    try:
+        res = sim.run(cfg, master=m, max_seconds=90)
+    finally:
+        stop.set()
+        th.join(10)
+        m.close()
+    rss = H.rss_mib() - rss0
+    errors = [d for d in res.diagnoses if d.level.name == "ERROR"]
+    assert sent["msgs"] == 80
+    assert m.edge.rejected["bad rank"] == 40 and m.edge.rejected["communicator budget"] > 19_000
+    assert errors and errors[0].ranks == (5,) and errors[0].kind.value == "RankNonCommHang"
+    assert errors[0].detail["waited_s"] <= 3 * 1.0 + 1.0, errors[0].detail  # README: ERROR <= T x 3 + 1 s
+    assert rss < 96, rss  # MiB, the whole master (trace off) with the job's own state
