@@ -92,13 +92,15 @@ class Master:
     def step(self, timeout_s: float | None = None) -> list[Any]:
         """Ingest for at most ``timeout_s`` (default: until the next tick), then tick if due."""
         wait = self._next_tick - time.monotonic() if timeout_s is None else timeout_s
-        for raw in self.collector.poll(max(0.0, wait)):
-            if self.trace:
+        raws = self.collector.poll(max(0.0, wait))
+        if self.trace:
+            for raw in raws:
                 try:
                     self.trace.write(raw)  # what arrived, valid or not: a replay re-validates it
                 except Exception as e:
                     self.ingest.failed("trace write", e, 0)
-            self.ingest.feed(raw, self._last_tick_ns)
+        if raws:
+            self.ingest.feed_many(raws, self._last_tick_ns)
         new: list[Any] = []
         if time.monotonic() >= self._next_tick:
             self._next_tick = time.monotonic() + self.cfg.tick_s

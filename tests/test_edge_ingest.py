@@ -254,3 +254,25 @@ def test_a_one_shot_flood_gives_way_to_the_jobs_own_communicators():
     assert H.WORLD_COMM in eng._comm_index and not ing.failures  # named every second: never evicted
     assert ing.edge.slots <= WORLD * Limits().comms_per_rank
     assert len(eng.comms) <= 1 + WORLD * Limits().comms_per_rank
+
+
+def test_a_poll_whose_validation_raises_loses_only_the_batch_that_raises():
+    """Ingest.feed_many (what the master does with one poll): validation raising for the poll
+    falls back to batch by batch, so only the batch that raises is lost."""
+    t = H.now_ns()
+    eng, ing = _job(t)
+    real = ing.edge.admit
+
+    def admit(raw, t_ns):
+        if (raw["time_ns"] == 12345).any():
+            raise ValueError("boom")
+        return real(raw, t_ns)
+
+    ing.edge.admit = admit
+    batches = [H.allreduces(WORLD, range(10 * k, 10 * k + 10), t) for k in range(3)]
+    batches[1]["time_ns"][0] = 12345
+    got = ing.feed_many([H.as_header(b) for b in batches], t)
+    ing.tick(t + 100_000_000)
+    assert got == 2 * 10 * WORLD
+    assert ing.failures == {"ingest: ValueError": 1} and ing.failed_records == 10 * WORLD
+    assert _world(eng).ops_seen == 2 * 10 * WORLD
