@@ -202,7 +202,9 @@ class Edge:
             reason, k = REASONS[c + 1], int(counts[c + 1])
             self.rejected[reason] += k
             self.ratelog(reason, "c4d: dropped %d record(s): %s", k, reason, n=k)
-        out = raw[keep] if not keep.all() else raw.copy()
+        if keep.all() and not (kind == _REGISTER).any():
+            return raw  # nothing to drop or rewrite: no copy
+        out = raw[keep] if not keep.all() else raw.copy()  # a copy: names are rewritten in place
         self._sanitize(out)
         return out
 
