@@ -25,11 +25,11 @@ of a batch, never per record):
   reduction operator has no invalid value: NCCL numbers user-defined PreMulSum operators from
   ``ncclNumOps`` upwards (nccl.h: ``ncclMaxRedOp``), and the shim keeps the low byte.
 * bounds (state): a new communicator is admitted while the communicators' members add up to
-  at most ``world × comms_per_rank``; when they would not, the least recently named ones that
-  no record named for ``evict_silent_s`` make room (a live communicator is named by every
-  heartbeat: a one-shot flood of forged ones is gone seconds later, and the job's own
-  communicators come in with their next heartbeat); later records must repeat its size; PEER
-  records only attach to an admitted one. Distinct node names are capped at ``2 × world + 64``.
+  at most ``min(world × comms_per_rank, max_comm_members)``; when they would not, the least
+  recently named ones that no record named for ``evict_silent_s`` make room (a live
+  communicator is named by every heartbeat: a one-shot flood of forged ones is gone seconds
+  later, and the job's own come in with their next heartbeat); later records must repeat its
+  size; PEER records only attach to an admitted one. Distinct node names are capped at ``2 × world + 64``.
   ``expire`` frees communicators that every member destroyed (after ``destroyed_grace_s``,
   so their last slow window is judged) or that no record named for ``comm_idle_s``; the
   master then frees them in the engine and the bookkeeping. Records of a destroyed
@@ -108,6 +108,10 @@ class Limits:
     """C4D_MAX_RANKS: the largest world size accepted (registered world sizes above it are refused)."""
     comms_per_rank: int = 64
     """C4D_COMMS_PER_RANK: live communicators' members may add up to world size x this."""
+    max_comm_members: int = 1 << 18
+    """C4D_MAX_COMM_MEMBERS: and to at most this many, whatever world size is registered (a
+    forged REGISTER can claim C4D_MAX_RANKS): ~26 KiB each, so ~6.5 GiB at worst. Enough for a
+    16,384-rank job whose ranks are in 16 communicators each; raise it for larger jobs."""
     max_clock_skew_s: float = 3600.0
     """C4D_MAX_CLOCK_SKEW_S: a rank's clock may be this far from the master's."""
     max_record_age_s: float = 7 * 86400.0
@@ -324,7 +328,8 @@ class Edge:
                     code[cand[rows]] = _CODE["unknown communicator"]
                     continue
                 n0 = int(nr[sized[0]])
-                if not self._room(n0, int(world_row[cand[sized[0]]]) * lim.comms_per_rank, recv_ns):
+                budget = min(int(world_row[cand[sized[0]]]) * lim.comms_per_rank, lim.max_comm_members)
+                if not self._room(n0, budget, recv_ns):
                     code[cand[rows]] = _CODE["communicator budget"]
                     continue
                 c = self.comms[c_id] = _Comm(n=n0, last_ns=recv_ns, gone=np.zeros(n0, bool))

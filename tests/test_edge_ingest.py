@@ -276,3 +276,17 @@ def test_a_poll_whose_validation_raises_loses_only_the_batch_that_raises():
     assert got == 2 * 10 * WORLD
     assert ing.failures == {"ingest: ValueError": 1} and ing.failed_records == 10 * WORLD
     assert _world(eng).ops_seen == 2 * 10 * WORLD
+
+
+def test_a_forged_world_size_still_meets_the_absolute_member_cap():
+    t = H.now_ns()
+    eng, ing = _job(t, Limits(max_comm_members=100))
+    forged = H.registers(1, t)
+    forged["world_size"] = Limits().max_ranks  # one REGISTER claiming the largest world accepted
+    recs = H.comm_init(np.zeros(5000, int), 0, 1, t)
+    recs["comm_id"], recs["comm_rank"] = 0x9000_0000 + np.arange(5000), 0
+    ing.feed(H.as_header(forged, recs), t)
+    ing.tick(t)
+    assert ing.edge.world == Limits().max_ranks
+    assert ing.edge.slots <= 100 and len(eng.comms) <= 100
+    assert ing.edge.rejected == {"communicator budget": 5000 - (100 - WORLD)}
