@@ -257,7 +257,20 @@ def cmd_analyze(args) -> int:
         print(f"c4d analyze: the trace ends in a cut record ({cut} bytes ignored)", file=sys.stderr)
     if tr.raw.skipped:
         print(f"c4d analyze: skipped {tr.raw.skipped} records of unknown kind or version", file=sys.stderr)
-    diags = analyze.replay(tr.raw, make_engine(_engine_overrides(args)))
+    damaged = _report_damage(tr.raw)
+    if damaged and not args.allow_damaged:
+        print(
+            "c4d analyze: records were lost to damage; pass --allow-damaged to analyze what was read",
+            file=sys.stderr,
+        )
+        return 1
+    from c4d.ingest import Ingest
+    from c4d.validate import Edge, Limits
+
+    engine = make_engine(_engine_overrides(args))
+    ingest = Ingest(engine, Edge(Limits.from_env()))
+    diags = analyze.replay(tr.raw, engine, ingest)
+    _report_edge(ingest)
     if args.json:
         for d in diags:
             print(json.dumps(d.to_json()))
@@ -286,6 +299,35 @@ def cmd_analyze(args) -> int:
     if not diags:
         con.print("no diagnoses")
     return 0
+
+
+def _report_damage(rt) -> bool:
+    """One line per kind of damage found while reading; True when records were lost."""
+    if not rt.damaged:
+        return False
+    where = ", ".join(f"{n} at byte {off}" for off, n in rt.damaged[:5])
+    more = f" and {len(rt.damaged) - 5} more" if len(rt.damaged) > 5 else ""
+    print(
+        f"c4d analyze: skipped {len(rt.damaged)} damaged batch(es), {rt.damaged_bytes} bytes "
+        f"(≤ {rt.lost_records} records): {where}{more}; read on from the next intact batch",
+        file=sys.stderr,
+    )
+    return True
+
+
+def _report_edge(ingest) -> None:
+    """What the edge validator dropped and what failed during the replay (as the live master did)."""
+    if ingest.edge.rejected:
+        top = ", ".join(f"{r}: {n}" for r, n in ingest.edge.rejected.most_common())
+        print(
+            f"c4d analyze: the edge validator dropped {ingest.edge.dropped} records ({top})", file=sys.stderr
+        )
+    if ingest.failures:
+        top = ", ".join(f"{r}: {n}" for r, n in ingest.failures.most_common())
+        print(
+            f"c4d analyze: {sum(ingest.failures.values())} batch(es) or tick(s) failed ({top})",
+            file=sys.stderr,
+        )
 
 
 def _load_for_offline(args):
@@ -388,6 +430,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=["c4d", "fr", "inspector", "nccl-tests"], default=None)
     p.add_argument("--hang-timeout", type=_positive(int), metavar="US")
     p.add_argument("--hang-times", type=_positive(int), metavar="N")
+    p.add_argument(
+        "--allow-damaged",
+        action="store_true",
+        help="analyze a trace that lost records to damage (exit 1 otherwise)",
+    )
     p.set_defaults(func=cmd_analyze)
 
     p = sub.add_parser("report", help="tables and plots (PNG + one HTML page) of a trace")

@@ -167,7 +167,7 @@ typedef struct c4d_heartbeat_record {
   uint16_t hb_flags;       /* enum c4d_heartbeat_flags */
   uint32_t p2p_in_flight;  /* p2p ops issued and not done */
   int32_t device;
-  uint64_t sent;           /* process total: records handed to ZeroMQ */
+  uint64_t sent;           /* process total: records handed to ZeroMQ (queued, not necessarily delivered) */
 } c4d_heartbeat_record;
 
 typedef struct c4d_comm_record {
