@@ -325,35 +325,33 @@ def cmd_analyze(args) -> int:
         for d in diags:
             print(json.dumps(d.to_json()))
         return status
-    from rich.console import Console
-    from rich.table import Table
+    from c4d import texttable
+    from c4d.incidents import table_lines
 
-    con = Console()
     s = analyze.summary(tr)
-    t = Table(title=f"{args.path}: {len(tr.nodes)} ranks, {len(tr.ops)} ops")
-    for c in ["comm", "op", "ranks", "ops", "bytes", "median µs", "p99 µs"]:
-        t.add_column(c, justify="left" if c in ("comm", "op") else "right")
-    for row in s.itertuples(index=False):
-        t.add_row(
-            row.comm,
-            row.op,
-            str(row.ranks),
-            str(row.ops),
-            f"{row.bytes:,}",
-            f"{row.median_us:,.1f}",
-            f"{row.p99_us:,.1f}",
-        )
-    con.print(t)
+    nodes, comms = len(set(tr.nodes.values())), s["comm"].nunique()
+    print(
+        f"{args.path}: {len(tr.nodes)} ranks on {nodes} nodes, {len(tr.ops):,} ops on {comms} communicators"
+    )
+    cols = ["comm", "op", "ranks", "ops", "bytes", "median µs", "p99 µs"]
+    rows = [
+        [r.comm, r.op, r.ranks, r.ops, f"{r.bytes:,}", f"{r.median_us:,.1f}", f"{r.p99_us:,.1f}"]
+        for r in s.itertuples(index=False)
+    ]
+    for line in texttable.lines(cols, rows, right=cols[2:]):
+        print(line)
     if args.all:
+        print(f"every diagnosis ({len(diags)}):")
         for d in diags:
             print(d.summary())
     incidents = analyze.incidents(tr.raw, diags)
     if not incidents:
         print("no diagnoses")
         return status
-    from c4d.incidents import table_lines
-
-    print(f"{len(incidents)} incident(s) from {len(diags)} diagnoses (first seen: since the trace started)")
+    print(
+        f"{len(incidents)} incident(s) from {len(diags)} diagnoses; first seen since the trace started "
+        "(--all lists every diagnosis, --json prints the full stream):"
+    )
     for line in table_lines(incidents, analyze.start_s(tr.raw)):
         print(line)
     return status

@@ -353,12 +353,8 @@ COLUMNS = (
 
 def table_lines(incidents: list[Incident], t0_s: float | None = None) -> list[str]:
     """A plain-text table: a header line, then exactly one line per incident (never wrapped)."""
+    from c4d import texttable
+
     rows = [i.row(t0_s) for i in incidents]
-    widths = {c: max([len(c)] + [len(r[c]) for r in rows]) for c in COLUMNS}
-    right = {"#", "duration", "count", "confidence"}
-
-    def fmt(r: dict[str, str]) -> str:
-        cells = [r[c].rjust(widths[c]) if c in right else r[c].ljust(widths[c]) for c in COLUMNS]
-        return "  ".join(cells).rstrip()
-
-    return [fmt({c: c for c in COLUMNS})] + [fmt(r) for r in rows]
+    right = ("#", "duration", "count", "confidence")
+    return texttable.lines(COLUMNS, ([r[c] for c in COLUMNS] for r in rows), right)
