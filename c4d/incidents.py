@@ -163,7 +163,10 @@ class Incident:
         if self.end is not None:
             bits.append(self.end.value + (f" by #{self.superseded_by}" if self.superseded_by else ""))
         nodes = ", ".join(self.nodes)
-        head = f"{self.level.name} #{self.id} {self.kind}: {self.culprit()} [{nodes}] {self.where()}"
+        where = self.where()
+        head = f"{self.level.name} #{self.id} {self.kind}: {self.culprit()} [{nodes}]" + (
+            f" {where}" if where != "-" else ""
+        )
         return f"{head} ({', '.join(bits)})"
 
     def row(self, t0_s: float | None = None) -> dict[str, Any]:

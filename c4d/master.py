@@ -156,9 +156,8 @@ class Master:
         """The log policy: an incident's opening, its escalation to ERROR, its end."""
         for ev in events:
             inc = ev.incident
-            if ev.change is Change.ended:
-                level = logging.INFO if inc.is_slow else logging.WARNING
-                log.log(level, "%s", inc.line().split(" ", 1)[1])
+            if ev.change is Change.ended:  # at the level it reached, so it reads like its start
+                log.log(getattr(logging, inc.level.name), "%s", inc.line().split(" ", 1)[1])
                 continue
             d = ev.diagnosis
             level = getattr(logging, d.level.name, logging.WARNING)

@@ -59,10 +59,10 @@ QUICK_STEPS = 300
 _ENV_WARNING = re.compile(r"^(c4d|simnccl): [A-Z][A-Z0-9_]*=")
 
 
-def quick_env(environ: dict[str, str] | None = None) -> dict[str, str]:
-    """QUICK_ENV without the variables already set in ``environ`` (the user's values win)."""
+def quick_env(values: dict[str, str] | None = None, environ: dict[str, str] | None = None) -> dict[str, str]:
+    """``values`` (QUICK_ENV) without the variables already set in ``environ`` (the user's win)."""
     env = os.environ if environ is None else environ
-    return {k: v for k, v in QUICK_ENV.items() if k not in env}
+    return {k: v for k, v in (QUICK_ENV if values is None else values).items() if k not in env}
 
 
 @dataclass

@@ -160,7 +160,7 @@ def test_master_logs_each_incident_at_its_steps_only(caplog):
             m._emit(hang(i, i, Level.ERROR if i >= 4 else Level.WARNING))
         m._log_events(m.incidents.expire(int(30 * S)))
     msgs = [(r.levelname, r.getMessage()) for r in caplog.records]
-    assert [lvl for lvl, _ in msgs] == ["WARNING", "ERROR", "WARNING"], msgs
+    assert [lvl for lvl, _ in msgs] == ["WARNING", "ERROR", "ERROR"], msgs
     assert "(n=1," in msgs[0][1] and "(n=4," in msgs[1][1] and "resolved" in msgs[2][1]
     assert all("#1 " in m for _, m in msgs)
 
