@@ -128,6 +128,12 @@ def _print_outcome(con: Console, master: Master, res, blacklist: Path, trace_pat
         for line in table_lines(incidents, master.started_ns / 1e9):
             con.print(line, markup=False, highlight=False, soft_wrap=True)
     bl = blacklist.read_text().split() if blacklist.exists() else []
-    con.print(f"blacklist it would apply: [bold]{', '.join(bl) if bl else '(none)'}[/] ({blacklist})")
-    con.print(f"trace: {trace_path}  (next: c4d analyze {trace_path}; c4d report {trace_path} -o report/)")
+    con.print(
+        f"blacklist it would apply: [bold]{', '.join(bl) if bl else '(none)'}[/] ({blacklist})",
+        soft_wrap=True,
+    )
+    con.print(
+        f"trace: {trace_path}  (next: c4d analyze {trace_path}; c4d report {trace_path} -o report/)",
+        soft_wrap=True,
+    )
     con.print(f"c4d sim: {res.reason} after {res.seconds:.1f} s")

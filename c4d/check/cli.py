@@ -86,8 +86,12 @@ def _add_boot_args(p: argparse.ArgumentParser) -> None:
         "--disk", action="append", default=[], metavar="PATH", help="folder to disk-test (repeatable)"
     )
     g.add_argument("--disk-mb", type=_positive_int, default=64, help="MiB written per disk test (default 64)")
-    g.add_argument("--min-disk-write-mbs", type=_nonneg_float, default=0.0, metavar="MB/S")
-    g.add_argument("--min-disk-read-mbs", type=_nonneg_float, default=0.0, metavar="MB/S")
+    g.add_argument(
+        "--min-disk-write-mbs", type=_nonneg_float, default=0.0, metavar="MB/S", help="fail a disk below this"
+    )
+    g.add_argument(
+        "--min-disk-read-mbs", type=_nonneg_float, default=0.0, metavar="MB/S", help="fail a disk below this"
+    )
     g.add_argument("--expect-gpus", type=int, metavar="N", help="fail unless exactly N GPUs are visible")
     g.add_argument(
         "--expect-cuda", metavar="VER", help="fail unless the CUDA version is VER (prefix, e.g. 12.4)"
@@ -101,8 +105,19 @@ def _add_boot_args(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="ranks of the all-reduce (default: GPUs, or 2 on CPU)",
     )
-    g.add_argument("--allreduce-backend", choices=("auto", "gloo", "nccl"), default="auto")
-    g.add_argument("--allreduce-timeout", type=_positive_float, default=60.0, metavar="S")
+    g.add_argument(
+        "--allreduce-backend",
+        choices=("auto", "gloo", "nccl"),
+        default="auto",
+        help="auto: nccl with GPUs, else gloo",
+    )
+    g.add_argument(
+        "--allreduce-timeout",
+        type=_positive_float,
+        default=60.0,
+        metavar="S",
+        help="fail a rank that has not joined by then",
+    )
 
 
 def _boot_options(args):
@@ -418,7 +433,9 @@ def add_parser(subparsers) -> None:
     p.add_argument(
         "--nodes", type=_node_count, metavar="N", help="number of nodes (default: GPUs, or 4 on CPU)"
     )
-    p.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto")
+    p.add_argument(
+        "--backend", choices=("auto", "gloo", "nccl"), default="auto", help="auto: nccl with GPUs, else gloo"
+    )
     p.add_argument(
         "--straggler-factor",
         type=_factor,
