@@ -139,12 +139,12 @@ def busbw_by_size_figure(inp: ReportInput):
     ops = inp.ops.dropna(subset=["busbw_gbs"])
     ops = ops[np.isfinite(ops["busbw_gbs"]) & (ops["busbw_gbs"] > 0)]
     fig, ax = plt.subplots(figsize=(11, 4.5))
-    for name, g in ops.groupby("op_name"):
+    for i, (name, g) in enumerate(ops.groupby("op_name")):
+        color = f"C{i % 10}"
         per_op = g.groupby(["comm_id", "seq", "bytes"])["busbw_gbs"].min().reset_index()
-        dots = ax.scatter(per_op["bytes"], per_op["busbw_gbs"], s=6, alpha=0.4, label=name)
+        ax.scatter(per_op["bytes"], per_op["busbw_gbs"], s=6, alpha=0.4, label=name, color=color)
         base = per_op.groupby("bytes")["busbw_gbs"].median()
         # a marker per size, joined where there are several sizes: visible with one size too
-        color = dots.get_facecolor()[0][:3]
         ax.plot(base.index, base.to_numpy(), marker="D", markersize=7, linewidth=1.5, color=color,
                 markeredgecolor="black", label=f"{name} median")  # fmt: skip
     if len(ops):
