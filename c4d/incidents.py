@@ -5,17 +5,22 @@ period. An operator wants one line per *incident*, the same thing both offline (
 summary table) and live (what the master logs, what the live view lists). This module is the
 one definition both use:
 
-* **Identity.** Hangs and losses (RankNonCommHang, RankCommHang, RankLost, CollectiveMismatch):
-  the same kind, communicator, op, sequence number and culprit set. Slow kinds
-  (RankNonCommSlow, RankCommSlow): the same kind and culprit set, on any communicator — a slow
-  rank is one incident however many of its communicators show it.
+* **Identity.** The same kind and culprit set while it lasts. Hangs and losses
+  (RankNonCommHang, RankCommHang, RankLost, CollectiveMismatch) are reported on a
+  communicator, op and sequence number; a culprit missing from several ops is charged to the
+  one waited on longest, and that charge can move between evaluations (two ops whose waits
+  began within clock-alignment error of each other), so the op is an attribute of the
+  incident (the latest report's, the others listed), not part of its identity. Two different
+  hangs of the same rank are two incidents because the first ends before the second starts.
+  Slow kinds (RankNonCommSlow, RankCommSlow): likewise on any communicator — a slow rank is one
+  incident however many of its communicators show it.
 * **Start.** Its first diagnosis (WARNING for hangs, INFO for the slow kinds).
 * **End.** *resolved*: no report came when the next one was due (a hang is re-counted every T,
   so none for T and a half means it cleared; a slow finding repeats every period, so none for
-  three periods means it stopped); *superseded*: a newer incident of the hang family names an
-  overlapping culprit set on the same op, or the same culprits (the engine's view of one event
-  got sharper: more culprits confirmed, a silent rank now lost); *open at end*: the run or
-  the trace ended while it lasted.
+  three periods means it stopped); *superseded*: a newer incident of the hang family names a
+  culprit set overlapping this one's (the engine's view of one event got sharper: more ranks of
+  a node confirmed, a silent rank now lost); *open at end*: the run or the trace ended while it
+  lasted.
 
 ``--json`` and ``c4d analyze --all`` keep the full stream (DESIGN.md: ``--json`` prints every
 diagnosis); incidents only decide what is *shown once*.
@@ -72,6 +77,11 @@ class Incident:
     """Diagnoses folded into it."""
     comms: list[str] = field(default_factory=list)
     """Every communicator (hex) it was reported on, first first."""
+    sites: list[str] = field(default_factory=list)
+    """Every op it was charged to ("comm op #seq"), first first."""
+    top_n: int = 0
+    """The highest hang count n any of its reports reached."""
+    top_waited_s: float = 0.0
     end: End | None = None
     end_s: float | None = None
     superseded_by: int | None = None
@@ -101,17 +111,28 @@ class Incident:
     @property
     def count(self) -> int:
         """Hangs: the highest n reached (⌊duration / T⌋); slow kinds: the periods reported."""
-        return self.reports if self.is_slow else max(self.last.hang_times, self.first.hang_times)
+        return self.reports if self.is_slow else self.top_n
 
     @property
     def duration_s(self) -> float:
-        """Hangs: how long the op had waited at the last report; slow: first to last window."""
-        if self.is_slow:
-            return max(0.0, self.last.time - self.first.time) + _window_s(self.last)
-        waited = self.last.detail.get("waited_s")
+        """Hangs: the longest wait any report measured; slow: first to last window."""
+        if self.is_slow or not self.top_waited_s:
+            return max(0.0, self.last.time - self.first.time) + (
+                _window_s(self.last) if self.is_slow else 0.0
+            )
+        return self.top_waited_s
+
+    def _note(self, d: Diagnosis) -> None:
+        comm = None if d.comm is None else f"{d.comm:016x}"
+        if comm and comm not in self.comms:
+            self.comms.append(comm)
+        site = _site(d)
+        if site and site not in self.sites and not self.is_slow:
+            self.sites.append(site)
+        self.top_n = max(self.top_n, d.hang_times)
+        waited = d.detail.get("waited_s")
         if isinstance(waited, int | float):
-            return float(waited)
-        return max(0.0, self.last.time - self.first.time)
+            self.top_waited_s = max(self.top_waited_s, float(waited))
 
     @property
     def evidence(self) -> str:
@@ -139,17 +160,17 @@ class Incident:
         return f"{word} {_ranges(self.ranks)}"
 
     def where(self) -> str:
-        d = self.first
+        """The latest report's communicator and op (+N: on N more communicators or ops)."""
+        d = self.last
         if d.comm is None:
             return "-"
         s = f"{d.comm:016x}"
-        if len(self.comms) > 1:
-            s += f" +{len(self.comms) - 1}"
         if d.op:
             s += f" {d.op}"
         if d.seq is not None and not self.is_slow:
             s += f" #{d.seq}"
-        return s
+        more = len(self.comms if self.is_slow else self.sites) - 1
+        return s + (f" +{more}" if more > 0 else "")
 
     def line(self) -> str:
         """One human-readable line (the master's log, the live view)."""
@@ -202,10 +223,13 @@ class Event:
 
 
 def incident_key(d: Diagnosis) -> tuple:
-    kind = d.kind.value
-    if kind in SLOW_KINDS:
-        return (kind, tuple(sorted(d.ranks)))
-    return (kind, d.comm, d.op, d.seq, tuple(sorted(d.ranks)))
+    return (d.kind.value, tuple(sorted(d.ranks)))
+
+
+def _site(d: Diagnosis) -> str:
+    if d.comm is None:
+        return ""
+    return f"{d.comm:016x} {d.op or ''} #{d.seq}"
 
 
 def evidence_of(d: Diagnosis) -> str:
@@ -269,17 +293,16 @@ class Incidents:
         out = self.expire(d.time_ns)
         key = incident_key(d)
         inc = self.open.get(key)
-        comm = None if d.comm is None else f"{d.comm:016x}"
         if inc is not None:
             inc.last = d
             inc.reports += 1
-            if comm and comm not in inc.comms:
-                inc.comms.append(comm)
+            inc._note(d)
             if d.level > inc.level:
                 inc.level = d.level
                 out.append(Event(Change.escalated, inc, d))
             return out
-        inc = Incident(len(self.all) + 1, d.kind.value, d, d, d.level, comms=[comm] if comm else [])
+        inc = Incident(len(self.all) + 1, d.kind.value, d, d, d.level)
+        inc._note(d)
         for old in self._superseded_by(d):
             del self.open[old.key]
             old.end, old.end_s, old.superseded_by = End.superseded, d.time, inc.id
@@ -290,17 +313,11 @@ class Incidents:
         return out
 
     def _superseded_by(self, d: Diagnosis) -> list[Incident]:
+        """Open hang-family incidents whose culprits overlap a new hang-family diagnosis's."""
         if d.kind.value in SLOW_KINDS:
             return []
         new = set(d.ranks)
-        out = []
-        for inc in self.open.values():
-            if inc.is_slow:
-                continue
-            same_op = inc.first.comm == d.comm and inc.first.seq == d.seq and inc.kind == d.kind.value
-            if (same_op and new & set(inc.ranks)) or set(inc.ranks) == new:
-                out.append(inc)
-        return out
+        return [inc for inc in self.open.values() if not inc.is_slow and new & set(inc.ranks)]
 
     def expire(self, now_ns: int) -> list[Event]:
         """End the incidents whose next report is overdue at master time ``now_ns``."""

@@ -100,6 +100,21 @@ def test_resolved_superseded_and_slow_folding():
     assert slow_inc.end is End.resolved
 
 
+def test_a_charge_that_moves_between_ops_stays_one_incident():
+    """A culprit missing from two ops is charged to the one waited on longest; with clock
+    estimates that can flip between evaluations (seen in `c4d demo`: Send #8, AllGather #16,
+    Send #8). It is one hung rank: one incident, its count the highest n reached."""
+    diags = [
+        hang(2, 1, seq=8),
+        hang(2.5, 1, seq=16),
+        hang(3, 2, seq=8),
+        hang(4, 3, Level.ERROR, seq=8),
+    ]
+    (i,) = Incidents.fold(diags)
+    assert (i.level, i.count, i.reports) == (Level.ERROR, 3, 4)
+    assert i.where() == f"{0xAB:016x} AllReduce #8 +1" and len(i.sites) == 2
+
+
 def _hang_trace(path):
     """The master's loop over a factory-built job: records and TICKs into a trace file."""
     model, batches = build_cached(HANG)
