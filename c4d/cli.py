@@ -178,7 +178,7 @@ def cmd_master(args) -> int:
         if args.live:
             from c4d.live import LiveView
 
-            view = LiveView(m, log_level=args.log_level)
+            view = LiveView(m, console=_live_console(args), log_level=args.log_level)
             logging.getLogger("c4d").info("master listening on %s", m.endpoint)
         m.run(on_step=view.update if view else None)
     except KeyboardInterrupt:
@@ -189,6 +189,13 @@ def cmd_master(args) -> int:
             view.close()
         m.close()
     return EXIT_FOUND if found(m.diagnoses) else EXIT_OK
+
+
+def _live_console(args):
+    """The live view's terminal: stderr when stdout carries --json lines, so they don't mix."""
+    from rich.console import Console
+
+    return Console(stderr=True) if args.json else None
 
 
 def _sim_config(args):
@@ -257,7 +264,7 @@ def cmd_sim(args) -> int:
         if args.live and master is not None:
             from c4d.live import LiveView
 
-            view = LiveView(master, log_level=args.log_level)
+            view = LiveView(master, console=_live_console(args), log_level=args.log_level)
         try:
             res = sim.run(
                 cfg,

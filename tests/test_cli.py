@@ -129,3 +129,12 @@ def test_demo_with_a_slow_fault(tmp_path, libc4d, simtrain):
     assert "rank 9" in row and "node-2" in row
     assert "blacklist it would apply: (none)" in p.stdout and not (out / "blacklist.txt").exists()
     assert "c4d INFO #1 RankNonCommSlow: rank 9 [node-2]" in p.stderr
+
+
+def test_json_and_live_do_not_mix_on_stdout(libc4d, simtrain):
+    p = run("sim", "--quick", "--ranks", 4, "--ranks-per-node", 2, "--fault", "noncomm-hang@rank=1,step=5",
+            "--json", "--live")  # fmt: skip
+    assert p.returncode == 2, p.stderr
+    objs = [json.loads(line) for line in p.stdout.splitlines()]  # stdout is JSON lines only
+    assert objs and {o["kind"] for o in objs} == {"RankNonCommHang"} and objs[-1]["level"] == "ERROR"
+    assert "ranks by node" in p.stderr  # the view went to stderr
