@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -115,11 +116,17 @@ def test_master_live_view_shows_slow_ranks_by_default(tmp_path, libc4d, simtrain
         wait_for(lambda: "ranks by node" in pane.screen(), timeout=60, what="the live view to appear")
         sim = _sim(ep, "--tp", 2, "--pp", 2, "--fault", "comm-slow@rank=5,step=20,factor=4")
 
+        seen: list[str] = []
+
         def slow() -> str | None:
             s = pane.screen()
-            return s if "INFO #1 RankCommSlow: rank 5 [node-1]" in s else None
+            seen[:] = [s]
+            return s if re.search(r"INFO #\d+ RankCommSlow: rank 5 \[node-1\]", s) else None
 
-        screen = wait_for(slow, timeout=90, what="the RankCommSlow incident in the live view")
+        try:
+            screen = wait_for(slow, timeout=90, what="the RankCommSlow incident in the live view")
+        except AssertionError as e:
+            raise AssertionError(f"{e}; last screen:\n{seen[0] if seen else ''}") from None
         assert "INFO" in screen.split("╭─ log", 1)[-1], screen  # logged too, at the default level
         sim.wait(timeout=90)
         assert "blacklisted" not in pane.screen()  # slow findings never isolate
