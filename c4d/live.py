@@ -18,13 +18,14 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from rich.console import Console, Group
+from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
 from c4d.engine.types import CommSnapshot
+from c4d.run.stacks_view import live_lines, stacks_text
 
 # state → (glyph, style); one character per rank so 1,024 ranks fit a 120×40 terminal
 STATE_STYLE: dict[str, tuple[str, str]] = {
@@ -40,6 +41,7 @@ STATE_STYLE: dict[str, tuple[str, str]] = {
 }
 MAX_DIAG_LINES = 6
 MAX_LOG_LINES = 4
+MAX_STACK_LINES = 6
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,7 @@ class LiveState:
     blacklisted: list[str] = field(default_factory=list)
     comm_alerts: dict[str, str] = field(default_factory=dict)  # comm hex → "hang" | "slow"
     log: list[str] = field(default_factory=list)  # the master's latest log lines, oldest first
+    stacks: list[str] = field(default_factory=list)  # hung ranks' stacks, a line each (c4d run)
 
 
 def _header(s: LiveState) -> Text:
@@ -172,21 +175,26 @@ def render(s: LiveState, width: int = 120, height: int = 40) -> Group:
         diag.insert(0, (f"blacklisted: {', '.join(s.blacklisted)}", "bold red"))
     logs = [(line, "dim") for line in s.log]
     # rows left after the header, the grid and the panels' borders (+ the comm table's header)
-    budget = height - 1 - 1 - grid_h - 2 - 3 - (2 if logs else 0)
+    budget = height - 1 - 1 - grid_h - 2 - 3 - (2 if logs else 0) - (2 if s.stacks else 0)
     n_diag = max(1, min(len(diag), MAX_DIAG_LINES, budget - 2))
     budget -= n_diag
+    n_stacks = max(1, min(len(s.stacks), MAX_STACK_LINES, budget - 2)) if s.stacks else 0
+    budget -= n_stacks
     n_log = max(1, min(len(logs), MAX_LOG_LINES, budget - 2)) if logs else 0
     budget -= n_log
     comm_rows = max(1, budget - 1)  # a caption line may follow the rows
     if len(diag) > n_diag:
         cut = len(diag) - n_diag + 1
         diag = diag[: n_diag - 1] + [(f"… {cut} more incidents", "dim")]
-    parts: list[Any] = [
+    parts: list[RenderableType] = [
         _header(s),
         Panel(grid, title="ranks by node", title_align="left"),
         Panel(_lines(diag, inner), title="incidents", title_align="left"),
         Panel(_comms(s, comm_rows, inner), title="communicators", title_align="left"),
     ]
+    if s.stacks:
+        body = stacks_text(s.stacks, width, limit=n_stacks)
+        parts.append(Panel(body, title="stacks of hung ranks", title_align="left"))
     if logs:
         parts.append(Panel(_lines(logs[-n_log:], inner), title="log", title_align="left"))
     return Group(*parts)
@@ -230,6 +238,7 @@ def snapshot(master: Any, now: float | None = None, log: list[str] | None = None
         blacklisted=list(master.blacklisted),
         comm_alerts=alerts,
         log=list(log or []),
+        stacks=live_lines(master.diagnoses),
     )
 
 

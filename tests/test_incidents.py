@@ -162,18 +162,18 @@ def test_analyze_prints_one_line_per_incident(tmp_path):
     assert [json.loads(line)["hang_times"] for line in p.stdout.splitlines()] == [d.hang_times for d in diags]
 
 
-def test_master_logs_each_incident_at_its_steps_only(caplog):
+def test_master_logs_each_incident_at_its_steps_only(caplog, tmp_path):
     """WARNING when it opens, ERROR when it escalates, the blacklist, the end; never n=4, n=5 ..."""
     from c4d.master import Master, MasterConfig
 
-    m = Master.__new__(Master)  # the sinks only: no socket needed to test the log policy
-    m.cfg = MasterConfig(blacklist=None)
-    m.diagnoses, m.on_diagnosis, m.metrics, m.blacklisted = [], [], None, []
-    m.incidents = Incidents()
-    with caplog.at_level(logging.INFO, logger="c4d"):
-        for i in range(1, 13):
-            m._emit(hang(i, i, Level.ERROR if i >= 4 else Level.WARNING))
-        m._log_events(m.incidents.expire(int(30 * S)))
+    m = Master(MasterConfig(bind=f"ipc://{tmp_path}/m.sock"))  # its sinks fed by hand
+    try:
+        with caplog.at_level(logging.INFO, logger="c4d"):
+            for i in range(1, 13):
+                m._emit(hang(i, i, Level.ERROR if i >= 4 else Level.WARNING))
+            m._log_events(m.incidents.expire(int(30 * S)))
+    finally:
+        m.close()
     msgs = [(r.levelname, r.getMessage()) for r in caplog.records]
     assert [lvl for lvl, _ in msgs] == ["WARNING", "ERROR", "ERROR"], msgs
     assert "(n=1," in msgs[0][1] and "(n=4," in msgs[1][1] and "resolved" in msgs[2][1]
