@@ -165,29 +165,11 @@ def test_same_results_and_last_errors_with_and_without_the_shim(calls, libc4d, m
     assert normalized(off.stdout) == normalized(ref.stdout) and off.stderr == ""
 
 
-DELIVERY_BUG = (
-    "shim bug on main since the delivery accounting of issue 14 (native/shim/agent.cc, "
-    "agent_shutdown): a process that exits within milliseconds of its first communicator init "
-    "ends with 'nothing was delivered: no master ever connected at ... (N records queued and "
-    "lost)' although the master received every record: the libzmq monitor's connect event is "
-    "not read before the exit summary"
-)
-
-
-@pytest.mark.parametrize(
-    "variant",
-    [
-        pytest.param(
-            "plain", marks=pytest.mark.xfail(strict=True, reason=DELIVERY_BUG + " (9 runs in 10 here)")
-        ),
-        # The same bug; this program starts slower (the CUDA runtime probes for a driver), so
-        # now and then all 8 runs connect in time: not strict.
-        pytest.param("cudart", marks=pytest.mark.xfail(strict=False, reason=DELIVERY_BUG)),
-    ],
-)
+@pytest.mark.parametrize("variant", ["plain", "cudart"])
 def test_shim_stderr_is_exactly_its_documented_lines(programs, variant, libc4d):
     """Run after run (8, each against a fresh master that receives everything): stderr is
-    SHIM_LINES exactly, and a summary that counts deliveries counts what the master received."""
+    SHIM_LINES exactly, and a summary that counts deliveries counts what the master received.
+    (Short-lived processes claimed "nothing was delivered" until main's 0e699b2.)"""
     exe = programs[variant]
     for _ in range(8):
         m = Master()
