@@ -41,8 +41,9 @@ EXPECTED_EXPORTS = {
             "AllReduce", "Broadcast", "Bcast", "Reduce", "AllGather", "ReduceScatter", "AlltoAll", "Gather",
             "Scatter", "AllReduceConfig", "BroadcastConfig", "ReduceConfig", "AllGatherConfig",
             "ReduceScatterConfig", "AlltoAllConfig", "GatherConfig", "ScatterConfig", "Send", "Recv",
-            "GroupStart", "GroupEnd", "CommInitRank", "CommInitRankConfig", "CommInitRankScalable",
-            "CommInitAll", "CommSplit", "CommShrink", "CommFinalize", "CommDestroy", "CommAbort",
+            "GroupStart", "GroupEnd", "GroupSimulateEnd", "CommInitRank", "CommInitRankConfig",
+            "CommInitRankScalable", "CommInitAll", "CommSplit", "CommShrink", "CommFinalize", "CommDestroy",
+            "CommAbort",
         ]
     ),
     "c4d_version",
@@ -583,6 +584,50 @@ def test_bcast_is_one_broadcast_and_groups_share_events(libc4d, simnccl_dir, mas
     stats = [ln for ln in p.stderr.splitlines() if ln.startswith("c4d: stats ")]
     assert any("AllReduce" in ln and "count=2 " in ln for ln in stats), p.stderr
     assert any("Broadcast" in ln and "count=1 " in ln for ln in stats), p.stderr
+
+
+def test_group_simulate_end_leaves_no_op_behind(libc4d, simnccl_dir, master):
+    """ncclGroupSimulateEnd ends the group without launching it: the shim's group depth comes
+    back down, the simulated ops are neither numbered nor recorded (NCCL runs none of them),
+    and the ops after it are ordinary ops, timed and done (no false hang)."""
+    body = """
+    class SimInfo(ctypes.Structure):
+        _fields_ = [("size", ctypes.c_size_t), ("magic", ctypes.c_uint), ("version", ctypes.c_uint),
+                    ("estimatedTime", ctypes.c_float)]
+    comm = new_comm()
+    s = new_stream()
+    info = SimInfo(ctypes.sizeof(SimInfo), 0x74685283, 23102, -1.0)
+    check(g.ncclGroupStart(), "ncclGroupStart")
+    check(g.ncclAllReduce(buf, out, 64, F32, 0, comm, s), "grouped ncclAllReduce")
+    check(g.ncclSend(buf, 8, F32, 0, comm, s), "grouped ncclSend")
+    check(g.ncclRecv(out, 8, F32, 0, comm, s), "grouped ncclRecv")
+    check(g.ncclGroupSimulateEnd(ctypes.byref(info)), "ncclGroupSimulateEnd")
+    assert info.estimatedTime >= 0, info.estimatedTime
+    for _ in range(2):
+        check(g.ncclAllReduce(buf, out, 64, F32, 0, comm, s), "ncclAllReduce")
+    check(g.ncclGroupStart(), "ncclGroupStart")
+    check(g.ncclSend(buf, 8, F32, 0, comm, s), "ncclSend")
+    check(g.ncclRecv(out, 8, F32, 0, comm, s), "ncclRecv")
+    check(g.ncclGroupEnd(), "ncclGroupEnd")
+    check(g.cudaStreamSynchronize(s), "sync")
+    check(g.ncclCommDestroy(comm), "ncclCommDestroy")
+    """
+    env = base_env(libc4d, C4D_MASTER_ADDR=master.endpoint, C4D_HEARTBEAT_MS="50")
+    p = run_driver(simnccl_dir, body, env)
+    assert p.returncode == 0, p.stderr
+    wait_records(master, lambda r: (r[schema.Kind.HEARTBEAT]["hb_flags"] & schema.HBF_FINAL).any(), "FINAL")
+    recs = master.records()
+    ops = recs[schema.Kind.OP]
+    ops = ops[np.argsort(ops["issue_ns"])]
+    assert [schema.Op(int(o)).name for o in ops["op"]] == ["AllReduce", "AllReduce", "Send", "Recv"]
+    assert ops["seq"].tolist() == [0, 1, 0, 0], "simulated ops take no sequence numbers"
+    assert (ops["flags"] & schema.OpFlag.IN_GROUP != 0).tolist() == [False, False, True, True]
+    assert (ops["flags"] & schema.OpFlag.DEVICE_TIMING != 0).all()
+    hb = recs[schema.Kind.HEARTBEAT]
+    final = hb[(hb["hb_flags"] & schema.HBF_FINAL) != 0]
+    assert (final["pend_seq"] == schema.UINT64_MAX).all(), "nothing left pending"
+    proc = final[final["comm_id"] == 0]
+    assert proc["n_issued"].tolist() == proc["n_done"].tolist() == [4]
 
 
 def test_fork_child_records_on_its_own(libc4d, simnccl_dir, master):

@@ -452,11 +452,13 @@ class Profile:
 
 
 def plugin_env(log_prefix: Path, plugin: Path, **extra) -> dict:
-    return {"NCCL_PROFILER_PLUGIN": str(plugin), "SIMNCCL_TEST_PROFILER_LOG": str(log_prefix), **extra}
+    """One rank per node unless told otherwise: only network transfers have ProxyOps."""
+    env = {"NCCL_PROFILER_PLUGIN": str(plugin), "SIMNCCL_TEST_PROFILER_LOG": str(log_prefix)}
+    return {"SIMNCCL_RANKS_PER_NODE": "1", **env, **extra}
 
 
 def test_profiler_plugin_sees_comms_colls_and_steps(jobs, simtrain, test_plugin, tmp_path):
-    env = plugin_env(tmp_path / "job0" / "prof", test_plugin, SIMNCCL_INTRA_GBPS="1", SIMNCCL_JITTER="0")
+    env = plugin_env(tmp_path / "job0" / "prof", test_plugin, SIMNCCL_INTER_GBPS="1", SIMNCCL_JITTER="0")
     job = jobs(simtrain, 2, "--steps", "3", "--dp-bytes", str(1 << 20), "--compute-us", "100", env=env)
     assert job.wait(timeout=60) == [0, 0]
     prof = Profile.read(job)
@@ -484,6 +486,50 @@ def test_profiler_plugin_sees_comms_colls_and_steps(jobs, simtrain, test_plugin,
                 assert 400 < moved_us < 200000, f"512 KiB at 1 GB/s + 20 us ~ 544 us, got {moved_us}"
 
 
+def test_profiler_events_come_in_nccls_order(jobs, simtrain, test_plugin, tmp_path):
+    """NCCL 2.30.7 src/enqueue.cc hostStreamPlanTask: the launching thread starts a task's
+    Coll event, posts its proxy ops and stops the Coll event; src/proxy.cc: the proxy
+    progress thread starts the ProxyOps later, parented to the stopped task. A plugin that
+    frees a task at its stopEvent never sees where its transfers went."""
+    env = plugin_env(tmp_path / "job0" / "prof", test_plugin)
+    job = jobs(simtrain, 2, "--steps", "3", "--compute-us", "100", env=env)
+    assert job.wait(timeout=60) == [0, 0]
+    prof = Profile.read(job)
+    checked = 0
+    for pid, rows in prof.events.items():
+        at = {(e["ev"], e["h"]): i for i, e in enumerate(rows) if "h" in e}
+        by_h = {e["h"]: e for e in rows if e["ev"] in ("coll", "p2p")}
+        for i, op in enumerate(rows):
+            if op["ev"] != "proxyop":
+                continue
+            task = by_h[op["parent"]]
+            assert task["tid"] == str(pid), "task events come from the thread that called NCCL"
+            assert op["tid"] != task["tid"], "ProxyOps come from the proxy progress thread"
+            assert at[("stop", task["h"])] < i, "the task was stopped before its ProxyOp started"
+            checked += 1
+    assert checked >= 2 * 3 * 2, "both ranks, 3 steps, a send and a receive per all-reduce"
+    assert {e["tid"] for e in prof.all("proxystep")} <= {e["tid"] for e in prof.all("proxyop")}
+
+
+def test_intra_node_transfers_have_no_proxy_events(jobs, simtrain, test_plugin, tmp_path):
+    """Two ranks per node, tp=2: the tensor-parallel pairs share a node (NVLink/P2P in a real
+    job: the kernel moves the data, no proxy, no ProxyOp), the data-parallel pairs do not."""
+    env = plugin_env(tmp_path / "job0" / "prof", test_plugin, SIMNCCL_RANKS_PER_NODE="2")
+    job = jobs(simtrain, 4, "--steps", "2", "--tp", "2", "--compute-us", "100", env=env)
+    assert job.wait(timeout=60) == [0] * 4
+    prof = Profile.read(job)
+    with_proxy: dict[str, set[bool]] = {}  # event handles are per process
+    for rows in prof.events.values():
+        local = {e["parent"] for e in rows if e["ev"] == "proxyop"}
+        for e in rows:
+            if e["ev"] == "coll":
+                with_proxy.setdefault(e["func"], set()).add(e["h"] in local)
+    assert with_proxy["AllGather"] == with_proxy["ReduceScatter"] == {False}, with_proxy
+    assert with_proxy["AllReduce"] == {True}, with_proxy
+    peers = {(int(e["rank"]), int(e["peer"])) for e in prof.all("proxyop")}
+    assert peers == {(0, 1), (1, 0)}, "comm ranks of the data-parallel pairs (global 0-2, 1-3)"
+
+
 def test_profiler_localizes_a_hung_link(jobs, simtrain, test_plugin, tmp_path):
     env = plugin_env(tmp_path / "job0" / "prof", test_plugin, SIMNCCL_FAULTS="comm-hang@link=1-2,step=1")
     job = jobs(simtrain, 4, "--steps", "20", "--compute-us", "200", "--progress", env=env)
@@ -508,7 +554,7 @@ def test_profiler_shows_the_slow_link(jobs, simtrain, test_plugin, tmp_path):
     env = plugin_env(
         tmp_path / "job0" / "prof",
         test_plugin,
-        SIMNCCL_INTRA_GBPS="1",
+        SIMNCCL_INTER_GBPS="1",
         SIMNCCL_FAULTS="comm-slow@link=1-2,factor=8",
     )
     job = jobs(simtrain, 4, "--steps", "2", "--dp-bytes", str(4 << 20), "--compute-us", "100", env=env)

@@ -218,6 +218,13 @@ C4D_HOOK ncclResult_t ncclGroupEnd(void) {
   return c4d::group_end(g.thread(), real);
 }
 
+C4D_HOOK ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t* simInfo) {
+  C4D_ORIGINAL(ncclGroupSimulateEnd);
+  c4d::HookScope g;
+  if (!g.outer() || c4d::shim_mode() == c4d::kPassThrough) return real(simInfo);
+  return c4d::group_simulate_end(g.thread(), real, simInfo);
+}
+
 /* ------------------------------------------------------------- communicators */
 
 C4D_HOOK ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank) {

@@ -36,6 +36,10 @@ struct SeqMap {
 SeqMap* g_maps[kMaxComms];
 bool g_claimed[kMaxComms];  // comm slots a context resolved to
 
+/* Stopped tasks in stop order, waiting to be retired (a FIFO of task indices). */
+uint32_t* g_retire = nullptr;
+uint32_t g_retire_head = 0, g_retire_n = 0;
+
 /* Contexts [0, upto] in creation order: first by id, then by (nranks, rank) and order. */
 void resolve_upto(uint32_t upto) {
   uint32_t nc = comm_count();
@@ -139,8 +143,29 @@ void peer_note_op(const OpSlot& s) {
   m->ring[s.op][o % kRing] = s.seq;
 }
 
+void task_retire(uint64_t now) {
+  uint32_t cap = g_peer.tasks.n;
+  if (!g_retire) g_retire = static_cast<uint32_t*>(calloc(cap, sizeof(uint32_t)));  // agent: may allocate
+  uint32_t t;
+  while (g_peer.stopped.pop(&t)) {
+    if (!g_retire || g_retire_n == cap) {  // no memory for the queue (or a stop we queued twice): now
+      task_unref(t);
+      continue;
+    }
+    g_retire[(g_retire_head + g_retire_n++) % cap] = t;
+  }
+  while (g_retire_n) {
+    uint32_t oldest = g_retire[g_retire_head];
+    if (g_retire_n <= cap / 2 && now - g_peer.tasks.items[oldest].stop_ns < kTaskKeepNs) break;
+    task_unref(oldest);
+    g_retire_head = (g_retire_head + 1) % cap;
+    --g_retire_n;
+  }
+}
+
 bool peer_poll(RecordSink emit) {
   if (!g_peer.ready.load(std::memory_order_acquire)) return false;
+  task_retire(mono_now_ns());
   bool any = false;
   uint32_t x;
   uint64_t now = host_now_ns();
@@ -189,6 +214,7 @@ void peer_summary(char* out, unsigned cap) {
 }
 
 void peer_reset_after_fork() {
+  g_retire_head = g_retire_n = 0;
   for (SeqMap*& m : g_maps)
     if (m) memset(m, 0, sizeof *m);
   memset(g_claimed, 0, sizeof g_claimed);

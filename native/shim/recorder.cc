@@ -36,6 +36,27 @@ static OpTicket drop(OpTicket k) {
   return OpTicket{kNone, kNone, nullptr, k.stream, false};
 }
 
+/* The op's sequence number on comm c (recorder.h: collectives per comm, p2p per
+ * (comm, direction, peer)); UINT64_MAX for a peer out of range or an unknown shape. */
+static uint64_t take_seq(CommSlot* c, uint8_t op, uint8_t flags, int32_t peer) {
+  if (!(flags & C4D_OPF_P2P)) return c->coll_seq.fetch_add(1, std::memory_order_relaxed);
+  std::atomic<uint64_t>* arr = c->p2p_seq.load(std::memory_order_acquire);
+  int n = c->nranks.load(std::memory_order_relaxed);
+  return (arr && peer >= 0 && peer < n) ? arr[(op == C4D_OP_RECV ? n : 0) + peer].fetch_add(1, std::memory_order_relaxed)
+                                        : UINT64_MAX;  // NCCL will refuse that peer, or shape unknown
+}
+
+/* Numbers the chained ops that have no seq yet, in issue order. */
+static void number_group(ThreadState* t) {
+  uint32_t i = t->group_head;
+  for (uint32_t j = 0; j < t->group_n; ++j, i = g_ops.at(i).next) {
+    if (j < t->group_numbered) continue;
+    OpSlot& s = g_ops.at(i);
+    s.seq = take_seq(comm_at(s.comm), s.op, s.flags, s.peer);
+  }
+  t->group_numbered = t->group_n;
+}
+
 OpTicket op_begin(ThreadState* t, const OpDesc& d) {
   OpTicket k{kNone, kNone, nullptr, d.stream, false};
   uint64_t issue_ns = host_now_ns();
@@ -45,18 +66,12 @@ OpTicket op_begin(ThreadState* t, const OpDesc& d) {
     return k;
   }
   if (!c->ready.load(std::memory_order_acquire)) comm_refresh(c);  // non-blocking init: once
-  uint64_t seq;
-  if (d.flags & C4D_OPF_P2P) {
-    std::atomic<uint64_t>* arr = c->p2p_seq.load(std::memory_order_acquire);
-    int n = c->nranks.load(std::memory_order_relaxed);
-    seq = (arr && d.peer >= 0 && d.peer < n)
-              ? arr[(d.op == C4D_OP_RECV ? n : 0) + d.peer].fetch_add(1, std::memory_order_relaxed)
-              : UINT64_MAX;  // peer out of range (NCCL will refuse it) or shape unknown
-  } else {
-    seq = c->coll_seq.fetch_add(1, std::memory_order_relaxed);
-  }
+  const bool grouped = t->group_depth > 0;
   uint32_t i = g_ops.take();
   if (i == kNone) {
+    // Dropped, but numbered all the same: the other ranks number this op too.
+    if (grouped) number_group(t);
+    take_seq(c, d.op, d.flags, d.peer);
     count(g_counters.dropped_full);
     return k;
   }
@@ -69,7 +84,7 @@ OpTicket op_begin(ThreadState* t, const OpDesc& d) {
   s.comm = comm_index(c);
   s.peer = d.peer;
   s.device = c->device.load(std::memory_order_relaxed);
-  s.seq = seq;
+  s.seq = grouped ? UINT64_MAX : take_seq(c, d.op, d.flags, d.peer);  // grouped: at the group's end
   s.issue_ns = issue_ns;
   s.count = d.count;
   s.bytes = d.count * c4d_dtype_size(d.dtype);
@@ -83,19 +98,19 @@ OpTicket op_begin(ThreadState* t, const OpDesc& d) {
   s.start_ns = s.end_ns = 0;
   k.slot = i;
 
-  if (t->group_depth > 0) {
+  if (grouped) {  // chained; numbered, given events and handed over at the outermost ncclGroupEnd
     s.group_id = t->group_id;
     s.flags |= C4D_OPF_IN_GROUP;
-    if (t->group_n < kGroupMax) {
-      s.state.store(kIssued, std::memory_order_relaxed);
-      if (!g_ops.submit(i)) return drop(k);  // release: the agent sees the fields above
-      t->group[t->group_n++] = i;
-      k.grouped = true;
-      return k;
-    }
-    count(g_counters.group_overflow);
-    s.flags |= C4D_OPF_NO_EVENT;  // recorded on its own, host times only
-  } else if (EventPool* p = event_pool_for(s.device)) {
+    s.next = kNone;
+    if (t->group_n++)
+      g_ops.at(t->group_tail).next = i;
+    else
+      t->group_head = i;
+    t->group_tail = i;
+    k.grouped = true;
+    return k;
+  }
+  if (EventPool* p = event_pool_for(s.device)) {
     if (capturing(d.stream)) {
       count(g_counters.captured);
     } else {
@@ -127,7 +142,7 @@ void op_end(const OpTicket& k, ncclResult_t r) {
   if (k.slot == kNone) return;
   OpSlot& s = g_ops.at(k.slot);
   if (k.grouped) {
-    s.result = r;  // read by group_end on this thread; the agent waits for kReturned
+    s.result = r;  // still the issuing thread's: handed over at the group's end
     return;
   }
   if (k.ev_end != kNone) {
@@ -145,16 +160,17 @@ void op_end(const OpTicket& k, ncclResult_t r) {
 void group_started(ThreadState* t) {
   if (t->group_depth++ == 0) {
     t->group_id = g_group_counter.fetch_add(1, std::memory_order_relaxed) + 1;
-    t->group_n = 0;
+    t->group_n = t->group_numbered = 0;
   }
 }
 
 ncclResult_t group_end(ThreadState* t, ncclResult_t (*real)()) {
   if (t->group_depth == 0) return real();  // unbalanced: NCCL reports it
   if (--t->group_depth > 0) return real();
-  uint32_t n = t->group_n;
-  t->group_n = 0;
-  if (n == 0) return real();
+  if (t->group_n == 0) return real();
+  number_group(t);
+  const uint32_t n = t->group_n, head = t->group_head;
+  t->group_n = t->group_numbered = 0;
 
   // One (start, end) event pair per distinct stream of the group, shared by its ops.
   struct Pair {
@@ -163,19 +179,22 @@ ncclResult_t group_end(ThreadState* t, ncclResult_t (*real)()) {
     uint32_t a, b, refs;
     bool error;
   };
-  Pair pairs[kGroupMax];
-  uint16_t which[kGroupMax];
-  constexpr uint16_t kNoPair = 0xffff;
+  Pair pairs[kGroupStreams];
   uint32_t np = 0;
-  for (uint32_t j = 0; j < n; ++j) {
-    OpSlot& s = g_ops.at(t->group[j]);
-    which[j] = kNoPair;
+  for (uint32_t j = 0, i = head; j < n; ++j, i = g_ops.at(i).next) {
+    OpSlot& s = g_ops.at(i);
+    s.pair = kNone;
     EventPool* p = event_pool_for(s.device);
     if (!p) continue;
     auto stream = reinterpret_cast<cudaStream_t>(s.stream);
     uint32_t q = 0;
     while (q < np && !(pairs[q].stream == stream && pairs[q].pool == p)) ++q;
     if (q == np) {
+      if (np == kGroupStreams) {  // more streams in one group than we keep events for
+        s.late_flags |= C4D_OPF_NO_EVENT;
+        count(g_counters.no_event);
+        continue;
+      }
       Pair& pr = pairs[np++];
       pr = Pair{stream, p, kNone, kNone, 0, false};
       if (capturing(stream)) {
@@ -197,7 +216,7 @@ ncclResult_t group_end(ThreadState* t, ncclResult_t (*real)()) {
         }
       }
     }
-    which[j] = uint16_t(q);
+    s.pair = q;
     if (pairs[q].a != kNone) ++pairs[q].refs;
   }
   for (uint32_t q = 0; q < np; ++q)
@@ -205,15 +224,26 @@ ncclResult_t group_end(ThreadState* t, ncclResult_t (*real)()) {
       pairs[q].pool->set_refs(pairs[q].a, pairs[q].refs);
       pairs[q].pool->set_refs(pairs[q].b, pairs[q].refs);
     }
-  for (uint32_t j = 0; j < n; ++j) {
-    OpSlot& s = g_ops.at(t->group[j]);
-    if (which[j] != kNoPair) {
-      const Pair& pr = pairs[which[j]];
+  // Hand the group over before NCCL launches it: a launch that blocks is still seen.
+  uint32_t first = kNone, last = kNone;  // submitted slots, still chained, for the walk after the call
+  for (uint32_t j = 0, i = head; j < n; ++j) {
+    OpSlot& s = g_ops.at(i);
+    uint32_t next = s.next;
+    if (s.pair != kNone) {
+      const Pair& pr = pairs[s.pair];
       s.ev_start = pr.a;
       s.ev_end = pr.b;
       if (pr.a == kNone) s.late_flags |= pr.error ? C4D_OPF_EVENT_ERROR : C4D_OPF_NO_EVENT;
     }
-    s.state.store(kLaunched, std::memory_order_release);
+    s.state.store(kLaunched, std::memory_order_relaxed);
+    if (g_ops.submit(i)) {  // release: the agent sees the fields above
+      if (first == kNone) first = i;
+      last = i;
+    } else {
+      drop(OpTicket{i, kNone, nullptr, nullptr, true});  // back in the pool: unlinked from the walk below
+      if (last != kNone) g_ops.at(last).next = next;
+    }
+    i = next;
   }
 
   ncclResult_t r = real();
@@ -226,19 +256,37 @@ ncclResult_t group_end(ThreadState* t, ncclResult_t (*real)()) {
     }
   }
   uint64_t now = host_now_ns();
-  for (uint32_t j = 0; j < n; ++j) {
-    OpSlot& s = g_ops.at(t->group[j]);
-    if (which[j] != kNoPair && pairs[which[j]].error) s.late_flags |= C4D_OPF_EVENT_ERROR;
+  for (uint32_t i = first; i != kNone;) {
+    OpSlot& s = g_ops.at(i);
+    uint32_t next = i == last ? kNone : s.next;  // read before the slot may go back to the pool
+    if (s.pair != kNone && pairs[s.pair].error) s.late_flags |= C4D_OPF_EVENT_ERROR;
     s.return_ns = now;  // grouped ops are launched by the outermost ncclGroupEnd
     if (s.result == ncclSuccess) s.result = r;
     s.state.store(kReturned, std::memory_order_release);
+    i = next;
   }
+  return r;
+}
+
+ncclResult_t group_simulate_end(ThreadState* t, ncclResult_t (*real)(ncclSimInfo_t*), ncclSimInfo_t* info) {
+  if (t->group_depth == 0) return real(info);  // unbalanced: NCCL reports it
+  if (--t->group_depth > 0) return real(info);
+  ncclResult_t r = real(info);
+  // NCCL ends the group without launching (or numbering) anything: forget its ops.
+  const uint32_t n = t->group_n;
+  for (uint32_t j = 0, i = t->group_head; j < n; ++j) {
+    uint32_t next = g_ops.at(i).next;
+    g_ops.release(i);  // never submitted: the agent never saw it
+    i = next;
+  }
+  t->group_n = t->group_numbered = 0;
+  count(g_counters.simulated, n);
   return r;
 }
 
 void recorder_reset_after_fork() {
   t_state.group_depth = 0;
-  t_state.group_n = 0;
+  t_state.group_n = t_state.group_numbered = 0;
 }
 
 }  // namespace c4d

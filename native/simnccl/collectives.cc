@@ -25,6 +25,7 @@
 #include "common.h"
 #include "config.h"
 #include "ops.h"
+#include "profiler.h"
 #include "reduce.h"
 #include "stream.h"
 #include "timeline.h"
@@ -80,7 +81,7 @@ size_t publish_bytes(const OpDesc& op) {
 void set_error(ncclComm* c, ncclResult_t r, const char* what) {
   int zero = 0;
   if (c->async_error.compare_exchange_strong(zero, int(r)))
-    logf("comm rank %d (global %d): %s", c->rank, c->global_rank, what); /* first error per comm */
+    warnf("comm rank %d (global %d): %s", c->rank, c->global_rank, what); /* first error per comm */
 }
 
 /* Enqueue one group (or one bare op) on the stream(s) of its ops. */
@@ -89,12 +90,14 @@ void enqueue_group(std::vector<PendingOp>& ops) {
   std::vector<Stream*> streams;
   for (PendingOp& p : ops) {
     g->ops.push_back(p.op);
+    if (is_coll(p.op.kind)) g->ops.back().seq = ++p.op.comm->coll_issued;
     if (std::find(streams.begin(), streams.end(), p.stream) == streams.end()) streams.push_back(p.stream);
     ncclComm* c = p.op.comm;
     bool seen = false;
     for (auto& t : g->tickets) seen = seen || t.first == c;
     if (!seen) g->tickets.push_back({c, ++c->ticket_issued});
   }
+  profiler_enqueue(g->ops, false); /* NCCL's hostStreamPlanTask, right after the launch */
   JoinSync* js = nullptr;
   if (streams.size() > 1) {
     js = new JoinSync;
@@ -108,7 +111,7 @@ void enqueue_group(std::vector<PendingOp>& ops) {
 ncclResult_t submit(const OpDesc& op, cudaStream_t stream) {
   Stream* s = resolve_stream(stream);
   if (!s) {
-    logf("%s: invalid cudaStream_t %p", op_func_name(op.kind), (void*)stream);
+    warnf("%s: invalid cudaStream_t %p", op_func_name(op.kind), (void*)stream);
     return ncclInvalidArgument;
   }
   if (t_group_depth > 0) {
@@ -126,24 +129,24 @@ ncclResult_t issue(uint8_t kind, const void* send, void* recv, size_t count, ncc
   const char* fn = op_func_name(kind);
   ncclComm* c = as_comm(comm);
   if (!c) {
-    logf("%s: invalid communicator %p", fn, (void*)comm);
+    warnf("%s: invalid communicator %p", fn, (void*)comm);
     return ncclInvalidArgument;
   }
   if (c->aborted.load()) {
-    logf("%s: communicator was aborted", fn);
+    warnf("%s: communicator was aborted", fn);
     return ncclInvalidUsage;
   }
   if (c4d_dtype_size(dtype) == 0 || int(dtype) < 0 || dtype >= ncclNumTypes) {
-    logf("%s: invalid datatype %d", fn, int(dtype));
+    warnf("%s: invalid datatype %d", fn, int(dtype));
     return ncclInvalidArgument;
   }
   if (is_reducing(kind) && !reducible(dtype, redop)) {
-    logf("%s: reduction op %d on datatype %d is not supported", fn, redop, int(dtype));
+    warnf("%s: reduction op %d on datatype %d is not supported", fn, redop, int(dtype));
     return ncclInvalidArgument;
   }
   bool rooted = kind == kBroadcast || kind == kReduce || kind == kGather || kind == kScatter;
   if ((rooted || kind == kSend || kind == kRecv) && (peer < 0 || peer >= c->nranks)) {
-    logf("%s: %s %d is not in [0, %d)", fn, rooted ? "root" : "peer", peer, c->nranks);
+    warnf("%s: %s %d is not in [0, %d)", fn, rooted ? "root" : "peer", peer, c->nranks);
     return ncclInvalidArgument;
   }
   if (count == 0) return ncclSuccess; /* like NCCL: nothing is queued for an empty op */
@@ -151,7 +154,7 @@ ncclResult_t issue(uint8_t kind, const void* send, void* recv, size_t count, ncc
   bool needs_send = kind != kRecv && !(kind == kScatter && !is_root) && !(kind == kBroadcast && !is_root);
   bool needs_recv = kind != kSend && !((kind == kReduce || kind == kGather) && !is_root);
   if ((needs_send && !send) || (needs_recv && !recv)) {
-    logf("%s: NULL %s buffer", fn, (needs_send && !send) ? "send" : "receive");
+    warnf("%s: NULL %s buffer", fn, (needs_send && !send) ? "send" : "receive");
     return ncclInvalidArgument;
   }
   OpDesc op{};
@@ -163,7 +166,7 @@ ncclResult_t issue(uint8_t kind, const void* send, void* recv, size_t count, ncc
   op.recv = recv;
   op.count = count;
   op.comm = c;
-  op.seq = is_coll(kind) ? ++c->coll_issued : 0;
+  op.seq = 0; /* collectives are numbered when launched (enqueue_group) */
   op.step = current_step();
   return submit(op, stream);
 }
@@ -457,6 +460,8 @@ void run_group(GroupWork* g) {
     chunk.push_back(r);
   }
   flush();
+  for (OpDesc& op : g->ops)
+    if (op.proxy) profiler_release(op.proxy);
   for (auto& t : g->tickets) {
     t.first->ticket_done.store(t.second);
     futex_wake_all(&t.first->ticket_done, false);
@@ -482,7 +487,7 @@ SIM_ALIAS(ncclGroupStart)
 
 SIM_API ncclResult_t ncclGroupEnd(void) {
   if (t_group_depth == 0) {
-    logf("ncclGroupEnd without a matching ncclGroupStart");
+    warnf("ncclGroupEnd without a matching ncclGroupStart");
     return ncclInvalidUsage;
   }
   if (--t_group_depth == 0 && !t_pending->empty()) {
@@ -492,6 +497,35 @@ SIM_API ncclResult_t ncclGroupEnd(void) {
   return ncclSuccess;
 }
 SIM_ALIAS(ncclGroupEnd)
+
+/* Ends the group without launching it (NCCL 2.22+, src/group.cc ncclGroupSimulateEnd →
+ * ncclGroupEndInternal(simInfo)): the tasks are planned, timed and dropped, nothing is
+ * numbered; estimatedTime (µs) is the sum of the ops' modeled times. */
+SIM_API ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t* simInfo) {
+  if (t_group_depth == 0) {
+    warnf("ncclGroupEnd: not in a group call.");
+    return ncclInvalidUsage;
+  }
+  if (--t_group_depth > 0) return ncclSuccess;
+  std::vector<PendingOp> ops;
+  ops.swap(*t_pending);
+  if (simInfo && simInfo->magic != NCCL_SIM_INFO_MAGIC) {
+    warnf("ncclSimInfo_t argument not initialized via NCCL_SIM_INFO_INITIALIZER");
+    return ncclInvalidArgument;
+  }
+  double us = 0;
+  for (const PendingOp& p : ops) {
+    const OpDesc& op = p.op;
+    uint64_t bytes = op.count * c4d_dtype_size(op.dtype);
+    Schedule s = is_coll(op.kind) ? model_coll(op.comm, op.kind, bytes, op.peer, op.step, 0, 0)
+                                  : op.kind == kSend ? model_p2p(op.comm, op.comm->rank, op.peer, true, bytes, op.step, 0, 0)
+                                                    : model_p2p(op.comm, op.peer, op.comm->rank, false, bytes, op.step, 0, 0);
+    if (s.finish != kNever) us += double(s.finish) / 1e3;
+  }
+  if (simInfo) simInfo->estimatedTime = float(us);
+  return ncclSuccess;
+}
+SIM_ALIAS(ncclGroupSimulateEnd)
 
 SIM_API ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
                                    ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {

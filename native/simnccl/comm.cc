@@ -88,27 +88,27 @@ ncclResult_t attach(const std::string& name, int nranks, int rank, uint64_t id, 
                     ncclComm** out) {
   *out = nullptr;
   if (nranks < 1 || rank < 0 || rank >= nranks) {
-    logf("comm init: rank %d is not in [0, nranks=%d)", rank, nranks);
+    warnf("comm init: rank %d is not in [0, nranks=%d)", rank, nranks);
     return ncclInvalidArgument;
   }
   size_t len = ctl_size(nranks);
   int fd = shm_open(name.c_str(), O_CREAT | O_RDWR, 0600);
   if (fd < 0) {
-    logf("comm init: shm_open(%s): %s", name.c_str(), strerror(errno));
+    warnf("comm init: shm_open(%s): %s", name.c_str(), strerror(errno));
     return ncclSystemError;
   }
   struct stat st;
   /* posix_fallocate reserves the tmpfs pages now: a full /dev/shm fails here with a
    * message, not later with SIGBUS on first touch. */
   if (fstat(fd, &st) != 0 || (size_t(st.st_size) < len && posix_fallocate(fd, 0, off_t(len)) != 0)) {
-    logf("comm init: sizing %s to %zu bytes failed (is /dev/shm full?)", name.c_str(), len);
+    warnf("comm init: sizing %s to %zu bytes failed (is /dev/shm full?)", name.c_str(), len);
     close(fd);
     return ncclSystemError;
   }
   void* p = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   close(fd);
   if (p == MAP_FAILED) {
-    logf("comm init: mmap %s: %s", name.c_str(), strerror(errno));
+    warnf("comm init: mmap %s: %s", name.c_str(), strerror(errno));
     return ncclSystemError;
   }
   ncclComm* c = new ncclComm;
@@ -129,7 +129,7 @@ ncclResult_t attach(const std::string& name, int nranks, int rank, uint64_t id, 
 
   int32_t expect = 0;
   if (!c->ctl->nranks.compare_exchange_strong(expect, nranks) && expect != nranks) {
-    logf("comm init: this rank says nranks=%d but a peer said %d (%s)", nranks, expect, name.c_str());
+    warnf("comm init: this rank says nranks=%d but a peer said %d (%s)", nranks, expect, name.c_str());
     unmap_all(c);
     delete c;
     return ncclInvalidUsage;
@@ -137,7 +137,7 @@ ncclResult_t attach(const std::string& name, int nranks, int rank, uint64_t id, 
   Member& me = c->members[rank];
   uint32_t zero = 0;
   if (!me.joined.compare_exchange_strong(zero, 1)) {
-    logf("comm init: rank %d of %s was claimed twice", rank, name.c_str());
+    warnf("comm init: rank %d of %s was claimed twice", rank, name.c_str());
     unmap_all(c);
     delete c;
     return ncclInvalidUsage;
@@ -148,7 +148,7 @@ ncclResult_t attach(const std::string& name, int nranks, int rank, uint64_t id, 
   me.seed = config().seed;
   c->data_fd = shm_open(data_name(c, rank).c_str(), O_CREAT | O_RDWR | O_TRUNC, 0600);
   if (c->data_fd < 0) {
-    logf("comm init: shm_open(%s): %s", data_name(c, rank).c_str(), strerror(errno));
+    warnf("comm init: shm_open(%s): %s", data_name(c, rank).c_str(), strerror(errno));
     unmap_all(c);
     delete c;
     return ncclSystemError;
@@ -185,7 +185,7 @@ ncclResult_t init_from_id(ncclComm_t* comm, int nranks, const ncclUniqueId& id, 
   if (!comm) return ncclInvalidArgument;
   *comm = nullptr;
   if (memcmp(id.internal, kIdMagic, sizeof kIdMagic) != 0 || id.internal[NCCL_UNIQUE_ID_BYTES - 1] != 0) {
-    logf("comm init: the ncclUniqueId was not made by simnccl's ncclGetUniqueId");
+    warnf("comm init: the ncclUniqueId was not made by simnccl's ncclGetUniqueId");
     return ncclInvalidArgument;
   }
   config(); /* report malformed SIMNCCL_* once, at the first comm */
@@ -232,12 +232,12 @@ bool ensure_data(ncclComm* c, size_t bytes) {
   size_t want = std::max((bytes + (1u << 20) - 1) & ~size_t((1u << 20) - 1), c->data_len * 2);
   int err = posix_fallocate(c->data_fd, 0, off_t(want)); /* reserve: no SIGBUS on a full /dev/shm */
   if (err != 0) {
-    logf("growing %s to %zu bytes: %s (is /dev/shm full?)", data_name(c, c->rank).c_str(), want, strerror(err));
+    warnf("growing %s to %zu bytes: %s (is /dev/shm full?)", data_name(c, c->rank).c_str(), want, strerror(err));
     return false;
   }
   void* p = mmap(nullptr, want, PROT_READ | PROT_WRITE, MAP_SHARED, c->data_fd, 0);
   if (p == MAP_FAILED) {
-    logf("mapping %s (%zu bytes): %s", data_name(c, c->rank).c_str(), want, strerror(errno));
+    warnf("mapping %s (%zu bytes): %s", data_name(c, c->rank).c_str(), want, strerror(errno));
     return false;
   }
   if (c->data) munmap(c->data, c->data_len);
@@ -295,6 +295,13 @@ SIM_API const char* ncclGetErrorString(ncclResult_t result) {
   }
 }
 SIM_ALIAS(ncclGetErrorString)
+
+/* The last WARN's message, whatever NCCL_DEBUG says (src/init.cc ncclGetLastError). */
+SIM_API const char* ncclGetLastError(ncclComm_t comm) {
+  (void)comm;
+  return last_error();
+}
+SIM_ALIAS(ncclGetLastError)
 
 SIM_API ncclResult_t ncclGetUniqueId(ncclUniqueId* uniqueId) {
   if (!uniqueId) return ncclInvalidArgument;
@@ -414,7 +421,7 @@ SIM_API ncclResult_t ncclCommShrink(ncclComm_t comm, int* excludeRanksList, int 
     excluded[size_t(r)] = true;
   }
   if (excluded[size_t(c->rank)]) {
-    logf("ncclCommShrink: rank %d is in its own exclude list", c->rank);
+    warnf("ncclCommShrink: rank %d is in its own exclude list", c->rank);
     return ncclInvalidArgument;
   }
   /* Only the remaining ranks call Shrink: no exchange over the parent; every caller

@@ -113,6 +113,7 @@ struct ncclComm {
   std::atomic<bool> aborted{false};
   std::atomic<int> async_error{0};
   bool prof_on = false;    /* the profiler plugin accepted this comm (init succeeded) */
+  uint64_t prof_seq[10] = {}; /* launching thread: next profiler seqNumber per collective function */
   void* prof_ctx = nullptr; /* its context */
 };
 

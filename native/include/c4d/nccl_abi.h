@@ -67,6 +67,17 @@ typedef c4d_opaque_config ncclConfig_t;
 typedef struct ncclCollConfig_v c4d_opaque_coll_config;
 typedef c4d_opaque_coll_config ncclCollConfig_t;
 
+/* ncclGroupSimulateEnd's argument (nccl.h ncclSimInfo_v22200, NCCL 2.22+): a public struct
+ * the caller fills with NCCL_SIM_INFO_INITIALIZER; simnccl fills estimatedTime, the shim
+ * passes it through. */
+#define NCCL_SIM_INFO_MAGIC 0x74685283u
+typedef struct ncclSimInfo_v22200 {
+  size_t size;
+  unsigned int magic;
+  unsigned int version;
+  float estimatedTime;
+} ncclSimInfo_t;
+
 /* Size in bytes of one element of `t`; 0 for an unknown type. */
 static inline size_t c4d_dtype_size(int t) {
   switch (t) {
@@ -82,6 +93,7 @@ static inline size_t c4d_dtype_size(int t) {
 ncclResult_t ncclGetVersion(int* version);
 ncclResult_t ncclGetUniqueId(ncclUniqueId* uniqueId);
 const char* ncclGetErrorString(ncclResult_t result);
+const char* ncclGetLastError(ncclComm_t comm);
 ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank);
 ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank,
                                     ncclConfig_t* config);
@@ -124,6 +136,7 @@ ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int
                       cudaStream_t stream);
 ncclResult_t ncclGroupStart(void);
 ncclResult_t ncclGroupEnd(void);
+ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t* simInfo);
 
 /* 2.31.2+ per-call config variants: the config pointer is the last argument. */
 ncclResult_t ncclAllReduceConfig(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
