@@ -749,6 +749,42 @@ def test_lifecycle_records_init_all_shrink_finalize_abort(libc4d, simnccl_dir, m
     assert ops["group_id"][0] == ops["group_id"][1] > 0 and ops["group_id"][2] == 0
 
 
+def test_agent_creates_no_context_on_another_device(libc4d, simnccl_dir, master, tmp_path):
+    """8 devices visible, this process drives devices 3 and 5 (one ncclCommInitAll clique).
+    The agent sets the device of the events it polls, so CUDA contexts exist on 3 and 5
+    only: a thread that never calls cudaSetDevice works on device 0, and on real GPUs its
+    first CUDA call there costs every rank ~500 MiB of GPU 0 (simnccl notes contexts)."""
+    body = """
+    check(g.cudaSetDevice(3), "cudaSetDevice")
+    comms = (ctypes.c_void_p * 2)()
+    check(g.ncclCommInitAll(comms, 2, (ctypes.c_int * 2)(3, 5)), "ncclCommInitAll")
+    c = [ctypes.c_void_p(x) for x in comms]
+    s = [new_stream()]
+    check(g.cudaSetDevice(5), "cudaSetDevice")
+    s.append(new_stream())
+    check(g.cudaSetDevice(3), "cudaSetDevice")
+    for _ in range(20):
+        check(g.ncclGroupStart(), "ncclGroupStart")
+        for i in range(2):
+            check(g.ncclAllReduce(buf, out, 64, F32, 0, c[i], s[i]), "ncclAllReduce")
+        check(g.ncclGroupEnd(), "ncclGroupEnd")
+        for i in range(2):
+            check(g.cudaStreamSynchronize(s[i]), "sync")
+    for i in range(2):
+        check(g.ncclCommDestroy(c[i]), "ncclCommDestroy")
+    """
+    dump = tmp_path / "contexts"
+    env = base_env(libc4d, C4D_MASTER_ADDR=master.endpoint, SIMNCCL_NUM_DEVICES="8")
+    env["SIMNCCL_CONTEXT_DUMP"] = str(dump)
+    p = run_driver(simnccl_dir, body, env)
+    assert p.returncode == 0, p.stderr
+    assert dump.read_text() == "contexts 3 5\n"
+    wait_records(master, lambda r: (r[schema.Kind.HEARTBEAT]["hb_flags"] & schema.HBF_FINAL).any(), "FINAL")
+    ops = master.records()[schema.Kind.OP]
+    assert len(ops) == 40 and sorted(set(ops["device"].tolist())) == [3, 5]
+    assert (ops["flags"] & schema.OpFlag.DEVICE_TIMING != 0).all(), "events polled on their own devices"
+
+
 def test_heartbeats_name_the_pending_op_of_a_hung_rank(libc4d, simtrain, master, jobs, tmp_path):
     """noncomm-hang on rank 1 (its stream never reaches the next op): rank 1's heartbeats
     show that op issued but not arrived; its tensor-parallel peer shows the same op

@@ -360,7 +360,7 @@ enum Probe { kWait, kFired, kFailed };
 /* Host time of `ev` when it fired. kWait: not yet (or no anchor yet). */
 Probe probe(const OpSlot& s, uint32_t ev, uint64_t floor_ns, uint64_t* out) {
   EventPool* pool = event_pool_for(s.device);
-  if (!pool) return kFailed;
+  if (!pool || !cuda_agent_device(s.device)) return kFailed;
   cudaEvent_t e = pool->event(ev);
   cudaError_t q = g_cuda.eventQuery(e);
   if (q == C4D_CUDA_ERROR_NOT_READY) return kWait;
@@ -519,6 +519,7 @@ void finish_up() {
 
 void* agent_main(void*) {
   pthread_setname_np(pthread_self(), "c4d-agent");
+  cuda_agent_reset();
   Agent& a = g_agent;
   a.link.open(g_cfg.master_addr, g_cfg.send_hwm);
   C4D_LOG(kDebug, "agent up: rank %d pid %d → %s", g_cfg.rank, int(getpid()), g_cfg.master_addr);

@@ -58,6 +58,20 @@ bool cuda_rt_resolve() {
   return found;
 }
 
+namespace {
+int g_agent_device = -1;  // the agent thread's current device, as it last set it
+}
+
+bool cuda_agent_device(int device) {
+  if (!g_cuda.ok || device < 0) return false;
+  if (device == g_agent_device) return true;
+  if (g_cuda.setDevice(device) != C4D_CUDA_SUCCESS) return false;
+  g_agent_device = device;
+  return true;
+}
+
+void cuda_agent_reset() { g_agent_device = -1; }
+
 int cuda_current_device() {
   int d = -1;
   if (!g_cuda.ok || g_cuda.getDevice(&d) != C4D_CUDA_SUCCESS) return -1;

@@ -37,6 +37,15 @@ bool cuda_rt_resolve();
 /* The calling thread's current device, -1 without CUDA. */
 int cuda_current_device();
 
+/* Agent thread only: makes `device` current before a CUDA call about its events or
+ * anchors. A thread that never called cudaSetDevice runs on device 0, and the runtime's
+ * first call there creates a context on GPU 0 (hundreds of MiB) in every rank. False when
+ * the device can't be made current: then the caller makes no CUDA call for it. */
+bool cuda_agent_device(int device);
+
+/* The agent starts on a fresh thread (also after a fork): nothing is current yet. */
+void cuda_agent_reset();
+
 }  // namespace c4d
 
 #endif  // C4D_SHIM_CUDA_RT_H

@@ -118,6 +118,7 @@ ncclResult_t attach(const std::string& name, int nranks, int rank, uint64_t id, 
   c->rank = rank;
   c->id = id;
   c->device = current_device();
+  context_on_device(c->device); /* NCCL allocates on the caller's device at init */
   c->global_rank = global_rank >= 0 ? global_rank : rank;
   c->ctl = static_cast<CtlHeader*>(p);
   c->ctl_len = len;
@@ -352,6 +353,7 @@ SIM_API ncclResult_t ncclCommInitAll(ncclComm_t* comms, int ndev, const int* dev
     if (r != ncclSuccess) return r;
     c->device = dev;
     c->members[i].device = dev;
+    context_on_device(dev);
     comms[i] = c;
   }
   for (int i = 0; i < ndev; ++i) wait_joined(comms[i]);

@@ -10,12 +10,21 @@
  *  - cudaEventQuery never blocks: 0 or 600 (cudaErrorNotReady).
  *  - cudaEventElapsedTime: signed milliseconds end - start; 600 while either event is
  *    incomplete, 400 for an event never recorded or created with DisableTiming.
+ *
+ * Contexts: the CUDA runtime creates a device's primary context (~500 MiB of GPU memory
+ * on real hardware) at the first call that needs one, on the calling thread's current
+ * device, which is device 0 until the thread calls cudaSetDevice (and cudaSetDevice itself
+ * initialises the context since CUDA 12.0). simnccl notes which devices got a context in
+ * this process; SIMNCCL_CONTEXT_DUMP=PATH writes them to PATH at exit ("contexts 3\n"), so
+ * a test can tell that a thread touched device 0 by accident.
  */
 #include <unistd.h>
 
 #include <climits>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -102,6 +111,35 @@ Stream* g_default = nullptr;
 std::once_flag g_default_once;
 thread_local int t_device = 0;
 thread_local cudaError_t t_last_error = 0;
+constexpr int kCtxWords = 16;
+std::atomic<uint64_t> g_contexts[kCtxWords]; /* bit d: device d has a context in this process */
+
+void touch_device(int d) {
+  if (d >= 0 && d < 64 * kCtxWords) g_contexts[d / 64].fetch_or(1ull << (d % 64), std::memory_order_relaxed);
+}
+
+/* Every runtime call that needs a context makes one on the caller's current device. */
+void touch_context() { touch_device(t_device); }
+
+void dump_contexts() {
+  const char* path = getenv("SIMNCCL_CONTEXT_DUMP");
+  if (!path || !*path) return;
+  std::string line = "contexts";
+  for (int d = 0; d < 64 * kCtxWords; ++d)
+    if (g_contexts[d / 64].load() & (1ull << (d % 64))) line += " " + std::to_string(d);
+  line += "\n";
+  if (FILE* f = fopen(path, "w")) {
+    fputs(line.c_str(), f);
+    fclose(f);
+  }
+}
+
+/* At load, so that it runs after every atexit handler registered later (the shim's agent
+ * flushes in one of those, and may still call CUDA there). */
+__attribute__((constructor)) void register_context_dump() {
+  const char* path = getenv("SIMNCCL_CONTEXT_DUMP");
+  if (path && *path) atexit(dump_contexts);
+}
 
 cudaError_t fail(cudaError_t e) {
   if (e) t_last_error = e;
@@ -251,6 +289,8 @@ void stream_enqueue(Stream* s, const Item& it) {
 
 int current_device() { return t_device; }
 
+void context_on_device(int device) { touch_device(device); }
+
 }  // namespace sim
 
 using namespace sim;
@@ -270,10 +310,12 @@ SIM_API cudaError_t cudaGetDevice(int* device) {
 SIM_API cudaError_t cudaSetDevice(int device) {
   if (device < 0 || device >= device_count()) return fail(kErrInvalidDevice);
   t_device = device;
+  touch_context(); /* CUDA 12.0+: cudaSetDevice initialises the device's primary context */
   return 0;
 }
 
 SIM_API cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int flags) {
+  touch_context();
   if (!stream) return fail(kErrInvalidValue);
   *stream = reinterpret_cast<cudaStream_t>(new_stream(flags));
   return 0;
@@ -282,6 +324,7 @@ SIM_API cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int
 SIM_API cudaError_t cudaStreamCreate(cudaStream_t* stream) { return cudaStreamCreateWithFlags(stream, 0); }
 
 SIM_API cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+  touch_context();
   Stream* s = resolve_stream(stream);
   if (!s || s == default_stream()) return fail(kErrInvalidHandle);
   std::lock_guard<std::mutex> lk(s->m);
@@ -291,6 +334,7 @@ SIM_API cudaError_t cudaStreamDestroy(cudaStream_t stream) {
 }
 
 SIM_API cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+  touch_context();
   Stream* s = resolve_stream(stream);
   if (!s) return fail(kErrInvalidHandle);
   sync_stream(s);
@@ -298,6 +342,7 @@ SIM_API cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
 }
 
 SIM_API cudaError_t cudaStreamQuery(cudaStream_t stream) {
+  touch_context();
   Stream* s = resolve_stream(stream);
   if (!s) return fail(kErrInvalidHandle);
   std::lock_guard<std::mutex> lk(s->m);
@@ -305,6 +350,7 @@ SIM_API cudaError_t cudaStreamQuery(cudaStream_t stream) {
 }
 
 SIM_API cudaError_t cudaStreamGetDevice(cudaStream_t stream, int* device) {
+  touch_context();
   Stream* s = resolve_stream(stream);
   if (!s || !device) return fail(s ? kErrInvalidValue : kErrInvalidHandle);
   *device = s->device;
@@ -312,6 +358,7 @@ SIM_API cudaError_t cudaStreamGetDevice(cudaStream_t stream, int* device) {
 }
 
 SIM_API cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags) {
+  touch_context();
   (void)flags;
   Stream* s = resolve_stream(stream);
   Event* e = as_event(event);
@@ -324,6 +371,7 @@ SIM_API cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, 
 }
 
 SIM_API cudaError_t cudaDeviceSynchronize(void) {
+  touch_context();
   default_stream();
   std::lock_guard<std::mutex> rg(*g_reg_mu);
   for (Stream* s : *g_streams) sync_stream(s);
@@ -331,6 +379,7 @@ SIM_API cudaError_t cudaDeviceSynchronize(void) {
 }
 
 SIM_API cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags) {
+  touch_context();
   if (!event) return fail(kErrInvalidValue);
   Event* e = new Event;
   e->flags = flags;
@@ -341,6 +390,7 @@ SIM_API cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int fl
 SIM_API cudaError_t cudaEventCreate(cudaEvent_t* event) { return cudaEventCreateWithFlags(event, 0); }
 
 SIM_API cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+  touch_context();
   Event* e = as_event(event);
   Stream* s = resolve_stream(stream);
   if (!e || !s) return fail(kErrInvalidHandle);
@@ -357,12 +407,14 @@ SIM_API cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
 }
 
 SIM_API cudaError_t cudaEventQuery(cudaEvent_t event) {
+  touch_context();
   Event* e = as_event(event);
   if (!e) return fail(kErrInvalidHandle);
   return e->complete() ? 0 : kErrNotReady;
 }
 
 SIM_API cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+  touch_context();
   Event* e = as_event(event);
   if (!e) return fail(kErrInvalidHandle);
   e->wait_for(e->rec_gen.load());
@@ -370,6 +422,7 @@ SIM_API cudaError_t cudaEventSynchronize(cudaEvent_t event) {
 }
 
 SIM_API cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+  touch_context();
   Event* a = as_event(start);
   Event* b = as_event(end);
   if (!ms) return fail(kErrInvalidValue);
@@ -383,6 +436,7 @@ SIM_API cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent
 }
 
 SIM_API cudaError_t cudaEventDestroy(cudaEvent_t event) {
+  touch_context();
   Event* e = as_event(event);
   if (!e) return fail(kErrInvalidHandle);
   e->release(); /* queued markers hold their own reference */
@@ -390,6 +444,7 @@ SIM_API cudaError_t cudaEventDestroy(cudaEvent_t event) {
 }
 
 SIM_API cudaError_t cudaMalloc(void** ptr, size_t size) {
+  touch_context();
   if (!ptr) return fail(kErrInvalidValue);
   *ptr = nullptr;
   if (size == 0) return 0;
@@ -400,6 +455,7 @@ SIM_API cudaError_t cudaMalloc(void** ptr, size_t size) {
 }
 
 SIM_API cudaError_t cudaFree(void* ptr) {
+  touch_context();
   free(ptr);
   return 0;
 }
@@ -409,6 +465,7 @@ SIM_API cudaError_t cudaMallocHost(void** ptr, size_t size) { return cudaMalloc(
 SIM_API cudaError_t cudaFreeHost(void* ptr) { return cudaFree(ptr); }
 
 SIM_API cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, int kind, cudaStream_t stream) {
+  touch_context();
   (void)kind;
   Stream* s = resolve_stream(stream);
   if (!s) return fail(kErrInvalidHandle);
@@ -418,6 +475,7 @@ SIM_API cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, in
 }
 
 SIM_API cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, int kind) {
+  touch_context();
   (void)kind;
   if (count && (!dst || !src)) return fail(kErrInvalidValue);
   sync_stream(default_stream()); /* synchronous copy on the legacy default stream */
@@ -426,6 +484,7 @@ SIM_API cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, int kin
 }
 
 SIM_API cudaError_t cudaMemsetAsync(void* dst, int value, size_t count, cudaStream_t stream) {
+  touch_context();
   Stream* s = resolve_stream(stream);
   if (!s) return fail(kErrInvalidHandle);
   if (count && !dst) return fail(kErrInvalidValue);
@@ -434,6 +493,7 @@ SIM_API cudaError_t cudaMemsetAsync(void* dst, int value, size_t count, cudaStre
 }
 
 SIM_API cudaError_t cudaMemset(void* dst, int value, size_t count) {
+  touch_context();
   if (count && !dst) return fail(kErrInvalidValue);
   sync_stream(default_stream());
   if (count) memset(dst, value, count);
@@ -459,6 +519,7 @@ SIM_API const char* cudaGetErrorString(cudaError_t error) {
 }
 
 SIM_API cudaError_t simLaunchCompute(cudaStream_t stream, uint64_t duration_ns) {
+  touch_context();
   Stream* s = resolve_stream(stream);
   if (!s) return fail(kErrInvalidHandle);
   stream_enqueue(s, Item{ItemKind::Compute, nullptr, nullptr, duration_ns, 0});

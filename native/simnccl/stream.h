@@ -62,6 +62,8 @@ struct Stream;
 Stream* resolve_stream(cudaStream_t s);
 void stream_enqueue(Stream* s, const Item& it);
 int current_device();
+/* `device` gets a context (NCCL's init makes one on the device it runs on). */
+void context_on_device(int device);
 
 }  // namespace sim
 
