@@ -749,6 +749,53 @@ def test_lifecycle_records_init_all_shrink_finalize_abort(libc4d, simnccl_dir, m
     assert ops["group_id"][0] == ops["group_id"][1] > 0 and ops["group_id"][2] == 0
 
 
+def test_graph_capture_survives_the_agent_and_is_named_once(libc4d, simnccl_dir, master):
+    """The application captures an all-reduce into a CUDA graph (global mode, PyTorch's
+    default) while the agent polls the events of an eager op on another stream. The agent
+    works in relaxed capture mode, so the capture is not invalidated; the captured op is
+    not numbered (NCCL numbers no replay), its replays run, and the blind spot is said once."""
+    body = """
+    import time
+    g.simLaunchCompute.argtypes = [ctypes.c_void_p, ctypes.c_uint64]
+    comm = new_comm()
+    eager, cap = new_stream(), new_stream()
+    check(g.simLaunchCompute(eager, 400_000_000), "simLaunchCompute")  # its op stays pending 0.4 s
+    check(g.ncclAllReduce(buf, out, 64, F32, 0, comm, eager), "eager ncclAllReduce")
+    time.sleep(0.05)  # the agent is polling its events now
+    check(g.cudaStreamBeginCapture(cap, 0), "cudaStreamBeginCapture")  # cudaStreamCaptureModeGlobal
+    status = ctypes.c_int()
+    check(g.cudaStreamIsCapturing(cap, ctypes.byref(status)), "cudaStreamIsCapturing")
+    assert status.value == 1, status.value
+    check(g.ncclAllReduce(buf, out, 64, F32, 0, comm, cap), "captured ncclAllReduce")
+    time.sleep(0.2)  # ~40 agent polls of the eager op's events
+    graph, exe = ctypes.c_void_p(), ctypes.c_void_p()
+    check(g.cudaStreamEndCapture(cap, ctypes.byref(graph)), "cudaStreamEndCapture")
+    check(g.cudaGraphInstantiate(ctypes.byref(exe), graph, ctypes.c_ulonglong(0)), "cudaGraphInstantiate")
+    for i in range(3):
+        buf[0] = float(i + 1)
+        check(g.cudaGraphLaunch(exe, cap), "cudaGraphLaunch")
+        check(g.cudaStreamSynchronize(cap), "sync")
+        assert out[0] == float(i + 1), (i, out[0])  # a 1-rank all-reduce copies
+    check(g.ncclAllReduce(buf, out, 64, F32, 0, comm, cap), "eager ncclAllReduce after the graph")
+    check(g.cudaStreamSynchronize(eager), "sync")
+    check(g.cudaStreamSynchronize(cap), "sync")
+    check(g.cudaGraphExecDestroy(exe), "cudaGraphExecDestroy")
+    check(g.cudaGraphDestroy(graph), "cudaGraphDestroy")
+    check(g.ncclCommDestroy(comm), "ncclCommDestroy")
+    """
+    env = base_env(libc4d, C4D_MASTER_ADDR=master.endpoint, C4D_HEARTBEAT_MS="50")
+    p = run_driver(simnccl_dir, body, env)
+    assert p.returncode == 0, p.stderr
+    assert p.stderr.count("capturing stream go into a CUDA graph") == 1, p.stderr
+    assert "; 1 ops captured into CUDA graphs" in p.stderr
+    wait_records(master, lambda r: (r[schema.Kind.HEARTBEAT]["hb_flags"] & schema.HBF_FINAL).any(), "FINAL")
+    ops = master.records()[schema.Kind.OP]
+    ops = ops[np.argsort(ops["issue_ns"])]
+    assert ops["seq"].tolist() == [0, 1], "the captured op took no sequence number"
+    assert (ops["flags"] & schema.OpFlag.DEVICE_TIMING != 0).all()
+    assert ops["end_ns"][0] - ops["issue_ns"][0] > 300_000_000, "the eager op waited for its stream"
+
+
 def test_agent_creates_no_context_on_another_device(libc4d, simnccl_dir, master, tmp_path):
     """8 devices visible, this process drives devices 3 and 5 (one ncclCommInitAll clique).
     The agent sets the device of the events it polls, so CUDA contexts exist on 3 and 5

@@ -262,6 +262,124 @@ def test_init_all_one_process_group_across_streams(cuda):
 
 
 # ---------------------------------------------------------------------------------------
+# stream capture (CUDA graphs)
+
+GLOBAL, THREAD_LOCAL, RELAXED = 0, 1, 2
+CAPTURE_UNSUPPORTED, CAPTURE_INVALIDATED, CAPTURED_EVENT = 900, 901, 907
+
+
+def in_thread(fn):
+    """Run fn on another thread and return what it returned (ctypes calls drop the GIL)."""
+    import threading
+
+    out = []
+    t = threading.Thread(target=lambda: out.append(fn()))
+    t.start()
+    t.join(30)
+    assert out, "the thread did not finish"
+    return out[0]
+
+
+def capture_mode(cuda, mode: int) -> int:
+    m = ctypes.c_int(mode)
+    assert cuda.cudaThreadExchangeStreamCaptureMode(ctypes.byref(m)) == 0
+    return m.value
+
+
+def test_capture_rule_for_potentially_unsafe_calls(cuda):
+    """CUDA's rule (cudaThreadExchangeStreamCaptureMode): a global-mode thread that queries an
+    event while another thread captures in global mode gets cudaErrorStreamCaptureUnsupported,
+    and that capture ends in cudaErrorStreamCaptureInvalidated; a relaxed thread does not;
+    a thread-local capture minds only its own thread; the capturing stream itself is never
+    queried; an event recorded into a capture is not queryable."""
+    s, e, graph = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
+    status, cid = ctypes.c_int(), ctypes.c_ulonglong()
+    assert cuda.cudaStreamCreate(ctypes.byref(s)) == 0 and cuda.cudaEventCreate(ctypes.byref(e)) == 0
+    cuda.cudaStreamEndCapture.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    cuda.cudaStreamBeginCapture.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    query = lambda: cuda.cudaEventQuery(e)  # noqa: E731
+
+    def relaxed_query():
+        capture_mode(cuda, RELAXED)
+        return query()
+
+    assert cuda.cudaEventRecord(e, None) == 0
+    assert cuda.cudaStreamBeginCapture(s, GLOBAL) == 0
+    assert cuda.cudaStreamGetCaptureInfo(s, ctypes.byref(status), ctypes.byref(cid)) == 0
+    assert status.value == 1 and cid.value > 0
+    assert in_thread(relaxed_query) == 0, "a relaxed thread may query"
+    assert cuda.cudaStreamIsCapturing(s, ctypes.byref(status)) == 0 and status.value == 1
+    assert in_thread(query) == CAPTURE_UNSUPPORTED, "a global-mode thread may not"
+    assert cuda.cudaStreamIsCapturing(s, ctypes.byref(status)) == 0 and status.value == 2
+    assert cuda.cudaStreamEndCapture(s, ctypes.byref(graph)) == CAPTURE_INVALIDATED and not graph.value
+    assert cuda.cudaStreamIsCapturing(s, ctypes.byref(status)) == 0 and status.value == 0
+
+    assert cuda.cudaStreamBeginCapture(s, THREAD_LOCAL) == 0
+    assert in_thread(query) == 0, "another thread's thread-local capture does not matter"
+    assert cuda.cudaStreamQuery(s) == CAPTURE_UNSUPPORTED, "never query the capturing stream"
+    assert cuda.cudaStreamEndCapture(s, ctypes.byref(graph)) == CAPTURE_INVALIDATED
+
+    assert cuda.cudaStreamBeginCapture(s, GLOBAL) == 0
+    assert cuda.cudaEventRecord(e, s) == 0
+    old = capture_mode(cuda, RELAXED)
+    assert cuda.cudaEventQuery(e) == CAPTURED_EVENT, "recorded into the graph, not run"
+    assert cuda.cudaStreamEndCapture(s, ctypes.byref(graph)) == 0 and graph.value
+    capture_mode(cuda, old)
+    assert cuda.cudaGraphDestroy(graph) == 0
+    assert cuda.cudaEventRecord(e, s) == 0 and cuda.cudaEventQuery(e) == 0
+    assert cuda.cudaEventDestroy(e) == 0 and cuda.cudaStreamDestroy(s) == 0
+
+
+def test_graph_replays_run_the_captured_all_reduce(cuda):
+    """Two ranks (one thread each) capture an all-reduce into a graph and replay it three
+    times: each replay is a real collective over fresh inputs."""
+    p = ctypes.c_void_p
+    cuda.ncclAllReduce.argtypes = [p, p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, p, p]
+
+    class UniqueId(ctypes.Structure):  # passed by value
+        _fields_ = [("internal", ctypes.c_char * 128)]
+
+    cuda.ncclCommInitRank.argtypes = [ctypes.POINTER(p), ctypes.c_int, UniqueId, ctypes.c_int]
+    cuda.cudaGraphInstantiate.argtypes = [p, p, ctypes.c_ulonglong]
+    cuda.cudaStreamEndCapture.argtypes = [p, p]
+    cuda.cudaStreamBeginCapture.argtypes = [p, ctypes.c_int]
+    uid = UniqueId()
+    assert cuda.ncclGetUniqueId(ctypes.byref(uid)) == 0
+    import threading
+
+    results: dict[int, list[float]] = {}
+
+    def rank(r: int):
+        comm, s, graph, exe = p(), p(), p(), p()
+        assert cuda.cudaSetDevice(r) == 0
+        assert cuda.ncclCommInitRank(ctypes.byref(comm), 2, uid, r) == 0
+        assert cuda.cudaStreamCreate(ctypes.byref(s)) == 0
+        buf, out = (ctypes.c_float * 256)(), (ctypes.c_float * 256)()
+        assert cuda.cudaStreamBeginCapture(s, THREAD_LOCAL) == 0
+        assert cuda.ncclAllReduce(buf, out, 256, 7, 0, comm, s) == 0
+        assert cuda.cudaStreamEndCapture(s, ctypes.byref(graph)) == 0
+        assert out[0] == 0.0, "capturing runs nothing"
+        assert cuda.cudaGraphInstantiate(ctypes.byref(exe), graph, 0) == 0
+        got = []
+        for k in range(1, 4):
+            for i in range(256):
+                buf[i] = float((r + 1) * k)
+            assert cuda.cudaGraphLaunch(exe, s) == 0
+            assert cuda.cudaStreamSynchronize(s) == 0
+            got.append(out[255])
+        assert cuda.cudaGraphExecDestroy(exe) == 0 and cuda.cudaGraphDestroy(graph) == 0
+        assert cuda.ncclCommDestroy(comm) == 0
+        results[r] = got
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert results == {0: [3.0, 6.0, 9.0], 1: [3.0, 6.0, 9.0]}
+
+
+# ---------------------------------------------------------------------------------------
 # faults
 
 

@@ -213,8 +213,21 @@ void fill_pending(c4d_heartbeat_record& h, uint32_t i) {
   h.pend_flags = s.flags;
 }
 
+/* What the shim cannot see, said once per process when it first happens (never on the
+ * application's threads). */
+void blind_spots() {
+  static bool said_captured = false;
+  if (!said_captured && g_counters.captured.load(std::memory_order_relaxed)) {
+    said_captured = true;
+    C4D_LOG(kWarning,
+            "NCCL ops issued on a capturing stream go into a CUDA graph: neither they nor the graph's replays are "
+            "timed or checked for hangs (blind spot; counted in the exit summary)");
+  }
+}
+
 void heartbeats(uint16_t hb_flags) {
   Agent& a = g_agent;
+  blind_spots();
   if (a.hb_count > 0 && a.hb_count % kRegisterEvery == 0) {
     send_register();
     comm_snapshots();
@@ -641,12 +654,14 @@ void agent_shutdown() {
   uint64_t full = g_counters.dropped_full.load(std::memory_order_relaxed);
   uint64_t send = g_counters.dropped_send.load(std::memory_order_relaxed);
   uint64_t nolink = g_counters.dropped_nolink.load(std::memory_order_relaxed);
-  char prof[128];
+  char prof[128], captured[64] = "";
   peer_summary(prof, sizeof prof);
-  C4D_LOG(kInfo, "rank %d pid %d: %llu records sent, %llu dropped (queue full %llu, master busy %llu, no link %llu)%s",
+  if (uint64_t n = g_counters.captured.load(std::memory_order_relaxed))
+    snprintf(captured, sizeof captured, "; %llu ops captured into CUDA graphs", (unsigned long long)n);
+  C4D_LOG(kInfo, "rank %d pid %d: %llu records sent, %llu dropped (queue full %llu, master busy %llu, no link %llu)%s%s",
           g_cfg.rank, int(getpid()), (unsigned long long)g_counters.sent.load(std::memory_order_relaxed),
           (unsigned long long)(full + send + nolink), (unsigned long long)full, (unsigned long long)send,
-          (unsigned long long)nolink, prof);
+          (unsigned long long)nolink, prof, captured);
 }
 
 void agent_reset_after_fork() {

@@ -70,6 +70,7 @@ CommSlot* comm_register(ncclComm_t handle, uint64_t id, uint64_t parent_id, uint
   s->p2p_seq.store(nullptr, std::memory_order_relaxed);
   s->split_count.store(0, std::memory_order_relaxed);
   s->shrink_count.store(0, std::memory_order_relaxed);
+  s->captured_kinds.store(0, std::memory_order_relaxed);
   g_count.store(n + 1, std::memory_order_release);
   for (uint32_t i = hash_ptr(k);; i = (i + 1) & (kIndexSize - 1)) {
     uintptr_t cur = g_index[i].key.load(std::memory_order_relaxed);

@@ -40,6 +40,7 @@ struct CommSlot {
   std::atomic<uint64_t> coll_seq;                  // next collective sequence = collectives issued
   std::atomic<std::atomic<uint64_t>*> p2p_seq;     // [2 * nranks]: send to peer p at [p], recv at [nranks + p]
   std::atomic<uint32_t> split_count, shrink_count; // children made from this comm, in call order
+  std::atomic<uint32_t> captured_kinds;            // bit c4d_op_kind: issued into a CUDA graph capture
 };
 
 /* Serialises every communicator lifecycle call in the shim (never the hot path). */

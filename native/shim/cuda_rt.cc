@@ -32,6 +32,7 @@ bool load_all(void* lib) {
             load(lib, &r.streamCreateWithFlags, "cudaStreamCreateWithFlags");
   if (!ok) return false;
   load(lib, &r.streamIsCapturing, "cudaStreamIsCapturing");
+  load(lib, &r.exchangeCaptureMode, "cudaThreadExchangeStreamCaptureMode");
   r.ok = true;
   g_cuda = r;
   return true;
@@ -66,6 +67,13 @@ bool cuda_agent_device(int device) {
   if (!g_cuda.ok || device < 0) return false;
   if (device == g_agent_device) return true;
   if (g_cuda.setDevice(device) != C4D_CUDA_SUCCESS) return false;
+  if (g_agent_device < 0 && g_cuda.exchangeCaptureMode) {
+    // Before the agent's first query: relaxed, so that its cudaEventQuery never invalidates
+    // a CUDA graph capture of the application (as NCCL's proxy thread and PyTorch's watchdog
+    // do: pytorch#104555, #148594). After cudaSetDevice: no context made on device 0.
+    int mode = C4D_CUDA_CAPTURE_MODE_RELAXED;
+    if (g_cuda.exchangeCaptureMode(&mode) != C4D_CUDA_SUCCESS) C4D_LOG(kWarning, "agent: relaxed capture mode refused");
+  }
   g_agent_device = device;
   return true;
 }

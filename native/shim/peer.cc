@@ -83,7 +83,11 @@ void resolve(ProfCtx& c) {
 }
 
 uint64_t shim_seq(const ProfCtx& c, const Xfer& X) {
-  if (X.p2p || c.how == kCtxUnresolved) return X.key;
+  if (c.how == kCtxUnresolved) return X.key;
+  // Graph replays of this kind run on the comm: NCCL emits their events without numbering
+  // them (seqNumber not advanced, P2p ordinals shifted), so no event of the kind maps to an op.
+  if (X.op < 32 && (comm_at(c.slot)->captured_kinds.load(std::memory_order_relaxed) & (1u << X.op))) return UINT64_MAX;
+  if (X.p2p) return X.key;
   const SeqMap* m = g_maps[c.slot];
   if (c.sem.load(std::memory_order_relaxed) != kSemPerFunc) {  // the comm's count > 0 collectives
     uint64_t s = X.key;

@@ -14,7 +14,8 @@ namespace {
 thread_local ThreadState t_state;
 std::atomic<uint64_t> g_group_counter{0};
 
-/* A capturing stream would put our event records into the CUDA graph: skip events. */
+/* The op is being captured into a CUDA graph: NCCL runs it only when the graph is
+ * launched, maybe many times, and numbers none of its replays (persistent plans). */
 inline bool capturing(cudaStream_t stream) {
   if (!g_cuda.streamIsCapturing) return false;
   int status = 0;
@@ -66,6 +67,11 @@ OpTicket op_begin(ThreadState* t, const OpDesc& d) {
     return k;
   }
   if (!c->ready.load(std::memory_order_acquire)) comm_refresh(c);  // non-blocking init: once
+  if (capturing(d.stream)) {  // not numbered, not recorded; the agent says so once
+    c->captured_kinds.fetch_or(1u << d.op, std::memory_order_relaxed);
+    count(g_counters.captured);
+    return k;
+  }
   const bool grouped = t->group_depth > 0;
   uint32_t i = g_ops.take();
   if (i == kNone) {
@@ -111,26 +117,22 @@ OpTicket op_begin(ThreadState* t, const OpDesc& d) {
     return k;
   }
   if (EventPool* p = event_pool_for(s.device)) {
-    if (capturing(d.stream)) {
-      count(g_counters.captured);
+    uint32_t a = p->take(), b = p->take();
+    if (a == kNone || b == kNone) {
+      p->release(a);
+      p->release(b);
+      s.flags |= C4D_OPF_NO_EVENT;
+      count(g_counters.no_event);
+    } else if (g_cuda.eventRecord(p->event(a), d.stream) != C4D_CUDA_SUCCESS) {
+      p->release(a);
+      p->release(b);
+      s.flags |= C4D_OPF_EVENT_ERROR;
+      count(g_counters.event_errors);
     } else {
-      uint32_t a = p->take(), b = p->take();
-      if (a == kNone || b == kNone) {
-        p->release(a);
-        p->release(b);
-        s.flags |= C4D_OPF_NO_EVENT;
-        count(g_counters.no_event);
-      } else if (g_cuda.eventRecord(p->event(a), d.stream) != C4D_CUDA_SUCCESS) {
-        p->release(a);
-        p->release(b);
-        s.flags |= C4D_OPF_EVENT_ERROR;
-        count(g_counters.event_errors);
-      } else {
-        s.ev_start = a;
-        s.ev_end = b;
-        k.ev_end = b;
-        k.pool = p;
-      }
+      s.ev_start = a;
+      s.ev_end = b;
+      k.ev_end = b;
+      k.pool = p;
     }
   }
   s.state.store(kLaunched, std::memory_order_relaxed);
@@ -196,24 +198,18 @@ ncclResult_t group_end(ThreadState* t, ncclResult_t (*real)()) {
         continue;
       }
       Pair& pr = pairs[np++];
-      pr = Pair{stream, p, kNone, kNone, 0, false};
-      if (capturing(stream)) {
-        count(g_counters.captured);
-      } else {
-        pr.a = p->take();
-        pr.b = p->take();
-        if (pr.a == kNone || pr.b == kNone) {
-          p->release(pr.a);
-          p->release(pr.b);
-          pr.a = pr.b = kNone;
-          count(g_counters.no_event);
-        } else if (g_cuda.eventRecord(p->event(pr.a), stream) != C4D_CUDA_SUCCESS) {
-          p->release(pr.a);
-          p->release(pr.b);
-          pr.a = pr.b = kNone;
-          pr.error = true;
-          count(g_counters.event_errors);
-        }
+      pr = Pair{stream, p, p->take(), p->take(), 0, false};
+      if (pr.a == kNone || pr.b == kNone) {
+        p->release(pr.a);
+        p->release(pr.b);
+        pr.a = pr.b = kNone;
+        count(g_counters.no_event);
+      } else if (g_cuda.eventRecord(p->event(pr.a), stream) != C4D_CUDA_SUCCESS) {
+        p->release(pr.a);
+        p->release(pr.b);
+        pr.a = pr.b = kNone;
+        pr.error = true;
+        count(g_counters.event_errors);
       }
     }
     s.pair = q;

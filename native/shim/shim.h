@@ -35,7 +35,7 @@ struct Counters {
   std::atomic<uint64_t> untracked;       // ops on a communicator we don't track
   std::atomic<uint64_t> event_errors;    // CUDA event calls that failed
   std::atomic<uint64_t> clamped;         // device times mapped before the issue time (anchor error)
-  std::atomic<uint64_t> captured;        // ops issued during CUDA graph capture (no events)
+  std::atomic<uint64_t> captured;        // ops issued on a capturing stream (into a CUDA graph): not recorded
 };
 extern Counters g_counters;
 

@@ -84,20 +84,17 @@ void set_error(ncclComm* c, ncclResult_t r, const char* what) {
     warnf("comm rank %d (global %d): %s", c->rank, c->global_rank, what); /* first error per comm */
 }
 
-/* Enqueue one group (or one bare op) on the stream(s) of its ops. */
-void enqueue_group(std::vector<PendingOp>& ops) {
-  GroupWork* g = new GroupWork;
-  std::vector<Stream*> streams;
-  for (PendingOp& p : ops) {
-    g->ops.push_back(p.op);
-    if (is_coll(p.op.kind)) g->ops.back().seq = ++p.op.comm->coll_issued;
-    if (std::find(streams.begin(), streams.end(), p.stream) == streams.end()) streams.push_back(p.stream);
-    ncclComm* c = p.op.comm;
+/* Launch: number the group's collectives, take its turn on each comm, emit its profiler
+ * task events and queue it on its stream(s). */
+void launch(GroupWork* g, const std::vector<Stream*>& streams, bool persistent) {
+  for (OpDesc& op : g->ops) {
+    ncclComm* c = op.comm;
+    if (is_coll(op.kind)) op.seq = ++c->coll_issued;
     bool seen = false;
     for (auto& t : g->tickets) seen = seen || t.first == c;
     if (!seen) g->tickets.push_back({c, ++c->ticket_issued});
   }
-  profiler_enqueue(g->ops, false); /* NCCL's hostStreamPlanTask, right after the launch */
+  profiler_enqueue(g->ops, persistent); /* NCCL's hostStreamPlanTask, right after the launch */
   JoinSync* js = nullptr;
   if (streams.size() > 1) {
     js = new JoinSync;
@@ -106,6 +103,29 @@ void enqueue_group(std::vector<PendingOp>& ops) {
     for (size_t i = 1; i < streams.size(); ++i) stream_enqueue(streams[i], Item{ItemKind::Join, js, nullptr, 0, 0});
   }
   stream_enqueue(streams[0], Item{ItemKind::Group, g, js, 0, 0});
+}
+
+/* One group (or one bare op), at its ncclGroupEnd: launched, or kept by the capturing
+ * stream's graph to be launched at each replay. */
+ncclResult_t enqueue_group(std::vector<PendingOp>& ops) {
+  GroupWork* g = new GroupWork;
+  std::vector<Stream*> streams;
+  bool captured = false;
+  for (PendingOp& p : ops) {
+    g->ops.push_back(p.op);
+    if (std::find(streams.begin(), streams.end(), p.stream) == streams.end()) streams.push_back(p.stream);
+    captured = captured || p.stream->capturing.load();
+  }
+  if (captured) {
+    if (streams.size() == 1 && capture_group(streams[0], g)) return ncclSuccess;
+    if (streams.size() > 1) {
+      delete g;
+      warnf("simnccl: an NCCL group over several streams under CUDA graph capture is not simulated");
+      return ncclInvalidUsage;
+    }
+  }
+  launch(g, streams, false);
+  return ncclSuccess;
 }
 
 ncclResult_t submit(const OpDesc& op, cudaStream_t stream) {
@@ -119,8 +139,7 @@ ncclResult_t submit(const OpDesc& op, cudaStream_t stream) {
     return ncclSuccess;
   }
   std::vector<PendingOp> one{{op, s}};
-  enqueue_group(one);
-  return ncclSuccess;
+  return enqueue_group(one);
 }
 
 /* Common argument checks of every op; `kind` decides which buffers matter. */
@@ -419,6 +438,11 @@ void run_chunk(std::vector<Run>& runs) {
 
 }  // namespace
 
+void launch_captured_group(const GroupWork* tmpl, Stream* s) {
+  GroupWork* g = new GroupWork(*tmpl);
+  launch(g, {s}, true);
+}
+
 const char* op_func_name(int kind) {
   static const char* names[] = {"AllReduce", "Broadcast", "Reduce", "AllGather", "ReduceScatter",
                                 "AlltoAll",  "Gather",    "Scatter", "Send",     "Recv"};
@@ -490,11 +514,12 @@ SIM_API ncclResult_t ncclGroupEnd(void) {
     warnf("ncclGroupEnd without a matching ncclGroupStart");
     return ncclInvalidUsage;
   }
+  ncclResult_t r = ncclSuccess;
   if (--t_group_depth == 0 && !t_pending->empty()) {
-    enqueue_group(*t_pending);
+    r = enqueue_group(*t_pending);
     t_pending->clear();
   }
-  return ncclSuccess;
+  return r;
 }
 SIM_ALIAS(ncclGroupEnd)
 
