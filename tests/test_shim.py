@@ -43,7 +43,7 @@ EXPECTED_EXPORTS = {
             "ReduceScatterConfig", "AlltoAllConfig", "GatherConfig", "ScatterConfig", "Send", "Recv",
             "GroupStart", "GroupEnd", "GroupSimulateEnd", "CommInitRank", "CommInitRankConfig",
             "CommInitRankScalable", "CommInitAll", "CommSplit", "CommShrink", "CommFinalize", "CommDestroy",
-            "CommAbort",
+            "CommAbort", "CommGetAsyncError",
         ]
     ),
     "c4d_version",
@@ -830,6 +830,59 @@ def test_agent_creates_no_context_on_another_device(libc4d, simnccl_dir, master,
     ops = master.records()[schema.Kind.OP]
     assert len(ops) == 40 and sorted(set(ops["device"].tolist())) == [3, 5]
     assert (ops["flags"] & schema.OpFlag.DEVICE_TIMING != 0).all(), "events polled on their own devices"
+
+
+NONBLOCKING = ["--nonblocking", "--compute-us", "0", "--dp-bytes", str(1 << 20)]
+NONBLOCKING += ["--tp-bytes", "4", "--pp-bytes", "4"]
+SLOW_LINK = {"SIMNCCL_INTRA_GBPS": "0.1", "SIMNCCL_JITTER": "0"}  # a 1 MiB all-reduce: ~10.5 ms modeled
+
+
+def test_nonblocking_comm_ops_are_timed_once_launched(libc4d, simtrain, master, jobs, tmp_path):
+    """Nonblocking communicators (ncclConfig_t.blocking = 0): every call returns ncclInProgress
+    and NCCL's helper thread launches the kernels later; the driver polls
+    ncclCommGetAsyncError as PyTorch does. The end events are recorded once the comm says the
+    launch is done, so the all-reduces last their modeled ~10.5 ms, not ~0; and the shim asks
+    nothing of a comm in progress (NCCL would WARN and ncclGetLastError would say so)."""
+    world, args = 2, train(6, 1, 1, *NONBLOCKING)
+    plain = run_job(jobs, simtrain, world, args, base_env(None, **SLOW_LINK), tmp_path)
+    assert plain.wait(120) == [0] * world, [plain.stderr(r) for r in range(world)]
+    env = base_env(libc4d, C4D_MASTER_ADDR=master.endpoint, **SLOW_LINK)
+    job = run_job(jobs, simtrain, world, args, env, tmp_path)
+    assert job.wait(120) == [0] * world, [job.stderr(r) for r in range(world)]
+    for r in range(world):
+        assert job.stdout(r) == plain.stdout(r) == "nccl last error: ''\n"
+        assert "simnccl:" not in job.stderr(r), job.stderr(r)
+    wait_records(master, final_seen({p.pid for p in job.procs}), "the FINAL heartbeat of every rank")
+    ops = master.records()[schema.Kind.OP]
+    ar = ops[ops["op"] == schema.Op.AllReduce]
+    assert len(ar) == world * 6 and (ar["result"] == 0).all(), "the settled result, not ncclInProgress"
+    assert (ar["flags"] & schema.OpFlag.DEVICE_TIMING != 0).all()
+    ms = (ar["end_ns"].astype(np.int64) - ar["start_ns"].astype(np.int64)) / 1e6
+    assert (ms > 8).all(), ms
+
+
+def test_nonblocking_hang_is_blamed_on_the_hung_op(libc4d, simtrain, master, jobs, tmp_path):
+    """The link between the two ranks hangs at step 3 on nonblocking communicators: the
+    heartbeats name step 3's all-reduce as arrived and not done (recording its end event
+    when the call returned would have put it before the kernel: done at once, nothing pending)."""
+    env = base_env(libc4d, C4D_MASTER_ADDR=master.endpoint, C4D_HEARTBEAT_MS="50",
+                   SIMNCCL_FAULTS="comm-hang@link=0-1,step=3", **SLOW_LINK)  # fmt: skip
+    job = run_job(jobs, simtrain, 2, train(50, 1, 1, *NONBLOCKING, "--progress"), env, tmp_path)
+
+    def stuck(recs):
+        hb = recs[schema.Kind.HEARTBEAT]
+        hb = hb[(hb["comm_id"] != 0) & (hb["comm_nranks"] == 2) & (hb["n_issued"] > 0) & (hb["rank"] == 0)]
+        if not len(hb):
+            return None
+        last = hb[np.argmax(hb["time_ns"])]
+        late = time.time_ns() - int(last["pend_start_ns"]) > 300_000_000
+        return last if last["pend_seq"] != schema.UINT64_MAX and last["pend_start_ns"] > 0 and late else None
+
+    hb = wait_records(master, stuck, "rank 0's data-parallel all-reduce stuck", timeout=60)
+    job.kill()
+    assert (hb["pend_seq"], hb["pend_op"]) == (3, schema.Op.AllReduce)
+    assert hb["n_done"] == 3 and hb["n_arrived"] == hb["n_issued"] == 4
+    assert "step 2 done" in job.stderr(0) and "step 3 done" not in job.stderr(0)
 
 
 def test_heartbeats_name_the_pending_op_of_a_hung_rank(libc4d, simtrain, master, jobs, tmp_path):

@@ -262,6 +262,69 @@ def test_init_all_one_process_group_across_streams(cuda):
 
 
 # ---------------------------------------------------------------------------------------
+# nonblocking communicators
+
+IN_PROGRESS = 7
+
+
+class Config(ctypes.Structure):
+    """The head of ncclConfig_t (nccl.h, stable since 2.14): what simnccl reads."""
+
+    _fields_ = [("size", ctypes.c_size_t), ("magic", ctypes.c_uint), ("version", ctypes.c_uint),
+                ("blocking", ctypes.c_int)]  # fmt: skip
+
+
+def test_nonblocking_comm_returns_in_progress_and_launches_later(cuda):
+    """NCCL 2.30.7 (src/group.cc, src/init.cc): on a comm made with blocking = 0, init and
+    every call return ncclInProgress; a helper thread does the work while
+    ncclCommGetAsyncError says ncclInProgress; using the comm before it settles is a WARN
+    (ncclGetLastError) and ncclInvalidArgument; blocking and nonblocking comms never share a
+    group."""
+    p = ctypes.c_void_p
+
+    class UniqueId(ctypes.Structure):
+        _fields_ = [("internal", ctypes.c_char * 128)]
+
+    cuda.ncclCommInitRankConfig.argtypes = [ctypes.POINTER(p), ctypes.c_int, UniqueId, ctypes.c_int, p]
+    cuda.ncclAllReduce.argtypes = [p, p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, p, p]
+    cuda.ncclGetLastError.restype = ctypes.c_char_p
+    uid, comm, s, n = UniqueId(), p(), p(), ctypes.c_int()
+    assert cuda.ncclGetUniqueId(ctypes.byref(uid)) == 0
+    cfg = Config(ctypes.sizeof(Config), 0xCAFEBEEF, 23102, 0)
+    assert cuda.ncclCommInitRankConfig(ctypes.byref(comm), 1, uid, 0, ctypes.addressof(cfg)) == IN_PROGRESS
+    assert comm.value, "the comm is handed out at once"
+    state = ctypes.c_int(IN_PROGRESS)
+
+    def settle():
+        while state.value == IN_PROGRESS:
+            assert cuda.ncclCommGetAsyncError(comm, ctypes.byref(state)) == 0
+        return state.value
+
+    assert settle() == 0
+    assert cuda.ncclCommCount(comm, ctypes.byref(n)) == 0 and n.value == 1
+    assert cuda.cudaStreamCreate(ctypes.byref(s)) == 0
+    buf, out = (ctypes.c_float * 64)(*range(64)), (ctypes.c_float * 64)()
+    assert cuda.ncclAllReduce(buf, out, 64, 7, 0, comm, s) == IN_PROGRESS
+    assert cuda.cudaStreamQuery(s) == 0, "nothing launched yet: the stream is idle"
+    assert b"before the previous operation" not in cuda.ncclGetLastError(None)  # process-wide: earlier tests'
+    assert cuda.ncclCommCount(comm, ctypes.byref(n)) == 4, "in progress: ncclInvalidArgument"
+    assert b"before the previous operation returned ncclSuccess" in cuda.ncclGetLastError(None)
+    state.value = IN_PROGRESS
+    assert settle() == 0
+    assert cuda.cudaStreamSynchronize(s) == 0 and list(out) == list(range(64)), "launched, then ran"
+    blocking = p()
+    assert cuda.ncclCommInitAll(ctypes.byref(blocking), 1, None) == 0
+    assert cuda.ncclGroupStart() == 0
+    assert cuda.ncclAllReduce(buf, out, 64, 7, 0, comm, s) == 0
+    assert cuda.ncclAllReduce(buf, out, 64, 7, 0, blocking, s) == 0
+    assert cuda.ncclGroupEnd() == 4
+    assert b"Blocking and nonblocking communicators" in cuda.ncclGetLastError(None)
+    for c in (comm, blocking):
+        assert cuda.ncclCommDestroy(c) == 0
+    assert cuda.cudaStreamDestroy(s) == 0
+
+
+# ---------------------------------------------------------------------------------------
 # stream capture (CUDA graphs)
 
 GLOBAL, THREAD_LOCAL, RELAXED = 0, 1, 2

@@ -36,6 +36,7 @@ struct CommSlot {
   std::atomic<bool> ready;  // rank/nranks/device known and p2p counters allocated
   std::atomic<uint32_t> refresh_tries;  // comm_refresh attempts while not ready (capped)
   std::atomic<bool> live;   // false after destroy/abort: no more heartbeats
+  std::atomic<bool> nonblocking;  // made by a call that returned ncclInProgress: ask NCCL only once settled
   /* hot path */
   std::atomic<uint64_t> coll_seq;                  // next collective sequence = collectives issued
   std::atomic<std::atomic<uint64_t>*> p2p_seq;     // [2 * nranks]: send to peer p at [p], recv at [nranks + p]

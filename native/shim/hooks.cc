@@ -32,7 +32,10 @@ inline ncclResult_t record_op(Fn real, const OpDesc& d, Args... args) {
   if (!g.outer() || c4d::shim_mode() != c4d::kActive) return real(args...);
   c4d::OpTicket k = c4d::op_begin(g.thread(), d);
   ncclResult_t r = real(args...);
-  c4d::op_end(k, r);
+  if (r == ncclInProgress && !k.grouped)
+    c4d::op_deferred(g.thread(), k);  // a nonblocking comm: launched later, end event once settled
+  else
+    c4d::op_end(k, r);
   return r;
 }
 
@@ -300,6 +303,22 @@ C4D_HOOK ncclResult_t ncclCommShrink(ncclComm_t comm, int* excludeRanksList, int
   return r;
 }
 
+/* Polled by the application (PyTorch after every call on a nonblocking comm, and by its
+ * watchdog): passed through; once the comm settled, the calling thread's ops on it that
+ * NCCL was still launching get their end events, and a comm made nonblocking its shape. */
+C4D_HOOK ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError) {
+  C4D_ORIGINAL(ncclCommGetAsyncError);
+  c4d::HookScope g;
+  ncclResult_t r = real(comm, asyncError);
+  if (!g.outer() || r != ncclSuccess || !asyncError || *asyncError == ncclInProgress ||
+      c4d::shim_mode() != c4d::kActive)
+    return r;
+  c4d::settle_deferred(g.thread(), comm, asyncError, false);
+  c4d::CommSlot* s = c4d::comm_lookup(comm);
+  if (s && !s->ready.load(std::memory_order_acquire)) c4d::comm_refresh(s, true);
+  return r;
+}
+
 namespace {
 /* Finalize, destroy, abort: the slot is looked up before the call, because NCCL may
  * reuse the handle's memory for another comm as soon as the call returns. */
@@ -307,6 +326,7 @@ template <typename Fn>
 inline ncclResult_t end_comm(Fn real, uint8_t event, ncclComm_t comm, bool remove) {
   c4d::HookScope g;
   if (!g.outer() || c4d::shim_mode() != c4d::kActive) return real(comm);
+  c4d::settle_deferred(g.thread(), comm, nullptr, true);  // last chance for ops still launching
   c4d::CommSlot* s = c4d::comm_lookup(comm);
   ncclResult_t r = real(comm);
   c4d::comm_ended(event, comm, s, r, remove);

@@ -43,10 +43,11 @@ void comm_created(uint8_t event, const ncclComm_t* out, ncclResult_t r, uint64_t
  * the table. */
 void comm_ended(uint8_t event, ncclComm_t comm, CommSlot* slot, ncclResult_t r, bool remove);
 
-/* Hot path, for a comm created non-blocking (shape not known at init): retry the
- * rank/size/device queries (try-lock: a busy init mutex means "next op"), at most 64
- * times per comm. */
-void comm_refresh(CommSlot* c);
+/* For a comm whose shape is not known yet (made nonblocking, or NCCL refused the queries):
+ * once it is settled (`is_settled`, else NCCL's async error is asked), retry the rank/size/
+ * device queries; try-lock (a busy init mutex means "next time"), at most 64 queries per
+ * comm. Hot path (an op on such a comm) or ncclCommGetAsyncError's hook. */
+void comm_refresh(CommSlot* c, bool is_settled);
 
 }  // namespace c4d
 

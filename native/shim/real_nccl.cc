@@ -29,7 +29,7 @@ template <typename F>
 F lookup(std::atomic<void*>* cache, const char* name) {
   return reinterpret_cast<F>(real_fn(cache, nullptr, name, nullptr));
 }
-std::atomic<void*> g_count_fn, g_rank_fn, g_device_fn, g_version_fn;
+std::atomic<void*> g_count_fn, g_rank_fn, g_device_fn, g_version_fn, g_async_fn;
 }  // namespace
 
 ncclResult_t real_comm_count(ncclComm_t comm, int* count) {
@@ -45,6 +45,11 @@ ncclResult_t real_comm_user_rank(ncclComm_t comm, int* rank) {
 ncclResult_t real_comm_cu_device(ncclComm_t comm, int* device) {
   auto f = lookup<decltype(&ncclCommCuDevice)>(&g_device_fn, "ncclCommCuDevice");
   return f ? f(comm, device) : ncclInternalError;
+}
+
+ncclResult_t real_comm_get_async_error(ncclComm_t comm, ncclResult_t* async_error) {
+  auto f = lookup<decltype(&ncclCommGetAsyncError)>(&g_async_fn, "ncclCommGetAsyncError");
+  return f ? f(comm, async_error) : ncclInternalError;
 }
 
 int real_nccl_version() {

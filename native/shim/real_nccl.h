@@ -27,6 +27,7 @@ inline void* real_fn(std::atomic<void*>* cache, std::atomic<bool>* logged, const
 ncclResult_t real_comm_count(ncclComm_t comm, int* count);
 ncclResult_t real_comm_user_rank(ncclComm_t comm, int* rank);
 ncclResult_t real_comm_cu_device(ncclComm_t comm, int* device);
+ncclResult_t real_comm_get_async_error(ncclComm_t comm, ncclResult_t* async_error);
 int real_nccl_version();  // 0 unknown
 
 }  // namespace c4d

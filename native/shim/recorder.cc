@@ -5,6 +5,7 @@
 #include "event_pool.h"
 #include "lifecycle.h"
 #include "op_pool.h"
+#include "real_nccl.h"
 #include "shim.h"
 #include "timing.h"
 
@@ -66,7 +67,8 @@ OpTicket op_begin(ThreadState* t, const OpDesc& d) {
     count(g_counters.untracked);
     return k;
   }
-  if (!c->ready.load(std::memory_order_acquire)) comm_refresh(c);  // non-blocking init: once
+  if (!c->ready.load(std::memory_order_acquire)) comm_refresh(c, false);  // non-blocking init
+  if (t->deferred_n) settle_deferred(t, d.comm, nullptr, false);  // the app did not poll: NCCL is asked
   if (capturing(d.stream)) {  // not numbered, not recorded; the agent says so once
     c->captured_kinds.fetch_or(1u << d.op, std::memory_order_relaxed);
     count(g_counters.captured);
@@ -159,6 +161,96 @@ void op_end(const OpTicket& k, ncclResult_t r) {
   s.state.store(kReturned, std::memory_order_release);
 }
 
+/* Appends a submitted slot to the thread's deferred list (its `next` is the issuing
+ * thread's until kReturned: the agent never touches it). */
+static void defer(ThreadState* t, uint32_t i) {
+  g_ops.at(i).next = kNone;
+  if (t->deferred_n++)
+    g_ops.at(t->deferred_tail).next = i;
+  else
+    t->deferred_head = i;
+  t->deferred_tail = i;
+}
+
+void op_deferred(ThreadState* t, const OpTicket& k) {
+  if (k.slot == kNone) return;
+  OpSlot& s = g_ops.at(k.slot);
+  s.return_ns = host_now_ns();
+  s.result = ncclInProgress;
+  defer(t, k.slot);
+}
+
+void settle_deferred(ThreadState* t, ncclComm_t comm, const ncclResult_t* ae_in, bool last) {
+  if (!t->deferred_n) return;
+  CommSlot* c = comm_lookup(comm);
+  if (!c) return;
+  const uint32_t ci = comm_index(c);
+  // The groups of this comm's deferred ops: NCCL launches a group in one job, so all of its
+  // comms settle together (src/group.cc groupLaunch sets every comm's async error at its end).
+  constexpr uint32_t kGroups = 16;
+  uint64_t groups[kGroups];
+  uint32_t ng = 0;
+  bool mine = false, many = false;
+  for (uint32_t j = 0, i = t->deferred_head; j < t->deferred_n; ++j, i = g_ops.at(i).next) {
+    const OpSlot& s = g_ops.at(i);
+    if (s.comm != ci) continue;
+    mine = true;
+    if (!s.group_id) continue;
+    uint32_t q = 0;
+    while (q < ng && groups[q] != s.group_id) ++q;
+    if (q == ng && ng < kGroups) groups[ng++] = s.group_id;
+    many = many || q == kGroups;
+  }
+  if (!mine) return;
+  ncclResult_t ae = ncclInProgress;
+  if (ae_in) ae = *ae_in;
+  else if (real_comm_get_async_error(comm, &ae) != ncclSuccess) ae = ncclInProgress;  // no answer: not yet
+  if (ae == ncclInProgress && !last) return;
+  const bool launched = ae != ncclInProgress;
+  struct Recorded {
+    EventPool* pool;
+    uint32_t ev;
+  } rec[kGroupStreams];
+  uint32_t nr = 0;
+  uint32_t prev = kNone, n = t->deferred_n;
+  for (uint32_t j = 0, i = t->deferred_head; j < n; ++j) {
+    OpSlot& s = g_ops.at(i);
+    uint32_t next = s.next;  // read before the slot may go back to the pool
+    bool hit = s.comm == ci;
+    for (uint32_t q = 0; !hit && s.group_id && q < ng; ++q) hit = groups[q] == s.group_id;
+    hit = hit || (many && s.group_id);
+    if (!hit) {
+      prev = i;
+      i = next;
+      continue;
+    }
+    if (prev == kNone) t->deferred_head = next;
+    else g_ops.at(prev).next = next;
+    if (i == t->deferred_tail) t->deferred_tail = prev;
+    --t->deferred_n;
+    EventPool* p = event_pool_for(s.device);
+    if (s.ev_end != kNone && p && launched) {
+      uint32_t q = 0;
+      while (q < nr && !(rec[q].pool == p && rec[q].ev == s.ev_end)) ++q;
+      if (q == nr) {  // an event shared by a group's ops is recorded once
+        if (g_cuda.eventRecord(p->event(s.ev_end), reinterpret_cast<cudaStream_t>(s.stream)) != C4D_CUDA_SUCCESS) {
+          s.late_flags |= C4D_OPF_EVENT_ERROR;
+          count(g_counters.event_errors);
+        } else if (nr < kGroupStreams) {
+          rec[nr++] = Recorded{p, s.ev_end};
+        }
+      }
+    } else if (s.ev_end != kNone) {  // the comm goes away still launching: host times only
+      if (p) p->release(s.ev_end);
+      s.ev_end = kNone;
+      s.late_flags |= C4D_OPF_NO_EVENT;
+    }
+    if (s.result == ncclInProgress) s.result = ae;
+    s.state.store(kReturned, std::memory_order_release);
+    i = next;
+  }
+}
+
 void group_started(ThreadState* t) {
   if (t->group_depth++ == 0) {
     t->group_id = g_group_counter.fetch_add(1, std::memory_order_relaxed) + 1;
@@ -244,6 +336,18 @@ ncclResult_t group_end(ThreadState* t, ncclResult_t (*real)()) {
 
   ncclResult_t r = real();
 
+  if (r == ncclInProgress) {  // nonblocking: launched later by NCCL; end events once it settles
+    uint64_t now = host_now_ns();
+    for (uint32_t i = first; i != kNone;) {
+      OpSlot& s = g_ops.at(i);
+      uint32_t next = i == last ? kNone : s.next;
+      s.return_ns = now;
+      if (s.result == ncclSuccess) s.result = r;
+      defer(t, i);
+      i = next;
+    }
+    return r;
+  }
   for (uint32_t q = 0; q < np; ++q) {
     Pair& pr = pairs[q];
     if (pr.b != kNone && g_cuda.eventRecord(pr.pool->event(pr.b), pr.stream) != C4D_CUDA_SUCCESS) {
@@ -283,6 +387,7 @@ ncclResult_t group_simulate_end(ThreadState* t, ncclResult_t (*real)(ncclSimInfo
 void recorder_reset_after_fork() {
   t_state.group_depth = 0;
   t_state.group_n = t_state.group_numbered = 0;
+  t_state.deferred_n = 0;
 }
 
 }  // namespace c4d

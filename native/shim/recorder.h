@@ -34,6 +34,8 @@ struct ThreadState {
   uint32_t group_n;         // ops chained in the current outermost group (head/tail valid when > 0)
   uint32_t group_numbered;  // how many of them (from the head) have their seq already
   uint32_t group_head, group_tail;  // op slots, issue order, linked by OpSlot::next
+  uint32_t deferred_n;      // ops of this thread NCCL is still launching (ncclInProgress)
+  uint32_t deferred_head, deferred_tail;  // their slots, issue order, linked by OpSlot::next
 };
 
 ThreadState* thread_state();
@@ -75,6 +77,18 @@ struct OpTicket {
 
 OpTicket op_begin(ThreadState* t, const OpDesc& d);
 void op_end(const OpTicket& k, ncclResult_t r);
+
+/* Nonblocking communicators. A call that returns ncclInProgress has its work launched later
+ * by an NCCL helper thread (NCCL 2.30.7 src/group.cc groupLaunchNonBlocking), so the end
+ * event can't be recorded when the call returns: it would land on the stream before the
+ * kernel. The op waits on its thread's deferred list until ncclCommGetAsyncError says the
+ * comm settled (the launch is over; the application polls it, as PyTorch does), and then
+ * its end event is recorded: the op's end is enqueue-bounded from below by that moment.
+ * settle_deferred is called with the result the application got (its own poll), or asks
+ * NCCL itself (`ae` null) before the thread's next op on that comm or its destroy. `last`:
+ * the comm goes away; ops still in progress keep host times only. */
+void op_deferred(ThreadState* t, const OpTicket& k);
+void settle_deferred(ThreadState* t, ncclComm_t comm, const ncclResult_t* ae, bool last);
 
 /* Group bookkeeping around the real ncclGroupStart / ncclGroupEnd / ncclGroupSimulateEnd. */
 void group_started(ThreadState* t);

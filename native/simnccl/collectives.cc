@@ -20,6 +20,7 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <thread>
 
 #include "comm.h"
 #include "common.h"
@@ -105,17 +106,35 @@ void launch(GroupWork* g, const std::vector<Stream*>& streams, bool persistent) 
   stream_enqueue(streams[0], Item{ItemKind::Group, g, js, 0, 0});
 }
 
+/* How long the helper thread of a nonblocking group takes to launch it (NCCL: thread
+ * start, ncclPrepareTasks, the kernel launches); SIMNCCL_NB_LAUNCH_US, default 500. */
+uint64_t nb_launch_ns() {
+  static const uint64_t ns = uint64_t(env_long("SIMNCCL_NB_LAUNCH_US", 500, 0, 10000000)) * 1000ull;
+  return ns;
+}
+
 /* One group (or one bare op), at its ncclGroupEnd: launched, or kept by the capturing
- * stream's graph to be launched at each replay. */
+ * stream's graph to be launched at each replay. A group of nonblocking communicators is
+ * launched later by a helper thread while their async error says ncclInProgress (NCCL
+ * 2.30.7 src/group.cc ncclGroupEndInternal: groupLaunchNonBlocking on a job thread). */
 ncclResult_t enqueue_group(std::vector<PendingOp>& ops) {
   GroupWork* g = new GroupWork;
   std::vector<Stream*> streams;
+  std::vector<ncclComm*> comms;
   bool captured = false;
   for (PendingOp& p : ops) {
     g->ops.push_back(p.op);
     if (std::find(streams.begin(), streams.end(), p.stream) == streams.end()) streams.push_back(p.stream);
+    if (std::find(comms.begin(), comms.end(), p.op.comm) == comms.end()) comms.push_back(p.op.comm);
     captured = captured || p.stream->capturing.load();
   }
+  const bool blocking = comms[0]->blocking;
+  for (ncclComm* c : comms)
+    if (c->blocking != blocking) {
+      delete g;
+      warnf("Blocking and nonblocking communicators are not allowed in the same group.");
+      return ncclInvalidArgument;
+    }
   if (captured) {
     if (streams.size() == 1 && capture_group(streams[0], g)) return ncclSuccess;
     if (streams.size() > 1) {
@@ -123,6 +142,15 @@ ncclResult_t enqueue_group(std::vector<PendingOp>& ops) {
       warnf("simnccl: an NCCL group over several streams under CUDA graph capture is not simulated");
       return ncclInvalidUsage;
     }
+  }
+  if (!blocking) {
+    for (ncclComm* c : comms) start_job(c);
+    std::thread([g, streams, comms] {
+      sleep_until_ns(now_ns() + nb_launch_ns());
+      launch(g, streams, false);
+      for (ncclComm* c : comms) finish_job(c, ncclSuccess);
+    }).detach();
+    return ncclInProgress;
   }
   launch(g, streams, false);
   return ncclSuccess;
@@ -139,7 +167,11 @@ ncclResult_t submit(const OpDesc& op, cudaStream_t stream) {
     return ncclSuccess;
   }
   std::vector<PendingOp> one{{op, s}};
-  return enqueue_group(one);
+  ncclResult_t r = enqueue_group(one);
+  /* src/enqueue.cc ncclEnqueueCheck: a nonblocking comm's state decides, asked through the
+   * PLT (an interposer sees this call inside the op's). */
+  if (r == ncclInProgress && ncclCommGetAsyncError(op.comm, &r) != ncclSuccess) r = ncclInternalError;
+  return r;
 }
 
 /* Common argument checks of every op; `kind` decides which buffers matter. */
@@ -155,6 +187,7 @@ ncclResult_t issue(uint8_t kind, const void* send, void* recv, size_t count, ncc
     warnf("%s: communicator was aborted", fn);
     return ncclInvalidUsage;
   }
+  if (ncclResult_t r = ensure_ready(c)) return r;
   if (c4d_dtype_size(dtype) == 0 || int(dtype) < 0 || dtype >= ncclNumTypes) {
     warnf("%s: invalid datatype %d", fn, int(dtype));
     return ncclInvalidArgument;

@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 
 #include "common.h"
 #include "config.h"
@@ -82,11 +83,12 @@ void unmap_all(ncclComm* c) {
 
 std::string data_name(const ncclComm* c, int r) { return c->name + "-d" + std::to_string(r); }
 
-/* First half of init: map the control segment, claim our rank, create our data
- * segment. Does not wait for peers, so one process may attach several ranks. */
-ncclResult_t attach(const std::string& name, int nranks, int rank, uint64_t id, int global_rank,
-                    ncclComm** out) {
-  *out = nullptr;
+/* First half of init, into the caller's comm object: map the control segment, claim our
+ * rank on `device`, create our data segment. Does not wait for peers, so one process may
+ * attach several ranks. On failure c holds no mapping (the caller frees it or keeps it as
+ * a failed nonblocking comm). */
+ncclResult_t attach(const std::string& name, int nranks, int rank, uint64_t id, int global_rank, int device,
+                    ncclComm* c) {
   if (nranks < 1 || rank < 0 || rank >= nranks) {
     warnf("comm init: rank %d is not in [0, nranks=%d)", rank, nranks);
     return ncclInvalidArgument;
@@ -111,13 +113,12 @@ ncclResult_t attach(const std::string& name, int nranks, int rank, uint64_t id, 
     warnf("comm init: mmap %s: %s", name.c_str(), strerror(errno));
     return ncclSystemError;
   }
-  ncclComm* c = new ncclComm;
   c->magic = kCommMagic;
   c->name = name;
   c->nranks = nranks;
   c->rank = rank;
   c->id = id;
-  c->device = current_device();
+  c->device = device;
   context_on_device(c->device); /* NCCL allocates on the caller's device at init */
   c->global_rank = global_rank >= 0 ? global_rank : rank;
   c->ctl = static_cast<CtlHeader*>(p);
@@ -132,7 +133,6 @@ ncclResult_t attach(const std::string& name, int nranks, int rank, uint64_t id, 
   if (!c->ctl->nranks.compare_exchange_strong(expect, nranks) && expect != nranks) {
     warnf("comm init: this rank says nranks=%d but a peer said %d (%s)", nranks, expect, name.c_str());
     unmap_all(c);
-    delete c;
     return ncclInvalidUsage;
   }
   Member& me = c->members[rank];
@@ -140,7 +140,6 @@ ncclResult_t attach(const std::string& name, int nranks, int rank, uint64_t id, 
   if (!me.joined.compare_exchange_strong(zero, 1)) {
     warnf("comm init: rank %d of %s was claimed twice", rank, name.c_str());
     unmap_all(c);
-    delete c;
     return ncclInvalidUsage;
   }
   me.global_rank = c->global_rank;
@@ -151,14 +150,12 @@ ncclResult_t attach(const std::string& name, int nranks, int rank, uint64_t id, 
   if (c->data_fd < 0) {
     warnf("comm init: shm_open(%s): %s", data_name(c, rank).c_str(), strerror(errno));
     unmap_all(c);
-    delete c;
     return ncclSystemError;
   }
   c->ctl->magic.store(kCtlMagic);
   c->ctl->njoined.fetch_add(1);
   c->ctl->bell.fetch_add(1);
   futex_wake_all(&c->ctl->bell, true);
-  *out = c;
   return ncclSuccess;
 }
 
@@ -182,24 +179,73 @@ void wait_joined(ncclComm* c) {
   profiler_comm_init(c);
 }
 
-ncclResult_t init_from_id(ncclComm_t* comm, int nranks, const ncclUniqueId& id, int rank) {
+/* NCCL_COMM_BLOCKING: the blocking mode of a comm whose config leaves it undefined. */
+bool env_blocking() {
+  static const bool b = env_long("NCCL_COMM_BLOCKING", 1, 0, 1) != 0;
+  return b;
+}
+
+/* config->blocking (NCCL 2.30.7 src/init.cc parseCommConfig): NULL config → `inherit`. */
+ncclResult_t config_blocking(const ncclConfig_t* config, bool inherit, bool* blocking) {
+  *blocking = inherit;
+  if (!config) return ncclSuccess;
+  const c4d_nccl_config_head* h = reinterpret_cast<const c4d_nccl_config_head*>(config);
+  if (h->magic != NCCL_API_MAGIC || h->size < sizeof(c4d_nccl_config_head)) {
+    warnf("Invalid config: the ncclConfig_t was not initialized with NCCL_CONFIG_INITIALIZER");
+    return ncclInvalidArgument;
+  }
+  if (h->blocking != NCCL_CONFIG_UNDEF_INT) *blocking = h->blocking != 0;
+  else *blocking = env_blocking();
+  return ncclSuccess;
+}
+
+ncclResult_t init_from_id(ncclComm_t* comm, int nranks, const ncclUniqueId& id, int rank, bool blocking) {
   if (!comm) return ncclInvalidArgument;
   *comm = nullptr;
   if (memcmp(id.internal, kIdMagic, sizeof kIdMagic) != 0 || id.internal[NCCL_UNIQUE_ID_BYTES - 1] != 0) {
     warnf("comm init: the ncclUniqueId was not made by simnccl's ncclGetUniqueId");
     return ncclInvalidArgument;
   }
+  if (nranks < 1 || rank < 0 || rank >= nranks) {
+    warnf("Invalid rank requested : %d/%d", rank, nranks);
+    return ncclInvalidArgument;
+  }
   config(); /* report malformed SIMNCCL_* once, at the first comm */
   std::string name(id.internal + sizeof kIdMagic);
-  ncclComm* c = nullptr;
-  ncclResult_t r = attach(name, nranks, rank, fnv1a(id.internal, NCCL_UNIQUE_ID_BYTES), env_global_rank(), &c);
-  if (r != ncclSuccess) return r;
+  uint64_t cid = fnv1a(id.internal, NCCL_UNIQUE_ID_BYTES);
+  int grank = env_global_rank(), device = current_device(); /* the caller's device, as NCCL takes it */
+  ncclComm* c = new ncclComm;
+  c->magic = kCommMagic;
+  c->blocking = blocking;
+  if (!blocking) {
+    /* Nonblocking (src/init.cc ncclCommInitRankDev: the comm is handed out at once with
+     * initState ncclInProgress, an async job thread does the init). */
+    c->device = device;
+    start_job(c);
+    *comm = c;
+    std::thread([=] {
+      ncclResult_t r = attach(name, nranks, rank, cid, grank, device, c);
+      if (r == ncclSuccess) wait_joined(c);
+      finish_job(c, r);
+    }).detach();
+    return ncclInProgress;
+  }
+  ncclResult_t r = attach(name, nranks, rank, cid, grank, device, c);
+  if (r != ncclSuccess) {
+    delete c;
+    return r;
+  }
   wait_joined(c);
   *comm = c;
   return ncclSuccess;
 }
 
 ncclResult_t detach(ncclComm* c) {
+  if (!c->ctl) { /* a nonblocking init that failed: nothing attached */
+    c->magic = 0;
+    delete c;
+    return ncclSuccess;
+  }
   profiler_comm_finalize(c);
   shm_unlink(data_name(c, c->rank).c_str());
   if (c->ctl->ndetached.fetch_add(1) + 1 == uint32_t(c->nranks)) shm_unlink(c->name.c_str());
@@ -212,6 +258,11 @@ ncclResult_t detach(ncclComm* c) {
 /* Waits until the stream worker finished every op issued on c (or c was aborted). */
 void drain(ncclComm* c, uint64_t timeout_ns) {
   uint64_t deadline = timeout_ns ? now_ns() + timeout_ns : 0;
+  for (;;) { /* first the nonblocking launches still on their helper threads */
+    uint32_t j = c->jobs.load();
+    if (j == 0 || (deadline && now_ns() > deadline)) break;
+    futex_wait(&c->jobs, j, 20000000ull, false);
+  }
   for (;;) {
     uint32_t d = c->ticket_done.load();
     if (d == c->ticket_issued) return;
@@ -221,6 +272,24 @@ void drain(ncclComm* c, uint64_t timeout_ns) {
 }
 
 }  // namespace
+
+void start_job(ncclComm* c) {
+  c->async_error.store(ncclInProgress);
+  c->jobs.fetch_add(1);
+}
+
+void finish_job(ncclComm* c, ncclResult_t r) {
+  int in_progress = ncclInProgress; /* an error found meanwhile stays */
+  c->async_error.compare_exchange_strong(in_progress, int(r));
+  c->jobs.fetch_sub(1);
+  futex_wake_all(&c->jobs, false);
+}
+
+ncclResult_t ensure_ready(ncclComm* c) {
+  if (c->blocking || c->async_error.load() != ncclInProgress) return ncclSuccess;
+  warnf("Attempt to use communicator before the previous operation returned ncclSuccess");
+  return ncclInvalidArgument;
+}
 
 void ring_bell(ncclComm* c) {
   Member& me = c->members[c->rank];
@@ -318,22 +387,24 @@ SIM_API ncclResult_t ncclGetUniqueId(ncclUniqueId* uniqueId) {
 SIM_ALIAS(ncclGetUniqueId)
 
 SIM_API ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank) {
-  return init_from_id(comm, nranks, commId, rank);
+  return init_from_id(comm, nranks, commId, rank, env_blocking());
 }
 SIM_ALIAS(ncclCommInitRank)
 
 SIM_API ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank,
                                             ncclConfig_t* config) {
-  (void)config; /* blocking semantics always; config fields are opaque to simnccl */
-  return init_from_id(comm, nranks, commId, rank);
+  bool blocking;
+  if (ncclResult_t r = config_blocking(config, env_blocking(), &blocking)) return r;
+  return init_from_id(comm, nranks, commId, rank, blocking);
 }
 SIM_ALIAS(ncclCommInitRankConfig)
 
 SIM_API ncclResult_t ncclCommInitRankScalable(ncclComm_t* newcomm, int nranks, int myrank, int nId,
                                               ncclUniqueId* commIds, ncclConfig_t* config) {
-  (void)config;
   if (nId < 1 || !commIds) return ncclInvalidArgument;
-  return init_from_id(newcomm, nranks, commIds[0], myrank); /* id 0 names the comm */
+  bool blocking;
+  if (ncclResult_t r = config_blocking(config, env_blocking(), &blocking)) return r;
+  return init_from_id(newcomm, nranks, commIds[0], myrank, blocking); /* id 0 names the comm */
 }
 SIM_ALIAS(ncclCommInitRankScalable)
 
@@ -348,12 +419,12 @@ SIM_API ncclResult_t ncclCommInitAll(ncclComm_t* comms, int ndev, const int* dev
   for (int i = 0; i < ndev; ++i) {
     int dev = devlist ? devlist[i] : i;
     if (dev < 0) return ncclInvalidArgument;
-    ncclComm* c = nullptr;
-    r = attach(name, ndev, i, hid, i, &c); /* one process holds every rank: global rank = i */
-    if (r != ncclSuccess) return r;
-    c->device = dev;
-    c->members[i].device = dev;
-    context_on_device(dev);
+    ncclComm* c = new ncclComm;
+    r = attach(name, ndev, i, hid, i, dev, c); /* one process holds every rank: global rank = i */
+    if (r != ncclSuccess) {
+      delete c;
+      return r;
+    }
     comms[i] = c;
   }
   for (int i = 0; i < ndev; ++i) wait_joined(comms[i]);
@@ -363,10 +434,12 @@ SIM_ALIAS(ncclCommInitAll)
 
 SIM_API ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm,
                                    ncclConfig_t* config) {
-  (void)config;
   ncclComm* c = as_comm(comm);
   if (!c || !newcomm || color < kNoColor) return ncclInvalidArgument;
   *newcomm = nullptr;
+  if (ncclResult_t r = ensure_ready(c)) return r;
+  bool blocking; /* a NULL config inherits the parent's; simnccl splits synchronously either way */
+  if (ncclResult_t r = config_blocking(config, c->blocking, &blocking)) return r;
   /* Exchange (color, key) over the parent. Split k uses slot k % 2: a member writes
    * slot k % 2 again only at split k + 2, after passing split k + 1's barrier, which
    * every member enters only after it finished reading split k. */
@@ -398,10 +471,14 @@ SIM_API ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm
     int32_t color;
   } key_bytes = {c->id, k - 1, color};
   uint64_t child_id = fnv1a(&key_bytes, sizeof key_bytes);
-  ncclComm* child = nullptr;
-  ncclResult_t r =
-      attach(name_prefix(c->name) + hex64(child_id), int(group.size()), child_rank, child_id, c->global_rank, &child);
-  if (r != ncclSuccess) return r;
+  ncclComm* child = new ncclComm;
+  child->blocking = blocking;
+  ncclResult_t r = attach(name_prefix(c->name) + hex64(child_id), int(group.size()), child_rank, child_id,
+                          c->global_rank, c->device, child);
+  if (r != ncclSuccess) {
+    delete child;
+    return r;
+  }
   wait_joined(child);
   *newcomm = child;
   return ncclSuccess;
@@ -410,12 +487,14 @@ SIM_ALIAS(ncclCommSplit)
 
 SIM_API ncclResult_t ncclCommShrink(ncclComm_t comm, int* excludeRanksList, int excludeRanksCount,
                                     ncclComm_t* newcomm, ncclConfig_t* config, int shrinkFlags) {
-  (void)config;
   (void)shrinkFlags;
   ncclComm* c = as_comm(comm);
   if (!c || !newcomm || excludeRanksCount < 0 || (excludeRanksCount > 0 && !excludeRanksList))
     return ncclInvalidArgument;
   *newcomm = nullptr;
+  if (ncclResult_t r = ensure_ready(c)) return r;
+  bool blocking;
+  if (ncclResult_t r = config_blocking(config, c->blocking, &blocking)) return r;
   std::vector<bool> excluded(size_t(c->nranks), false);
   for (int i = 0; i < excludeRanksCount; ++i) {
     int r = excludeRanksList[i];
@@ -443,10 +522,14 @@ SIM_API ncclResult_t ncclCommShrink(ncclComm_t comm, int* excludeRanksList, int 
   uint64_t child_id = fnv1a(&key_bytes, sizeof key_bytes); /* profiler_abi.h documents this id */
   if (excludeRanksCount > 0)
     child_id = fnv1a(excludeRanksList, sizeof(int) * size_t(excludeRanksCount), child_id);
-  ncclComm* child = nullptr;
-  ncclResult_t r =
-      attach(name_prefix(c->name) + hex64(child_id), child_n, child_rank, child_id, c->global_rank, &child);
-  if (r != ncclSuccess) return r;
+  ncclComm* child = new ncclComm;
+  child->blocking = blocking;
+  ncclResult_t r = attach(name_prefix(c->name) + hex64(child_id), child_n, child_rank, child_id, c->global_rank,
+                          c->device, child);
+  if (r != ncclSuccess) {
+    delete child;
+    return r;
+  }
   wait_joined(child);
   *newcomm = child;
   return ncclSuccess;
@@ -486,6 +569,7 @@ SIM_ALIAS(ncclCommAbort)
 SIM_API ncclResult_t ncclCommCount(const ncclComm_t comm, int* count) {
   ncclComm* c = as_comm(comm);
   if (!c || !count) return ncclInvalidArgument;
+  if (ncclResult_t r = ensure_ready(c)) return r; /* src/init.cc: ncclCommEnsureReady */
   *count = c->nranks;
   return ncclSuccess;
 }
@@ -494,6 +578,7 @@ SIM_ALIAS(ncclCommCount)
 SIM_API ncclResult_t ncclCommUserRank(const ncclComm_t comm, int* rank) {
   ncclComm* c = as_comm(comm);
   if (!c || !rank) return ncclInvalidArgument;
+  if (ncclResult_t r = ensure_ready(c)) return r; /* src/init.cc: ncclCommEnsureReady */
   *rank = c->rank;
   return ncclSuccess;
 }
@@ -502,6 +587,7 @@ SIM_ALIAS(ncclCommUserRank)
 SIM_API ncclResult_t ncclCommCuDevice(const ncclComm_t comm, int* device) {
   ncclComm* c = as_comm(comm);
   if (!c || !device) return ncclInvalidArgument;
+  if (ncclResult_t r = ensure_ready(c)) return r; /* src/init.cc: ncclCommEnsureReady */
   *device = c->device;
   return ncclSuccess;
 }

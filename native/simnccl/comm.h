@@ -111,7 +111,9 @@ struct ncclComm {
   std::vector<uint32_t> send_idx, recv_idx; /* p2p ops executed per peer */
 
   std::atomic<bool> aborted{false};
-  std::atomic<int> async_error{0};
+  std::atomic<int> async_error{0}; /* ncclCommGetAsyncError: ncclInProgress while a nonblocking job runs */
+  bool blocking = true;            /* ncclConfig_t.blocking (0: calls return ncclInProgress, work goes on) */
+  std::atomic<uint32_t> jobs{0};   /* nonblocking jobs (init, launches) on helper threads; futex word */
   bool prof_on = false;    /* the profiler plugin accepted this comm (init succeeded) */
   uint64_t prof_seq[10] = {}; /* launching thread: next profiler seqNumber per collective function */
   void* prof_ctx = nullptr; /* its context */
@@ -134,6 +136,14 @@ bool wait_all(ncclComm* c, Pred pred);
 
 /* This rank changed its state: wake the peers waiting on it. */
 void ring_bell(ncclComm* c);
+
+/* Nonblocking communicators (NCCL 2.30.7 src/group.cc ncclGroupEndInternal, src/init.cc):
+ * a job (init, a group's launch) runs on a helper thread while ncclCommGetAsyncError says
+ * ncclInProgress; finish_job sets its result. ensure_ready is ncclCommEnsureReady: using a
+ * comm in progress is a WARN and ncclInvalidArgument. */
+void start_job(ncclComm* c);
+void finish_job(ncclComm* c, ncclResult_t r);
+ncclResult_t ensure_ready(ncclComm* c);
 
 /* Ensures the own data segment holds `bytes`; grows (never shrinks) it. */
 bool ensure_data(ncclComm* c, size_t bytes);

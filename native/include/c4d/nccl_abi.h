@@ -61,6 +61,17 @@ typedef enum {
   ncclNumTypes = 12
 } ncclDataType_t;
 
+/* The head of ncclConfig_t, stable since NCCL 2.14 (nccl.h: size, magic, version, then
+ * blocking). Only simnccl reads it; the shim never reads a config. */
+#define NCCL_API_MAGIC 0xcafebeefu
+#define NCCL_CONFIG_UNDEF_INT (-2147483647 - 1) /* INT_MIN */
+typedef struct {
+  size_t size;
+  unsigned int magic;
+  unsigned int version;
+  int blocking;
+} c4d_nccl_config_head;
+
 /* Opaque to us: passed through untouched, never read (layout changes per release). */
 typedef struct ncclConfig_v c4d_opaque_config;
 typedef c4d_opaque_config ncclConfig_t;
