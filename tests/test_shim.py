@@ -696,6 +696,55 @@ def test_libzmq_found_beside_an_installed_package(libc4d, simnccl_dir, master, t
     wait_records(master, lambda r: len(r[schema.Kind.OP]) == 1, "the op record")
 
 
+def test_nccl_linked_into_a_library_loaded_rtld_local(libc4d, simnccl_dir, master):
+    """NCCL inside the library that calls it, loaded RTLD_LOCAL (a source build of PyTorch:
+    NCCL static in libtorch_cuda.so, which Python dlopens locally). The library's calls reach
+    the preloaded hooks; RTLD_NEXT and libnccl.so.2 find nothing, so the shim finds NCCL in
+    the calling object (dladdr on the return address), says once which NCCL it bound, and
+    records the ops (the CUDA runtime linked in beside it gives device timing)."""
+    lib = simnccl_dir.parent / "tests" / "libsimnccl-framework.so"
+    job = f"c4dshim-{uuid.uuid4().hex[:10]}"
+    code = f"import ctypes, sys; sys.exit(ctypes.CDLL({str(lib)!r}).framework_allreduce_loop(5))"
+    env = base_env(libc4d, C4D_MASTER_ADDR=master.endpoint, RANK="0", WORLD_SIZE="1", SIMNCCL_JOB=job)
+    try:
+        p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    finally:
+        for f in glob.glob(f"/dev/shm/simnccl-{job}*"):
+            os.unlink(f)
+    assert p.returncode == 0, (p.returncode, p.stderr)
+    bound = [ln for ln in p.stderr.splitlines() if " bound from " in ln]
+    assert bound == [f"c4d: NCCL 2.31.2 bound from {lib} (the calling object)"], p.stderr
+    wait_records(master, lambda r: (r[schema.Kind.HEARTBEAT]["hb_flags"] & schema.HBF_FINAL).any(), "FINAL")
+    ops = master.records()[schema.Kind.OP]
+    assert ops["seq"].tolist() == [0, 1, 2, 3, 4] and (ops["result"] == 0).all()
+    assert (ops["flags"] & schema.OpFlag.DEVICE_TIMING != 0).all()
+
+    # The hooks called from elsewhere (here ctypes through the global scope): NCCL is found in
+    # whichever loaded object defines it (dl_iterate_phdr).
+    code = textwrap.dedent(
+        f"""
+        import ctypes, sys
+        fw, g = ctypes.CDLL({str(lib)!r}), ctypes.CDLL(None)
+        class UID(ctypes.Structure):
+            _fields_ = [("internal", ctypes.c_char * 128)]
+        uid, comm, s = UID(), ctypes.c_void_p(), ctypes.c_void_p()
+        assert fw.ncclGetUniqueId(ctypes.byref(uid)) == 0 and fw.cudaStreamCreate(ctypes.byref(s)) == 0
+        assert g.ncclCommInitRank(ctypes.byref(comm), 1, uid, 0) == 0
+        buf = (ctypes.c_float * 8)()
+        assert g.ncclAllReduce(buf, buf, 8, 7, 0, comm, s) == 0 and fw.cudaStreamSynchronize(s) == 0
+        assert g.ncclCommDestroy(comm) == 0
+        """
+    )
+    env["SIMNCCL_JOB"] = job = f"c4dshim-{uuid.uuid4().hex[:10]}"
+    try:
+        p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    finally:
+        for f in glob.glob(f"/dev/shm/simnccl-{job}*"):
+            os.unlink(f)
+    assert p.returncode == 0, (p.returncode, p.stderr)
+    assert f"c4d: NCCL 2.31.2 bound from {lib} (a loaded object)" in p.stderr.splitlines(), p.stderr
+
+
 def test_lifecycle_records_init_all_shrink_finalize_abort(libc4d, simnccl_dir, master):
     body = """
     comms = (ctypes.c_void_p * 2)()

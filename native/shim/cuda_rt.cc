@@ -5,6 +5,7 @@
 #include <initializer_list>
 
 #include "log.h"
+#include "real_nccl.h"
 
 namespace c4d {
 
@@ -52,6 +53,13 @@ bool cuda_rt_resolve() {
       found = true;  // keep the reference: the runtime outlives us anyway
     } else if (lib) {
       dlclose(lib);
+    }
+  }
+  if (!found) {  // the runtime linked into the library NCCL lives in (NCCL and cudart static in one .so)
+    void* lib = real_nccl_handle();
+    if (lib && load_all(lib)) {
+      C4D_LOG(kDebug, "CUDA runtime found beside the bound NCCL");
+      found = true;
     }
   }
   if (!found) C4D_LOG(kInfo, "no CUDA runtime in this process: ops carry host times only");
