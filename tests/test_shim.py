@@ -43,7 +43,8 @@ EXPECTED_EXPORTS = {
             "ReduceScatterConfig", "AlltoAllConfig", "GatherConfig", "ScatterConfig", "Send", "Recv",
             "GroupStart", "GroupEnd", "GroupSimulateEnd", "CommInitRank", "CommInitRankConfig",
             "CommInitRankScalable", "CommInitAll", "CommSplit", "CommShrink", "CommFinalize", "CommDestroy",
-            "CommAbort", "CommGetAsyncError",
+            "CommAbort", "CommGetAsyncError", "CommRevoke", "CommSuspend", "CommResume", "CommGrow",
+            "PutSignal", "Signal", "WaitSignal",
         ]
     ),
     "c4d_version",
@@ -628,6 +629,72 @@ def test_group_simulate_end_leaves_no_op_behind(libc4d, simnccl_dir, master):
     assert (final["pend_seq"] == schema.UINT64_MAX).all(), "nothing left pending"
     proc = final[final["comm_id"] == 0]
     assert proc["n_issued"].tolist() == proc["n_done"].tolist() == [4]
+
+
+def test_a_group_of_300_ops_is_timed_whole(libc4d, simnccl_dir, master):
+    """Every op of a 300-op group shares the group's events (none reported done at enqueue
+    with host times only, as past a fixed 256-op table)."""
+    body = """
+    comm = new_comm()
+    s = new_stream()
+    check(g.ncclGroupStart(), "ncclGroupStart")
+    for _ in range(300):
+        check(g.ncclAllReduce(buf, out, 64, F32, 0, comm, s), "grouped ncclAllReduce")
+    check(g.ncclGroupEnd(), "ncclGroupEnd")
+    check(g.cudaStreamSynchronize(s), "sync")
+    check(g.ncclCommDestroy(comm), "ncclCommDestroy")
+    """
+    p = run_driver(simnccl_dir, body, base_env(libc4d, C4D_MASTER_ADDR=master.endpoint))
+    assert p.returncode == 0, p.stderr
+    wait_records(master, lambda r: len(r[schema.Kind.OP]) == 300, "300 op records")
+    ops = master.records()[schema.Kind.OP]
+    assert sorted(ops["seq"].tolist()) == list(range(300)) and len(set(ops["group_id"].tolist())) == 1
+    assert (ops["flags"] & schema.OpFlag.DEVICE_TIMING != 0).all()
+    assert (ops["flags"] & (schema.OpFlag.NO_EVENT | schema.OpFlag.EVENT_ERROR) == 0).all()
+    assert len(set(zip(ops["start_ns"].tolist(), ops["end_ns"].tolist(), strict=True))) == 1
+
+
+def test_revoke_suspend_resume_are_recorded_grow_and_rma_named_once(libc4d, simnccl_dir, master):
+    """ncclCommSuspend/Resume/Revoke pass through with a COMM record each; ncclCommGrow and the
+    one-sided ncclPutSignal/ncclSignal/ncclWaitSignal pass through untracked, and the blind
+    spot is said once per process. Return codes are NCCL's own, with the shim or without."""
+    body = """
+    comm = new_comm()
+    s = new_stream()
+    got = []
+    got.append(g.ncclAllReduce(buf, out, 64, F32, 0, comm, s))
+    got.append(g.ncclCommSuspend(comm, 1))
+    got.append(g.ncclAllReduce(buf, out, 64, F32, 0, comm, s))  # refused while suspended
+    got.append(g.ncclCommResume(comm))
+    got.append(g.ncclAllReduce(buf, out, 64, F32, 0, comm, s))
+    check(g.cudaStreamSynchronize(s), "sync")
+    got.append(g.ncclCommRevoke(comm, 0))
+    state = ctypes.c_int(7)
+    while state.value == 7:  # in progress until quiescent
+        check(g.ncclCommGetAsyncError(comm, ctypes.byref(state)), "ncclCommGetAsyncError")
+    got.append(g.ncclAllReduce(buf, out, 64, F32, 0, comm, s))  # refused once revoked
+    grown = ctypes.c_void_p()
+    for _ in range(2):
+        got.append(g.ncclCommGrow(comm, 2, None, -1, ctypes.byref(grown), None))
+        got.append(g.ncclPutSignal(buf, 8, F32, 0, None, ctypes.c_size_t(0), 0, 0, 0, comm, s))
+        got.append(g.ncclSignal(0, 0, 0, 0, comm, s))
+        got.append(g.ncclWaitSignal(0, None, comm, s))
+    check(g.ncclCommDestroy(comm), "ncclCommDestroy")
+    print(got)
+    """
+    plain = run_driver(simnccl_dir, body, base_env(None))
+    assert plain.returncode == 0, plain.stderr
+    env = base_env(libc4d, C4D_MASTER_ADDR=master.endpoint, C4D_HEARTBEAT_MS="50")
+    p = run_driver(simnccl_dir, body, env)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout == plain.stdout == "[0, 0, 5, 0, 0, 0, 5, 5, 5, 5, 5, 5, 5, 5, 5]\n"
+    assert p.stderr.count("c4d: ncclCommGrow: communicators made by growing are not tracked") == 1, p.stderr
+    assert p.stderr.count("c4d: ncclPutSignal/ncclSignal/ncclWaitSignal (one-sided RMA)") == 1, p.stderr
+    wait_records(master, lambda r: (r[schema.Kind.HEARTBEAT]["hb_flags"] & schema.HBF_FINAL).any(), "FINAL")
+    comm = master.records()[schema.Kind.COMM]
+    events = [schema.CommEvent(int(e)).name for e in comm["event"]]
+    assert events == ["INIT_RANK", "SUSPEND", "RESUME", "REVOKE", "DESTROY"]
+    assert comm["result"].tolist() == [0, 0, 0, 0, 0] and len(set(comm["comm_id"].tolist())) == 1
 
 
 def test_fork_child_records_on_its_own(libc4d, simnccl_dir, master):

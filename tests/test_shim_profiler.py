@@ -455,6 +455,38 @@ def test_init_all_comms_matched_by_shape_keep_the_shims_seqs(libc4d, simnccl_dir
     assert got == want
 
 
+def test_collectives_past_the_hooks_are_named_once(libc4d, simnccl_dir, master):
+    """NCCL called through its own library handle (ctypes.CDLL(libnccl), as vLLM's pynccl
+    does) bypasses the preloaded hooks; the profiler plugin still sees those collectives. The
+    shim says once that collectives went past the hooks and counts them: three on a
+    communicator no hook saw created, two on one it tracks."""
+    body = """
+    own = ctypes.CDLL(os.environ["SIMNCCL_LIB"])  # dlsym on this handle: NCCL's own symbols
+    comm = new_comm()  # through the hooks
+    s = new_stream()
+    for _ in range(2):
+        check(g.ncclAllReduce(buf, out, 64, F32, 0, comm, s), "hooked ncclAllReduce")
+    uid, past = UID(), ctypes.c_void_p()
+    check(own.ncclGetUniqueId(ctypes.byref(uid)), "ncclGetUniqueId")
+    check(own.ncclCommInitRank(ctypes.byref(past), 1, uid, 0), "ncclCommInitRank past the hooks")
+    for c, n in ((past, 3), (comm, 2)):
+        for _ in range(n):
+            check(own.ncclAllReduce(buf, out, 64, F32, 0, c, s), "ncclAllReduce past the hooks")
+    check(g.cudaStreamSynchronize(s), "sync")
+    import time
+    time.sleep(0.3)  # a few heartbeats
+    for c in (past, comm):
+        check(own.ncclCommDestroy(c), "ncclCommDestroy")
+    """
+    p = run_driver(simnccl_dir, body, plugin_env(libc4d, master))
+    assert p.returncode == 0, p.stderr
+    said = [ln for ln in p.stderr.splitlines() if "collectives that no hook saw" in ln]
+    assert len(said) == 1, p.stderr  # said when first seen (some of the five, or all)
+    assert ", 5 collectives past the hooks" in p.stderr, "the exit summary counts them all"
+    wait_records(master, lambda r: (r[schema.Kind.HEARTBEAT]["hb_flags"] & schema.HBF_FINAL).any(), "FINAL")
+    assert len(master.records()[schema.Kind.OP]) == 2, "only the hooked calls are ops"
+
+
 def test_bounded_tracking_drops_and_counts(libc4d, simnccl_dir, master):
     """C4D_PEER_TRACK=16 and 48 transfers in flight at once in one process (2 ranks, 12
     AllReduces each in one group): the rest are not tracked, they are counted, and the

@@ -216,13 +216,28 @@ void fill_pending(c4d_heartbeat_record& h, uint32_t i) {
 /* What the shim cannot see, said once per process when it first happens (never on the
  * application's threads). */
 void blind_spots() {
-  static bool said_captured = false;
-  if (!said_captured && g_counters.captured.load(std::memory_order_relaxed)) {
-    said_captured = true;
-    C4D_LOG(kWarning,
-            "NCCL ops issued on a capturing stream go into a CUDA graph: neither they nor the graph's replays are "
-            "timed or checked for hangs (blind spot; counted in the exit summary)");
-  }
+  struct Spot {
+    std::atomic<uint64_t>* counter;
+    bool said;
+    const char* what;
+  };
+  static Spot spots[] = {
+      {&g_counters.captured, false,
+       "NCCL ops issued on a capturing stream go into a CUDA graph: neither they nor the graph's replays are "
+       "timed or checked for hangs (blind spot; counted in the exit summary)"},
+      {&g_counters.grown, false,
+       "ncclCommGrow: communicators made by growing are not tracked (their ranks share no id to name them by); "
+       "their ops pass through unrecorded (blind spot)"},
+      {&g_counters.one_sided, false,
+       "ncclPutSignal/ncclSignal/ncclWaitSignal (one-sided RMA) are passed through untimed: a wait that never ends "
+       "shows as this rank's next collective not arriving (blind spot)"},
+  };
+  for (Spot& s : spots)
+    if (!s.said && s.counter->load(std::memory_order_relaxed)) {
+      s.said = true;
+      C4D_LOG(kWarning, "%s", s.what);
+    }
+  peer_blind_spots();
 }
 
 void heartbeats(uint16_t hb_flags) {
@@ -654,7 +669,7 @@ void agent_shutdown() {
   uint64_t full = g_counters.dropped_full.load(std::memory_order_relaxed);
   uint64_t send = g_counters.dropped_send.load(std::memory_order_relaxed);
   uint64_t nolink = g_counters.dropped_nolink.load(std::memory_order_relaxed);
-  char prof[128], captured[64] = "";
+  char prof[192], captured[64] = "";
   peer_summary(prof, sizeof prof);
   if (uint64_t n = g_counters.captured.load(std::memory_order_relaxed))
     snprintf(captured, sizeof captured, "; %llu ops captured into CUDA graphs", (unsigned long long)n);

@@ -348,3 +348,71 @@ C4D_HOOK ncclResult_t ncclCommAbort(ncclComm_t comm) {
   C4D_ORIGINAL(ncclCommAbort);
   return end_comm(real, C4D_COMM_ABORT, comm, true);
 }
+
+/* -------------------------------------------- recent communicator management */
+
+namespace {
+/* Revoke, suspend, resume: the call, then its COMM record; the comm stays tracked. */
+template <typename Fn, typename... Args>
+inline ncclResult_t comm_event(Fn real, uint8_t event, ncclComm_t comm, Args... args) {
+  c4d::HookScope g;
+  if (!g.outer() || c4d::shim_mode() != c4d::kActive) return real(comm, args...);
+  c4d::CommSlot* s = c4d::comm_lookup(comm);
+  ncclResult_t r = real(comm, args...);
+  c4d::comm_ended(event, comm, s, r, false);
+  return r;
+}
+}  // namespace
+
+C4D_HOOK ncclResult_t ncclCommRevoke(ncclComm_t comm, int revokeFlags) {
+  C4D_ORIGINAL(ncclCommRevoke);
+  return comm_event(real, C4D_COMM_REVOKE, comm, revokeFlags);
+}
+
+C4D_HOOK ncclResult_t ncclCommSuspend(ncclComm_t comm, int flags) {
+  C4D_ORIGINAL(ncclCommSuspend);
+  return comm_event(real, C4D_COMM_SUSPEND, comm, flags);
+}
+
+C4D_HOOK ncclResult_t ncclCommResume(ncclComm_t comm) {
+  C4D_ORIGINAL(ncclCommResume);
+  return comm_event(real, C4D_COMM_RESUME, comm);
+}
+
+/* Not tracked: the existing ranks (only the root holds the new unique id) and the new ones
+ * (no parent) have nothing in common to name the grown comm by without talking. Passed
+ * through and counted; the agent says so once. */
+C4D_HOOK ncclResult_t ncclCommGrow(ncclComm_t comm, int nRanks, const ncclUniqueId* uniqueId, int rank,
+                                   ncclComm_t* newcomm, ncclConfig_t* config) {
+  C4D_ORIGINAL(ncclCommGrow);
+  c4d::HookScope g;
+  if (g.outer() && c4d::shim_mode() == c4d::kActive) c4d::count(c4d::g_counters.grown);
+  return real(comm, nRanks, uniqueId, rank, newcomm, config);
+}
+
+/* ------------------------------------------------------- one-sided (RMA) ops */
+
+/* Passed through and counted, not timed: a put/signal has no peer call to pair it with, and
+ * a wait that never ends shows as the rank's next collective not arriving. The agent says
+ * so once. */
+C4D_HOOK ncclResult_t ncclPutSignal(const void* localbuff, size_t count, ncclDataType_t datatype, int peer,
+                                    ncclWindow_t peerWin, size_t peerWinOffset, int sigIdx, int ctx,
+                                    unsigned int flags, ncclComm_t comm, cudaStream_t stream) {
+  C4D_ORIGINAL(ncclPutSignal);
+  if (c4d::shim_mode() == c4d::kActive) c4d::count(c4d::g_counters.one_sided);
+  return real(localbuff, count, datatype, peer, peerWin, peerWinOffset, sigIdx, ctx, flags, comm, stream);
+}
+
+C4D_HOOK ncclResult_t ncclSignal(int peer, int sigIdx, int ctx, unsigned int flags, ncclComm_t comm,
+                                 cudaStream_t stream) {
+  C4D_ORIGINAL(ncclSignal);
+  if (c4d::shim_mode() == c4d::kActive) c4d::count(c4d::g_counters.one_sided);
+  return real(peer, sigIdx, ctx, flags, comm, stream);
+}
+
+C4D_HOOK ncclResult_t ncclWaitSignal(int nDesc, ncclWaitSignalDesc_t* signalDescs, ncclComm_t comm,
+                                     cudaStream_t stream) {
+  C4D_ORIGINAL(ncclWaitSignal);
+  if (c4d::shim_mode() == c4d::kActive) c4d::count(c4d::g_counters.one_sided);
+  return real(nDesc, signalDescs, comm, stream);
+}

@@ -38,7 +38,7 @@ uint64_t id_of_init_all();  // advances the process counter
 void comm_created(uint8_t event, const ncclComm_t* out, ncclResult_t r, uint64_t id, uint64_t parent_id, int color,
                   int key, int rank_hint, int nranks_hint, int device_hint);
 
-/* After finalize/destroy/abort returned. `slot` was looked up before the call (NCCL
+/* After finalize/destroy/abort (or revoke/suspend/resume, remove = false) returned. `slot` was looked up before the call (NCCL
  * may reuse the handle's memory as soon as it returns). remove: drop the handle from
  * the table. */
 void comm_ended(uint8_t event, ncclComm_t comm, CommSlot* slot, ncclResult_t r, bool remove);

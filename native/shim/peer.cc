@@ -9,6 +9,7 @@
 
 #include "c4d/record.h"
 #include "comm_table.h"
+#include "log.h"
 #include "op_pool.h"
 #include "peer_track.h"
 #include "profiler.h"
@@ -207,18 +208,54 @@ void peer_heartbeat(RecordSink emit) {
   }
 }
 
+namespace {
+uint64_t g_unhooked = 0;  // collectives the profiler saw beyond what the hooks numbered (agent)
+bool g_unhooked_said = false;
+}  // namespace
+
+void peer_blind_spots() {
+  uint32_t n = g_peer.n_ctx.load(std::memory_order_acquire);
+  uint64_t unhooked = 0;
+  for (uint32_t j = 0; j < n; ++j) {
+    ProfCtx& c = g_peer.ctx[j];
+    uint64_t seen = c.colls.load(std::memory_order_acquire);  // first: every hooked op is numbered by then
+    if (!seen) continue;
+    resolve(c);
+    if (c.how == kCtxUnresolved) {  // its comm never went through an init hook
+      unhooked += seen;
+      continue;
+    }
+    const CommSlot* s = comm_at(c.slot);
+    if (s->captured_kinds.load(std::memory_order_relaxed)) continue;  // graph replays: NCCL's own events
+    uint64_t hooked = s->coll_seq.load(std::memory_order_relaxed);
+    if (seen > hooked) unhooked += seen - hooked;
+  }
+  g_unhooked = unhooked;
+  if (unhooked && !g_unhooked_said) {
+    g_unhooked_said = true;
+    C4D_LOG(kWarning,
+            "the NCCL profiler saw %llu collectives that no hook saw: NCCL is called past the preload (a ctypes or "
+            "dlsym handle to libnccl, as vLLM's and SGLang's pynccl do); those ops are not recorded (blind spot)",
+            (unsigned long long)unhooked);
+  }
+}
+
 void peer_summary(char* out, unsigned cap) {
   if (!cap) return;
   out[0] = '\0';
   if (!g_peer.n_ctx.load(std::memory_order_relaxed)) return;
-  snprintf(out, cap, "; profiler: %llu transfers, %llu PEER records, %llu events untracked",
-           (unsigned long long)g_peer.tracked.load(std::memory_order_relaxed),
-           (unsigned long long)g_peer.records.load(std::memory_order_relaxed),
-           (unsigned long long)g_peer.untracked.load(std::memory_order_relaxed));
+  int k = snprintf(out, cap, "; profiler: %llu transfers, %llu PEER records, %llu events untracked",
+                   (unsigned long long)g_peer.tracked.load(std::memory_order_relaxed),
+                   (unsigned long long)g_peer.records.load(std::memory_order_relaxed),
+                   (unsigned long long)g_peer.untracked.load(std::memory_order_relaxed));
+  if (g_unhooked && k > 0 && unsigned(k) < cap)
+    snprintf(out + k, cap - unsigned(k), ", %llu collectives past the hooks", (unsigned long long)g_unhooked);
 }
 
 void peer_reset_after_fork() {
   g_retire_head = g_retire_n = 0;
+  g_unhooked = 0;
+  g_unhooked_said = false;
   for (SeqMap*& m : g_maps)
     if (m) memset(m, 0, sizeof *m);
   memset(g_claimed, 0, sizeof g_claimed);

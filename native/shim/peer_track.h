@@ -55,6 +55,7 @@ struct ProfCtx {
   std::atomic<bool> finalized;
   std::atomic<uint8_t> first_kind;  // kind of the first Coll event (255 none yet)
   std::atomic<uint8_t> sem;         // SeqSem, decided by the first Coll of another kind
+  std::atomic<uint64_t> colls;      // Coll events seen (release: after the hook numbered the op)
   /* agent only */
   uint32_t slot;     // comm slot index, valid when how != kCtxUnresolved
   uint8_t how;       // CtxMatch
@@ -157,6 +158,10 @@ void xfer_recycle(uint32_t x);
 
 /* Agent, every loop: drops the event reference of stopped tasks that are old enough. */
 void task_retire(uint64_t now_ns);
+
+/* Agent, every heartbeat: collectives the profiler saw and no hook did (NCCL called past
+ * the preload), said once. */
+void peer_blind_spots();
 
 /* Fork child: the agent's side forgets its maps (peer.cc). */
 void peer_reset_after_fork();

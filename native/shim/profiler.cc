@@ -170,6 +170,7 @@ ncclResult_t prof_init(void** context, uint64_t commId, int* eActivationMask, co
   c.finalized.store(false, std::memory_order_relaxed);
   c.first_kind.store(255, std::memory_order_relaxed);
   c.sem.store(kSemUnknown, std::memory_order_relaxed);
+  c.colls.store(0, std::memory_order_relaxed);
   c.slot = 0;
   c.how = kCtxUnresolved;
   c.tries = 0;
@@ -188,6 +189,7 @@ void start_task(ProfCtx* c, const ncclProfilerEventDescr_v5_t* d, void** h) {
   Task& k = g_peer.tasks.items[t];
   k.ctx = c->index;
   if (d->type == ncclProfileColl) {
+    c->colls.fetch_add(1, std::memory_order_release);
     k.op = op_of(d->coll.func);
     k.p2p = 0;
     k.key = d->coll.seqNumber;

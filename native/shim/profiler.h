@@ -74,6 +74,10 @@ bool peer_poll(RecordSink emit);
  * finalized contexts are reported one last time and dropped. */
 void peer_heartbeat(RecordSink emit);
 
+/* Agent, every heartbeat: one line the first time the profiler saw collectives that no
+ * hook saw (NCCL called through a handle that bypasses the preload). */
+void peer_blind_spots();
+
 /* Agent: the summary line's profiler part ("" when the plugin was never initialised). */
 void peer_summary(char* out, unsigned cap);
 

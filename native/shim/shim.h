@@ -32,6 +32,8 @@ struct Counters {
   std::atomic<uint64_t> sent;            // records handed to ZeroMQ
   std::atomic<uint64_t> no_event;        // ops without events: the device's pool was empty
   std::atomic<uint64_t> simulated;       // grouped ops that ncclGroupSimulateEnd let go (never launched)
+  std::atomic<uint64_t> grown;           // ncclCommGrow calls: the grown comm is not tracked
+  std::atomic<uint64_t> one_sided;       // ncclPutSignal/ncclSignal/ncclWaitSignal calls: not timed
   std::atomic<uint64_t> untracked;       // ops on a communicator we don't track
   std::atomic<uint64_t> event_errors;    // CUDA event calls that failed
   std::atomic<uint64_t> clamped;         // device times mapped before the issue time (anchor error)

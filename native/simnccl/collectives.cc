@@ -187,6 +187,14 @@ ncclResult_t issue(uint8_t kind, const void* send, void* recv, size_t count, ncc
     warnf("%s: communicator was aborted", fn);
     return ncclInvalidUsage;
   }
+  if (c->revoked.load()) {
+    warnf("%s: communicator was revoked", fn);
+    return ncclInvalidUsage;
+  }
+  if (c->suspended.load()) {
+    warnf("%s: communicator is suspended", fn);
+    return ncclInvalidUsage;
+  }
   if (ncclResult_t r = ensure_ready(c)) return r;
   if (c4d_dtype_size(dtype) == 0 || int(dtype) < 0 || dtype >= ncclNumTypes) {
     warnf("%s: invalid datatype %d", fn, int(dtype));
@@ -652,6 +660,33 @@ SIM_API ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t datat
   return issue(kRecv, nullptr, recvbuff, count, datatype, -1, peer, comm, stream);
 }
 SIM_ALIAS(ncclRecv)
+
+/* One-sided RMA over registered windows (NCCL 2.29+) is not simulated: refused, with a WARN. */
+SIM_API ncclResult_t ncclPutSignal(const void* localbuff, size_t count, ncclDataType_t datatype, int peer,
+                                   ncclWindow_t peerWin, size_t peerWinOffset, int sigIdx, int ctx, unsigned int flags,
+                                   ncclComm_t comm, cudaStream_t stream) {
+  (void)localbuff, (void)count, (void)datatype, (void)peer, (void)peerWin, (void)peerWinOffset, (void)sigIdx,
+      (void)ctx, (void)flags, (void)comm, (void)stream;
+  warnf("ncclPutSignal: one-sided operations are not simulated by simnccl");
+  return ncclInvalidUsage;
+}
+SIM_ALIAS(ncclPutSignal)
+
+SIM_API ncclResult_t ncclSignal(int peer, int sigIdx, int ctx, unsigned int flags, ncclComm_t comm,
+                                cudaStream_t stream) {
+  (void)peer, (void)sigIdx, (void)ctx, (void)flags, (void)comm, (void)stream;
+  warnf("ncclSignal: one-sided operations are not simulated by simnccl");
+  return ncclInvalidUsage;
+}
+SIM_ALIAS(ncclSignal)
+
+SIM_API ncclResult_t ncclWaitSignal(int nDesc, ncclWaitSignalDesc_t* signalDescs, ncclComm_t comm,
+                                    cudaStream_t stream) {
+  (void)nDesc, (void)signalDescs, (void)comm, (void)stream;
+  warnf("ncclWaitSignal: one-sided operations are not simulated by simnccl");
+  return ncclInvalidUsage;
+}
+SIM_ALIAS(ncclWaitSignal)
 
 /* The ...Config variants run the same code; the per-call config is opaque here. They
  * do not call the plain entry points (an interposer hooks both and counts each once). */

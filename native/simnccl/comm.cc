@@ -255,10 +255,11 @@ ncclResult_t detach(ncclComm* c) {
   return ncclSuccess;
 }
 
-/* Waits until the stream worker finished every op issued on c (or c was aborted). */
-void drain(ncclComm* c, uint64_t timeout_ns) {
+/* Waits until the stream worker finished every op issued on c (or c was aborted); first
+ * (`jobs`) until the nonblocking launches on helper threads are done. */
+void drain(ncclComm* c, uint64_t timeout_ns, bool jobs = true) {
   uint64_t deadline = timeout_ns ? now_ns() + timeout_ns : 0;
-  for (;;) { /* first the nonblocking launches still on their helper threads */
+  for (; jobs;) {
     uint32_t j = c->jobs.load();
     if (j == 0 || (deadline && now_ns() > deadline)) break;
     futex_wait(&c->jobs, j, 20000000ull, false);
@@ -286,7 +287,7 @@ void finish_job(ncclComm* c, ncclResult_t r) {
 }
 
 ncclResult_t ensure_ready(ncclComm* c) {
-  if (c->blocking || c->async_error.load() != ncclInProgress) return ncclSuccess;
+  if (c->async_error.load() != ncclInProgress) return ncclSuccess; /* (a blocking comm: only while revoked) */
   warnf("Attempt to use communicator before the previous operation returned ncclSuccess");
   return ncclInvalidArgument;
 }
@@ -536,9 +537,63 @@ SIM_API ncclResult_t ncclCommShrink(ncclComm_t comm, int* excludeRanksList, int 
 }
 SIM_ALIAS(ncclCommShrink)
 
+/* NCCL 2.30: stops the comm's in-flight ops and refuses new ones; the comm is in progress
+ * until quiescent, then may be destroyed, split or shrunk (nccl.h, ncclCommRevoke). */
+SIM_API ncclResult_t ncclCommRevoke(ncclComm_t comm, int revokeFlags) {
+  ncclComm* c = as_comm(comm);
+  if (!c) return ncclInvalidArgument;
+  if (revokeFlags != 0) {
+    warnf("ncclCommRevoke: revokeFlags must be NCCL_REVOKE_DEFAULT (0)");
+    return ncclInvalidArgument;
+  }
+  if (c->revoked.exchange(true)) return ncclSuccess;
+  c->aborted.store(true); /* waiting workers give up within 20 ms; queued ops are skipped */
+  start_job(c);
+  std::thread([c] {
+    drain(c, 0, false); /* this job is one of c's: wait for the ops only */
+    c->aborted.store(false); /* quiescent: destroy may detach, a later split may use the parent */
+    finish_job(c, ncclSuccess);
+  }).detach();
+  return ncclSuccess;
+}
+SIM_ALIAS(ncclCommRevoke)
+
+SIM_API ncclResult_t ncclCommSuspend(ncclComm_t comm, int flags) {
+  (void)flags; /* NCCL_SUSPEND_MEM: simnccl holds no device memory to release */
+  ncclComm* c = as_comm(comm);
+  if (!c) return ncclInvalidArgument;
+  if (ncclResult_t r = ensure_ready(c)) return r;
+  drain(c, 0);
+  c->suspended.store(true);
+  return ncclSuccess;
+}
+SIM_ALIAS(ncclCommSuspend)
+
+SIM_API ncclResult_t ncclCommResume(ncclComm_t comm) {
+  ncclComm* c = as_comm(comm);
+  if (!c) return ncclInvalidArgument;
+  c->suspended.store(false);
+  return ncclSuccess;
+}
+SIM_ALIAS(ncclCommResume)
+
+/* Adding ranks to a live communicator is not simulated. */
+SIM_API ncclResult_t ncclCommGrow(ncclComm_t comm, int nRanks, const ncclUniqueId* uniqueId, int rank,
+                                  ncclComm_t* newcomm, ncclConfig_t* config) {
+  (void)comm, (void)nRanks, (void)uniqueId, (void)rank, (void)config;
+  if (newcomm) *newcomm = nullptr;
+  warnf("ncclCommGrow: not simulated by simnccl");
+  return ncclInvalidUsage;
+}
+SIM_ALIAS(ncclCommGrow)
+
 SIM_API ncclResult_t ncclCommFinalize(ncclComm_t comm) {
   ncclComm* c = as_comm(comm);
   if (!c) return ncclInvalidArgument;
+  if (c->revoked.load()) {
+    warnf("ncclCommFinalize: invalid after ncclCommRevoke");
+    return ncclInvalidUsage;
+  }
   drain(c, 0);
   return ncclSuccess;
 }

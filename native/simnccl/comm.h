@@ -113,6 +113,8 @@ struct ncclComm {
   std::atomic<bool> aborted{false};
   std::atomic<int> async_error{0}; /* ncclCommGetAsyncError: ncclInProgress while a nonblocking job runs */
   bool blocking = true;            /* ncclConfig_t.blocking (0: calls return ncclInProgress, work goes on) */
+  std::atomic<bool> revoked{false};   /* ncclCommRevoke: in-flight ops stopped, new ones refused */
+  std::atomic<bool> suspended{false}; /* ncclCommSuspend .. ncclCommResume: no ops */
   std::atomic<uint32_t> jobs{0};   /* nonblocking jobs (init, launches) on helper threads; futex word */
   bool prof_on = false;    /* the profiler plugin accepted this comm (init succeeded) */
   uint64_t prof_seq[10] = {}; /* launching thread: next profiler seqNumber per collective function */
