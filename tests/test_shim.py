@@ -81,10 +81,15 @@ def preload(lib: Path) -> str:
 
 
 def base_env(lib: Path | None, **extra: str) -> dict[str, str]:
+    """Environment of a rank process; lib None: no shim (a sanitizer run still preloads its
+    runtime, which must come first in any process that loads an instrumented library)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("C4D_") or k == "C4D_NATIVE_DIR"}
     env.update(ASAN_OPTIONS="detect_leaks=0", C4D_LIBZMQ=pyzmq_libzmq())
+    prefix = os.environ.get("C4D_TEST_PRELOAD_PREFIX", "").strip()
     if lib is not None:
         env["LD_PRELOAD"] = preload(lib)
+    elif prefix:
+        env["LD_PRELOAD"] = prefix
     env.update(extra)
     return env
 

@@ -101,7 +101,9 @@ def test_exports_the_plugin_as_data_symbols(libc4d):
         "print(v5.name.decode(), all(getattr(v5, f) for f, _ in P._fields_[1:]),"
         " [getattr(v5, f) for f, _ in P._fields_[1:]] == [getattr(v6, f) for f, _ in P._fields_[1:]])\n"
     )
-    p = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    p = subprocess.run(
+        [sys.executable, "-c", probe], env=base_env(None), capture_output=True, text=True, timeout=60
+    )
     assert p.returncode == 0, p.stderr
     assert p.stdout.split() == ["c4d", "True", "True"]
 

@@ -98,8 +98,9 @@ def jobs(tmp_path):
                 SIMNCCL_JOB=job.name,
                 C4D_NODE_NAME="node-0",
             )
-            if preload:
-                e["LD_PRELOAD"] = str(preload)
+            if preload:  # a sanitizer run's runtime first (tests/test_shim.py explains)
+                prefix = os.environ.get("C4D_TEST_PRELOAD_PREFIX", "").strip()
+                e["LD_PRELOAD"] = f"{prefix} {preload}".strip()
             e.update(env or {})
             with open(job.dir / f"rank{r}.out", "wb") as out, open(job.dir / f"rank{r}.err", "wb") as err:
                 job.procs.append(
