@@ -35,7 +35,7 @@ struct CommSlot {
   std::atomic<int32_t> rank, nranks, device;
   std::atomic<bool> ready;  // rank/nranks/device known and p2p counters allocated
   std::atomic<uint32_t> refresh_tries;  // comm_refresh attempts while not ready (capped)
-  std::atomic<bool> live;   // false after destroy/abort: no more heartbeats
+  std::atomic<bool> live;   // registered and complete (set by comm_created); false after destroy/abort
   std::atomic<bool> nonblocking;  // made by a call that returned ncclInProgress: ask NCCL only once settled
   /* hot path */
   std::atomic<uint64_t> coll_seq;                  // next collective sequence = collectives issued

@@ -33,8 +33,8 @@ void refresh_shape(CommSlot* s, int rank_hint, int nranks_hint, int device_hint,
     device = device_hint;
   }
   if (device < 0) device = s->device.load(std::memory_order_relaxed);
-  if (device >= 0 && g_cuda.ok && event_pool_ensure(device, g_cfg.event_pool)) timing_device_init(device);
   comm_set_shape(s, rank, nranks, device);  // not ready yet (shape unknown): comm_refresh retries
+  if (device >= 0 && g_cuda.ok && event_pool_ensure(device, g_cfg.event_pool)) timing_device_init(device);
 }
 
 /* A nonblocking comm settled (ncclCommGetAsyncError no longer says ncclInProgress)? */
@@ -117,6 +117,7 @@ void comm_created(uint8_t event, const ncclComm_t* out, ncclResult_t r, uint64_t
     s->device.store(device_hint, std::memory_order_relaxed);
     s->nonblocking.store(r == ncclInProgress, std::memory_order_relaxed);  // its shape comes once settled
     refresh_shape(s, rank_hint, nranks_hint, device_hint, r != ncclInProgress);
+    s->live.store(true, std::memory_order_release);  // the agent's snapshots see it complete
   }
   int rank = s ? s->rank.load(std::memory_order_relaxed) : rank_hint;
   int nranks = s ? s->nranks.load(std::memory_order_relaxed) : nranks_hint;

@@ -113,7 +113,6 @@ ncclResult_t attach(const std::string& name, int nranks, int rank, uint64_t id, 
     warnf("comm init: mmap %s: %s", name.c_str(), strerror(errno));
     return ncclSystemError;
   }
-  c->magic = kCommMagic;
   c->name = name;
   c->nranks = nranks;
   c->rank = rank;
@@ -215,7 +214,6 @@ ncclResult_t init_from_id(ncclComm_t* comm, int nranks, const ncclUniqueId& id, 
   uint64_t cid = fnv1a(id.internal, NCCL_UNIQUE_ID_BYTES);
   int grank = env_global_rank(), device = current_device(); /* the caller's device, as NCCL takes it */
   ncclComm* c = new ncclComm;
-  c->magic = kCommMagic;
   c->blocking = blocking;
   if (!blocking) {
     /* Nonblocking (src/init.cc ncclCommInitRankDev: the comm is handed out at once with

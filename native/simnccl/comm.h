@@ -30,6 +30,7 @@ namespace sim {
 constexpr int kCollRing = 16; /* collectives a member may have published and not finished */
 constexpr int kP2PRing = 16;  /* sends in flight per ordered pair */
 constexpr uint64_t kCtlMagic = 0x53494d4e43434c31ull; /* "SIMNCCL1" */
+constexpr uint32_t kCommMagic = 0x434f4d4du;          /* "COMM": a live ncclComm */
 
 struct alignas(64) CollSlot {
   std::atomic<uint64_t> pub_seq;  /* collective seq published in this slot (0: none) */
@@ -85,7 +86,7 @@ struct alignas(64) CtlHeader {
 
 /* ncclComm_t points at this; private to simnccl. */
 struct ncclComm {
-  uint32_t magic;
+  uint32_t magic = sim::kCommMagic; /* from allocation on: a nonblocking init hands the comm out at once */
   std::string name; /* control segment name, with leading '/' */
   int nranks = 0, rank = 0, global_rank = -1, device = 0;
   uint64_t id = 0; /* comm id shared by all members (profiler_abi.h tells how it is derived) */
@@ -122,8 +123,6 @@ struct ncclComm {
 };
 
 namespace sim {
-
-constexpr uint32_t kCommMagic = 0x434f4d4du; /* "COMM" */
 
 inline ncclComm* as_comm(ncclComm_t c) { return (c && c->magic == kCommMagic) ? c : nullptr; }
 
