@@ -1,7 +1,9 @@
 """`c4d analyze`: offline replay of a captured trace through the live engine, and its summary.
 
 Replay feeds the records in file order and evaluates the engine at each TICK record's
-master time, exactly as the live master did, so it gives the live run's diagnoses.
+master time, exactly as the live master did, so it gives the live run's diagnoses. It goes
+through the same edge validation and ingest guard as the master (c4d/ingest.py): the trace
+holds what arrived, and the replay drops what the live run dropped.
 """
 
 from __future__ import annotations
@@ -12,11 +14,17 @@ import numpy as np
 import pandas as pd
 
 from c4d import schema
+from c4d.ingest import Ingest
 from c4d.trace import RawTrace, Trace
+from c4d.validate import Edge, Limits
 
 
-def replay(rt: RawTrace, engine: Any) -> list[Any]:
-    """Drive ``engine`` through the trace's records and ticks; return every diagnosis."""
+def replay(rt: RawTrace, engine: Any, ingest: Ingest | None = None) -> list[Any]:
+    """Drive ``engine`` through the trace's records and ticks; return every diagnosis.
+
+    ``ingest`` (made here when not given) holds what the edge dropped and what failed.
+    """
+    ing = ingest or Ingest(engine, Edge(Limits.from_env()))
     raw = rt.raw
     out: list[Any] = []
     ticks = np.flatnonzero(raw["kind"] == schema.Kind.TICK)
@@ -24,12 +32,12 @@ def replay(rt: RawTrace, engine: Any) -> list[Any]:
     prev = 0
     for i in ticks.tolist():
         if i > prev:
-            engine.feed(raw[prev:i], last_tick)
+            ing.feed(raw[prev:i], last_tick)
         last_tick = int(raw["time_ns"][i])
-        out.extend(engine.tick(last_tick))
+        out.extend(ing.tick(last_tick))
         prev = i + 1
     if prev < len(raw):
-        engine.feed(raw[prev:], last_tick)
+        ing.feed(raw[prev:], last_tick)
     return out
 
 

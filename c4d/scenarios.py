@@ -79,7 +79,7 @@ class Scenario:
     @property
     def expected_ranks(self) -> set[int]:
         f = self.parsed()
-        return set(f.ranks(self.ranks_per_node, self.ranks)) if f else set()
+        return set(f.ranks(faults.block_layout(self.ranks, self.ranks_per_node))) if f else set()
 
     @property
     def expected_nodes(self) -> set[str]:

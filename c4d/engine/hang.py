@@ -88,7 +88,7 @@ class _Expl:
 class WaitGraph:
     """One tick's wait-for graph (see module doc)."""
 
-    def __init__(self, ranks: RankTable, comms: list[Comm], th: ResolvedThresholds, now: int):
+    def __init__(self, ranks: RankTable, comms: dict[int, Comm], th: ResolvedThresholds, now: int):
         self.r, self.comms, self.th, self.now = ranks, comms, th, now
         T = th.hang_timeout_ns
         self.T = T
@@ -102,7 +102,7 @@ class WaitGraph:
         self.nodes: dict[tuple, _Node] = {}
         self.blocks_of: dict[int, list[tuple]] = {}
         self.view: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
-        for c in comms:
+        for c in comms.values():
             self._collect(c)
         self._memo: dict[tuple, _Expl] = {}
         self._stack: set[tuple] = set()
@@ -283,7 +283,7 @@ def _op_of(c: Comm, k: int, node_op: int | None) -> int | None:
     return int(c.opk[slot]) if c.tag[slot] == k else None
 
 
-def evaluate(ranks: RankTable, comms: list[Comm], th: ResolvedThresholds, now: int) -> list[Finding]:
+def evaluate(ranks: RankTable, comms: dict[int, Comm], th: ResolvedThresholds, now: int) -> list[Finding]:
     """Every hang and loss in progress at master time ``now`` (durations may still be < T)."""
     G = WaitGraph(ranks, comms, th, now)
     out: list[Finding] = []
@@ -460,7 +460,7 @@ def evaluate(ranks: RankTable, comms: list[Comm], th: ResolvedThresholds, now: i
     return out
 
 
-def _term_ranks(t: tuple, comms: list[Comm]) -> list[int]:
+def _term_ranks(t: tuple, comms: dict[int, Comm]) -> list[int]:
     if t[0] == "link":
         return [t[2], t[3]]
     c = comms[t[1]]

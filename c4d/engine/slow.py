@@ -59,14 +59,21 @@ class SlowJudge:
         self.unit_members: dict[tuple, tuple[int, ...]] = {}  # unit key -> global ranks
         self.late_ops = 0  # ops that completed after their window was judged
 
+    def forget(self, comm_idx: list[int]) -> None:
+        """Drop the state of freed communicators (unit keys carry the comm index second)."""
+        gone = set(comm_idx)
+        for d in (self.baseline, self.slow_units, self.last_judged, self.unit_members):
+            for key in [k for k in d if len(k) > 1 and k[1] in gone]:
+                del d[key]
+
     def judge(
-        self, ranks: RankTable, comms: list[Comm], th: ResolvedThresholds, now: int
+        self, ranks: RankTable, comms: dict[int, Comm], th: ResolvedThresholds, now: int
     ) -> list[SlowFinding]:
         P = th.period_ns
         closed = (now - int(self.cfg.slow_grace_ms * 1e6)) // P - 1  # last window that may be judged
         per_comm: dict[int, np.ndarray] = {}
         per_p2p: dict[int, np.ndarray] = {}
-        for c in comms:
+        for c in comms.values():
             for attr, into in (("pending", per_comm), ("p2p_pending", per_p2p)):
                 rows = self._closed_rows(c, attr, closed, P)
                 if rows is not None:
@@ -101,7 +108,7 @@ class SlowJudge:
         return ops if len(ops) else None
 
     # -- one window --------------------------------------------------------------------
-    def _window(self, ranks: RankTable, comms: list[Comm], sel: dict, sel_p2p: dict, w: int, P: int):
+    def _window(self, ranks: RankTable, comms: dict[int, Comm], sel: dict, sel_p2p: dict, w: int, P: int):
         cfg = self.cfg
         win = {"window_start_s": round(w * P / 1e9, 3), "window_s": round(P / 1e9, 3)}
         out: list[SlowFinding] = []
@@ -154,7 +161,7 @@ class SlowJudge:
         return out
 
     # -- RankCommSlow ------------------------------------------------------------------
-    def _units(self, ranks: RankTable, comms: list[Comm], sel, sel_p2p) -> list[_Unit]:
+    def _units(self, ranks: RankTable, comms: dict[int, Comm], sel, sel_p2p) -> list[_Unit]:
         """What can be slow in a window: communicators (their main collective) and p2p links."""
         cfg = self.cfg
         units: list[_Unit] = []

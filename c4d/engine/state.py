@@ -534,11 +534,22 @@ class P2PPairs:
         self.bprev = np.empty(0, np.int64)
         self.bep = np.empty(0, np.int64)
 
+    def forget(self, comm_idx: list[int]) -> None:
+        """Drop the unpaired halves and link bounds of freed communicators."""
+        idx = np.asarray(comm_idx, np.int64)
+        self.half = self.half[~np.isin(self.half["comm"], idx)]
+        keep = ~np.isin(self.bkey >> 42, idx)
+        self.bkey, self.bcur, self.bprev, self.bep = (
+            a[keep] for a in (self.bkey, self.bcur, self.bprev, self.bep)
+        )
+
     @staticmethod
     def _key(comm: np.ndarray, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
         return (comm.astype(np.int64) << 42) | (src.astype(np.int64) << 21) | dst.astype(np.int64)
 
-    def feed(self, ops, comm: np.ndarray, shared: np.ndarray, comms: list[Comm], ranks: RankTable) -> None:
+    def feed(
+        self, ops, comm: np.ndarray, shared: np.ndarray, comms: dict[int, Comm], ranks: RankTable
+    ) -> None:
         """p2p OP rows of one chunk, with each row's communicator index and whether it
         shares its group's events (Engine._shares_events)."""
         done = ops["end_ns"] > 0
