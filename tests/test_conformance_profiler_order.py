@@ -35,15 +35,6 @@ RECV_STATES = {10, 11, 12}  # RecvWait, RecvFlushWait, RecvGPUWait
 REPLAYED = re.compile(r"replayed (\d+) plans, (\d+) transfers, (\d+) events, mask 0x([0-9a-f]+)")
 PROFILER = re.compile(r"profiler: (\d+) transfers, (\d+) PEER records, (\d+) events untracked")
 
-NCCL_ORDER_XFAIL = pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "issue 8 defect 3: the shim frees a profiler task at the task's stopEvent, but real NCCL "
-        "stops task events before any ProxyOp starts, so every ProxyOp/ProxyStep is untracked and "
-        "no PEER record comes out. The fix is on branch i8native; remove this mark once main has it."
-    ),
-)
-
 
 @pytest.fixture(scope="session")
 def replay(tmp_path_factory) -> Path:
@@ -155,9 +146,9 @@ def test_task_open_order_gives_a_peer_record_per_transfer(replay, libc4d, master
     check_peer_records(p, transfers, master)
 
 
-@NCCL_ORDER_XFAIL
 @pytest.mark.parametrize(("symbol", "via"), [("ncclProfiler_v6", "path"), ("ncclProfiler_v5", "static")])
 def test_nccl_order_gives_a_peer_record_per_transfer(replay, libc4d, master, symbol, via):
-    """NCCL 2.30.7's order: the task stopped before its ProxyOps start on another thread."""
+    """NCCL 2.30.7's order: the task stopped before its ProxyOps start on another thread.
+    (Before issue 8 the shim freed a task at its stop: 0 PEER records, everything untracked.)"""
     p, transfers = run_replay(replay, libc4d, master, symbol, "nccl", via)
     check_peer_records(p, transfers, master)
