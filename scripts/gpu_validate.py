@@ -163,7 +163,7 @@ class Runner:
             str(a.warmup),
         ]
         cmd += ["--bytes", str(a.bytes), "--compute", str(a.compute), "--device", str(a.device)]
-        cmd += ["--store", str(self.tmp / f"{job}.store")]
+        cmd += ["--store", str(self.tmp / f"{job}.store"), "--capture-hold-ms", str(a.capture_hold_ms)]
         if a.sim:
             cmd += ["--sim-dir", str(Path(a.native_dir) / "simnccl")]
         self.collector.take()  # nothing of an earlier worker counts for this one
@@ -482,6 +482,7 @@ def main() -> int:
     p.add_argument("--bytes", type=int, default=None, help="bytes per collective buffer")
     p.add_argument("--compute", type=int, default=None, help="torch: matmul size per step; sim: µs")
     p.add_argument("--device", type=int, default=None, help="GPU index (default: the last one)")
+    p.add_argument("--capture-hold-ms", type=int, default=1500, help="graph: how long the capture stays open")
     p.add_argument("--worker-timeout", type=int, default=120, help="seconds one worker may run")
     p.add_argument("--budget", type=int, default=420, help="seconds after which no worker starts")
     a = p.parse_args()
