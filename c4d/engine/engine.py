@@ -12,6 +12,8 @@ Call from one thread (the master's); nothing here blocks or sleeps.
 from __future__ import annotations
 
 import logging
+from collections.abc import Hashable
+from typing import Any
 
 import numpy as np
 
@@ -20,18 +22,13 @@ from c4d.engine import clock, hang
 from c4d.engine.config import EngineConfig, ResolvedThresholds
 from c4d.engine.slow import SlowFinding, SlowJudge
 from c4d.engine.state import GONE_EVENTS, IN_GROUP, MAX_NRANKS, MAX_RANK, P2P, Comm, P2PPairs, RankTable
-from c4d.engine.types import CommSnapshot, DiagKind, Diagnosis, EngineSnapshot, Level, RankState
-from c4d.schema import Kind, Op
+from c4d.engine.types import CommSnapshot, DiagKind, Diagnosis, EngineSnapshot, Level, Localization, RankState
+from c4d.schema import Kind, Op, op_name
 
 log = logging.getLogger("c4d.engine")
 
 CHUNK = 8192  # rows ingested at once (see feed)
 _V = np.dtype((np.void, schema.RECORD_SIZE))
-_OP_NAMES = {int(o): o.name for o in Op}
-
-
-def op_name(op: int | None) -> str | None:
-    return None if op is None else _OP_NAMES.get(int(op), f"op{op}")
 
 
 class Engine:
@@ -40,8 +37,8 @@ class Engine:
         self.ranks = RankTable()
         self.comms: list[Comm] = []
         self._comm_index: dict[int, int] = {}
-        self._emitted: dict[tuple, int] = {}  # hang key -> highest count emitted
-        self._active: dict[tuple, Diagnosis] = {}  # hang key -> latest diagnosis (live view)
+        self._emitted: dict[Hashable, int] = {}  # hang key -> highest count emitted
+        self._active: dict[Hashable, Diagnosis] = {}  # hang key -> latest diagnosis (live view)
         self._epoch = [-1]
         self._slow = SlowJudge(self.cfg)
         self._pairs = P2PPairs()
@@ -293,7 +290,7 @@ class Engine:
         clock.on_tick(self.ranks, now, self._epoch)
         th = self.thresholds()
         out: list[Diagnosis] = []
-        live: set[tuple] = set()
+        live: set[Hashable] = set()
         for f in hang.evaluate(self.ranks, self.comms, th, now):
             live.add(f.key)
             out += self._count(f, th, now)
@@ -321,7 +318,7 @@ class Engine:
         d["waited_s"] = round(dur / 1e9, 3)
         d["timeout_s"] = round(T / 1e9, 3)
         d["hang_times_limit"] = th.hang_times
-        mk = lambda lvl: self._diag(now, lvl, f.kind, f.comm, f.op, f.seq, f.ranks, n, d)  # noqa: E731
+        mk = lambda lvl: self._diag(now, lvl, f.kind, f.comm, f.op, f.seq, f.ranks, n, f.loc, d)  # noqa: E731
         out = []
         if n >= th.hang_times:
             if prev == 0:
@@ -333,9 +330,21 @@ class Engine:
         return out
 
     def _slow_diag(self, s: SlowFinding, now: int) -> Diagnosis:
-        return self._diag(now, Level.INFO, s.kind, s.comm, s.op, s.seq, s.ranks, 0, s.detail)
+        return self._diag(now, Level.INFO, s.kind, s.comm, s.op, s.seq, s.ranks, 0, s.loc, s.detail)
 
-    def _diag(self, now, level, kind, comm, op, seq, ranks, n, detail) -> Diagnosis:
+    def _diag(
+        self,
+        now: int,
+        level: Level,
+        kind: DiagKind,
+        comm: Comm | None,
+        op: int | None,
+        seq: int | None,
+        ranks: tuple[int, ...],
+        n: int,
+        loc: Localization,
+        detail: dict[str, Any],
+    ) -> Diagnosis:
         nodes = []
         for g in ranks:
             name = self.ranks.node_name(g)
@@ -351,6 +360,7 @@ class Engine:
             ranks=tuple(int(r) for r in ranks),
             nodes=tuple(nodes),
             hang_times=n,
+            localization=loc,
             detail=detail,
         )
 

@@ -25,13 +25,16 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
+from c4d.engine import blame
+from c4d.engine.calibration import localize
 from c4d.engine.config import EngineConfig, ResolvedThresholds
-from c4d.engine.peer import global_links, localize_slow, pace_setters
+from c4d.engine.peer import PeerVerdict, global_links, localize_slow, pace_setters
 from c4d.engine.state import COMPLETED, Comm, RankTable
-from c4d.engine.types import DiagKind
+from c4d.engine.types import DiagKind, How, Localization, Target
 from c4d.schema import Op
 
 CLEAR_SLOW_OPS = 0.2  # a unit with more of its ops this slow is not evidence that a rank is fine
@@ -44,8 +47,8 @@ class SlowFinding:
     op: int
     seq: int
     ranks: tuple[int, ...]
-    localized: bool
-    detail: dict = field(default_factory=dict)
+    loc: Localization
+    detail: dict[str, Any] = field(default_factory=dict)
 
 
 class SlowJudge:
@@ -57,6 +60,7 @@ class SlowJudge:
         self.slow_units: dict[tuple, int] = {}  # unit key -> last window it was slow in
         self.last_judged: dict[tuple, int] = {}  # unit key -> last window it had enough ops in
         self.unit_members: dict[tuple, tuple[int, ...]] = {}  # unit key -> global ranks
+        self.unit_shapes: dict[tuple, blame.UnitShape] = {}  # unit key -> its latest shape and state
         self.late_ops = 0  # ops that completed after their window was judged
 
     def judge(
@@ -134,10 +138,6 @@ class SlowJudge:
             c, share, mine = items[0]
             margins = np.concatenate([m["margin"] for _, _, m in items])
             d = {
-                "localized_by": "arrival",
-                "localized": True,
-                "confidence": round(min(0.95, share), 2),
-                "suspects": [g],
                 "last_share": round(share, 3),
                 "margin_ms": round(float(np.median(margins)) / 1e6, 3),
                 "others_wait_ms": round(float(np.median(mine["wait_med"])) / 1e6, 3),
@@ -145,9 +145,15 @@ class SlowJudge:
                 **win,
             }
             self.slow_ranks[g] = w
+            loc = localize(
+                DiagKind.RankNonCommSlow, How.arrival, Target.rank, (g,),
+                f"rank {g} arrived last by {d['margin_ms']} ms in {share:.0%} of the ops, "
+                "its own compute longer",
+                prior=min(0.95, share), refine="" if share >= 0.9 else "share<0.9",
+            )  # fmt: skip
             out.append(
                 SlowFinding(DiagKind.RankNonCommSlow, c, int(np.bincount(mine["op"]).argmax()),
-                            int(mine["seq"][-1]), (g,), True, d)
+                            int(mine["seq"][-1]), (g,), loc, d)
             )  # fmt: skip
 
         out += self._comm_slow(ranks, comms, sel, sel_p2p, w, win)
@@ -175,7 +181,8 @@ class SlowJudge:
             span = len(set(ranks.node[c.grank[c.grank >= 0]].tolist()))
             units.append(
                 _Unit(("c", i), i, members, float(np.median(om["busbw"])), ("c", op, nb, c.n, span),
-                      ("c", i, op, nb), op, int(om["seq"][-1]), om, om["busbw"])
+                      ("c", i, op, nb), op, int(om["seq"][-1]), om, om["busbw"],
+                      links=blame.ring_links([int(g) for g in c.grank if g >= 0]))
             )  # fmt: skip
         for i, p in sorted(sel_p2p.items()):
             c = comms[i]
@@ -199,7 +206,7 @@ class SlowJudge:
                 units.append(
                     _Unit(("p", i, min(a, b), max(a, b)), i, tuple(sorted((ga, gb))), bw,
                           ("p", c.n, a, b, nb, span), ("p", i, a, b, nb), int(Op.Send),
-                          int(pl["seq"][-1]), None, bws, link=(ga, gb))
+                          int(pl["seq"][-1]), None, bws, link=(ga, gb), links={blame.link_of(ga, gb)})
                 )  # fmt: skip
         return units
 
@@ -225,11 +232,8 @@ class SlowJudge:
             if u.own_ref:
                 own_ratios.append(u.bw / u.own_ref)
         shared = min(1.0, float(np.median(own_ratios))) if len(own_ratios) >= 3 else 1.0
-        now_units: dict[tuple, _Unit] = {}
         for u in units:
             u.shared = shared
-            if u.key not in now_units or not u.clear(cfg.slow_bw_ratio):
-                now_units[u.key] = u
         slow: dict[tuple, _Unit] = {}  # by unit key: a p2p link is slow when either direction is
         for u in units:
             if u.sib_ref:
@@ -242,112 +246,155 @@ class SlowJudge:
             else:
                 q = self.baseline.setdefault(u.base_key, deque(maxlen=cfg.slow_baseline_windows))
                 q.append(u.bw)
-        # Cross-comm evidence remembers the previous window: a unit with too few ops in this
-        # one (a window cut by the job's end) still counts.
-        recent = dict(slow)
+        now_units: dict[tuple, _Unit] = {}  # per key, the worse direction of a p2p link
+        for u in units:
+            x = now_units.get(u.key)
+            if x is None or (u.ratio or 9.0) < (x.ratio or 9.0):
+                now_units[u.key] = u
+        # Each unit's state for blame (blame.py): slow, degraded, clear or unknown. A unit slow
+        # in the previous window and not judged in this one (too few ops in a window cut by
+        # the job's end) still counts as slow.
+        node_of = {int(g): int(ranks.node[g]) for u in units for g in u.members}
+        shapes: dict[tuple, blame.UnitShape] = {}
+        for key, u in now_units.items():
+            st = "unknown"
+            if u.ratio is not None:
+                if u.ratio < cfg.slow_bw_ratio:
+                    st = "slow"
+                elif u.ratio < cfg.slow_degraded_ratio:
+                    st = "degraded"
+                elif u.ratio >= cfg.slow_clear_ratio and u.clear(cfg.slow_bw_ratio):
+                    st = "clear"
+            sh = blame.shape(key, u.members, u.links, node_of)
+            sh.state = "slow" if key in slow else st
+            shapes[key] = sh
         for key, w0 in self.slow_units.items():
-            if w0 == w - 1 and key not in recent:
-                recent[key] = None
+            if w0 == w - 1 and key not in shapes and key in self.unit_shapes:
+                prev = self.unit_shapes[key]
+                shapes[key] = blame.UnitShape(key, prev.members, prev.links, prev.pacing, "slow")
         for key in slow:
             self.slow_units[key] = w
-        count: dict[int, int] = {}
-        for key in recent:
-            for g in self.unit_members[key]:
-                count[g] = count.get(g, 0) + 1
-        groups: dict[tuple, list[tuple[_Unit, dict]]] = {}
+        self.unit_shapes.update(shapes)
+        groups: dict[tuple[Any, ...], list[tuple[_Unit, dict[str, Any], Localization]]] = {}
         for key in sorted(slow):
             u = slow[key]
-            d = {
+            d: dict[str, Any] = {
                 "busbw_gbs": round(u.bw, 6),
                 "baseline_gbs": None if u.own_ref is None else round(u.own_ref, 6),
                 "siblings_gbs": None if u.sib_ref is None else round(u.sib_ref, 6),
-                "ratio": round(u.ratio, 3),
+                "ratio": round(u.ratio or 0.0, 3),
                 "compared_with": u.compared,
             }
-            culprit = self._localize(comms, u, count, recent, now_units, w, d)
-            if culprit is None:
-                continue  # undecided this window (see _localize)
-            d["suspects"] = list(culprit)
-            groups.setdefault(culprit if d["localized"] else ("unit", key), []).append((u, d))
+            loc = self._localize(ranks, comms, u, list(shapes.values()), d)
+            gkey = (loc.target.value, loc.ranks) if loc.localized else ("unit", key)
+            groups.setdefault(gkey, []).append((u, d, loc))
         out = []
         for _key, items in groups.items():
-            u, d = min(items, key=lambda x: (x[1]["ratio"], x[0].key))
+            u, d, loc = min(items, key=lambda x: (x[1]["ratio"], x[0].key))
             c = comms[u.comm]
-            names = []
-            for x, _ in items:
+            names: list[str] = []
+            for x, _, _ in items:
                 name = f"{comms[x.comm].id:016x}"
                 if name not in names:
                     names.append(name)
             d = {**d, "comms": names, **win}
             if u.link is not None:
                 d["p2p_link"] = list(u.link)
-            culprit = tuple(d["suspects"])
-            for g in culprit if d["localized"] else ():
+            for g in loc.ranks if loc.localized else ():
                 self.slow_ranks[g] = w
-            out.append(SlowFinding(DiagKind.RankCommSlow, c, u.op, u.seq, culprit, d["localized"], d))
+            out.append(SlowFinding(DiagKind.RankCommSlow, c, u.op, u.seq, loc.ranks, loc, d))
         return out
 
-    def _localize(self, comms, u: _Unit, count, recent, now_units, w: int, d: dict) -> tuple[int, ...] | None:
-        """Rank or link behind a slow unit; None to wait for the next window's evidence.
-
-        Evidence, strongest first: in a ring of three or more, the link that sets its pace
-        (PEER records), or a rank whose two links take turns at it; the one rank the slow
-        units of this and the previous window share (cross-comm); for a single link (a
-        two-rank communicator, a p2p link, or the pace-setting link), the exclusion of its
-        ranks (their other units are clear). A link whose one end is in other slow units is
-        that rank's (its slowest link showed first).
-        """
+    def _localize(
+        self, ranks: RankTable, comms: list[Comm], u: _Unit, shapes: list[blame.UnitShape], d: dict[str, Any]
+    ) -> Localization:
+        """Rank or link behind a slow unit (blame.py): candidates from the unit, narrowed by PEER
+        pace setters in a ring, checked against every unit of the window."""
         cfg = self.cfg
-        multi = sorted(g for g in u.members if count.get(g, 0) > 1)
-        link: tuple[int, ...] | None = u.link or (u.members if len(u.members) == 2 else None)
-        how = "exclusion"
+        kind = DiagKind.RankCommSlow
+        c = comms[u.comm]
+        peer: PeerVerdict | None = None
+        seen: set[tuple[int, int]] = set()
         if u.ops is not None and len(u.members) > 2:
-            c = comms[u.comm]
-            counts, n_ops = pace_setters(c, u.ops["seq"])
-            v = localize_slow(counts, n_ops, cfg.slow_pace_share)
-            if v is not None:
-                d.update(global_links(v.evidence, c))
-                culprit = tuple(int(c.grank[r]) for r in v.ranks)
-                if not v.is_link:
-                    d.update(localized_by="peer-progress", localized=True, confidence=v.confidence)
-                    return culprit
-                link, how = culprit, "peer-progress"
-        if link is not None:
-            ends = [g for g in link if g in multi]
-            if len(ends) == 1:
-                d.update(localized_by="cross-comm", localized=True, confidence=0.7, slow_link=list(link))
-                return (ends[0],)
-        if len(multi) == 1 or (len(multi) == 2 and len(recent) > 1):
-            # the rank (or the two ranks of a link) that the slow communicators share
-            d.update(localized_by="cross-comm", localized=True, confidence=0.6)
-            if len(multi) == 2:
-                d["link"] = multi
-            return tuple(multi)
-        if link is not None:
-            # One link. It is the link and not one of its ranks when each rank's other
-            # communicators were judged in this window and are clear (a slow rank slows all
-            # of them): not slow, and hardly any op slow either, since in the window a fault
-            # began in, a unit with few ops can tip before the others' medians do. Where
-            # one was not judged (too few ops), wait for the next window.
-            others_clear, alone = True, True
-            for g in link:
-                for key, mem in self.unit_members.items():
-                    if key == u.key or g not in mem or self.last_judged.get(key, -9) < w - 2:
-                        continue
-                    alone = False
-                    x = now_units.get(key)
-                    if x is None or key in recent or not x.clear(cfg.slow_bw_ratio):
-                        others_clear = False
-            if not others_clear:
-                return None
-            conf = 0.85 if how == "peer-progress" else 0.6
-            conf *= 0.7 if alone else 1.0
-            d.update(localized_by=how, localized=True, confidence=round(conf, 2), link=list(link))
-            if alone:
-                d["note"] = "no other communicator of these ranks tells the link from a rank"
-            return tuple(link)
-        d.update(localized_by="heartbeat", localized=False, confidence=round(1 / max(len(u.members), 1), 2))
-        return tuple(u.members)
+            counts, n_ops, seen_cr = pace_setters(c, u.ops["seq"])
+            seen = {blame.link_of(int(c.grank[a]), int(c.grank[b])) for a, b in seen_cr}
+            peer = localize_slow(counts, n_ops, cfg.slow_pace_share, seen_cr)
+            if peer is not None:
+                d.update(global_links(peer.evidence, c))
+        cands: list[blame.Hyp]
+        if peer is not None and not peer.is_link:
+            cands = [blame.Hyp(rank=int(c.grank[peer.ranks[0]]))]
+        elif peer is not None:
+            a, b = (int(c.grank[r]) for r in peer.ranks)
+            lk = blame.link_of(a, b)
+            cands = [blame.Hyp(link=lk)]
+            # An end whose other link of the same class (across nodes, or inside one) PEER sees
+            # did not set the pace is not the culprit: its fault would slow that link as much.
+            # A link of the other class says nothing (a slowed NVLink can stay faster than the
+            # network link that paces the ring).
+            node = ranks.node
+            cross = node[a] != node[b]
+            cands += [
+                blame.Hyp(rank=x) for x in lk
+                if not any(x in s2 and s2 != lk and (node[s2[0]] != node[s2[1]]) == cross for s2 in seen)
+            ]  # fmt: skip
+        else:
+            cands = [blame.Hyp(rank=g) for g in u.members] + [blame.Hyp(link=lk) for lk in sorted(u.links)]
+        v = blame.decide(cands, shapes)
+        if v.contradicted:
+            d["ruled_out"] = [_hyp_name(h) for h in v.contradicted][:16]
+        links = ", ".join(d.get("slow_links", []))
+        h = v.hyp
+        if h is None:
+            return localize(
+                kind, How.none, Target.suspects, v.suspects or u.members,
+                "the slow communicator's ranks and links explain it equally",
+                prior=1 / max(len(u.members), 1),
+            )  # fmt: skip
+        if not h.is_link:
+            r = h.rank
+            if peer is not None and not peer.is_link:
+                return localize(
+                    kind, How.peer_progress, Target.rank, (r,),
+                    f"two links of rank {r} take turns setting the ring's pace ({links})", prior=peer.prior,
+                )  # fmt: skip
+            if v.support >= 2:
+                return localize(
+                    kind, How.cross_comm, Target.rank, (r,),
+                    f"rank {r} is in {v.support} slow or degraded units: two or more of its links are slow",
+                    prior=0.7,
+                )  # fmt: skip
+            return localize(
+                kind, How.exclusion, Target.rank, (r,),
+                f"rank {r}: every other rank and link of the slow unit is ruled out by clear units",
+                prior=0.5,
+            )  # fmt: skip
+        a, b = h.link
+        if u.link is not None and set(u.link) == {a, b}:
+            a, b = u.link  # a p2p link: its direction
+        elif peer is not None and peer.is_link and {int(c.grank[r]) for r in peer.ranks} == {a, b}:
+            a, b = (int(c.grank[r]) for r in peer.ranks)  # the direction that set the pace
+        if v.refine == "ambiguous":
+            if peer is not None:
+                how, why = How.peer_progress, f"link {a}-{b} sets the ring's pace ({links})"
+            elif u.link is not None:
+                how, why = How.p2p_pair, f"the p2p link {a}->{b} is slow"
+            else:
+                how, why = How.two_rank, f"the two-rank communicator {a}-{b} is slow"
+            return localize(
+                kind, how, Target.link, (a, b),
+                f"{why}; no other link of its ranks shows whether it is one of them", prior=0.5,
+                refine="ambiguous", link=(a, b),
+            )  # fmt: skip
+        how = How.peer_progress if peer is not None and len(cands) == 1 else How.exclusion
+        return localize(
+            kind, how, Target.link, (a, b),
+            f"link {a}-{b} is slow and the other units of both its ranks are clear", prior=0.8, link=(a, b),
+        )  # fmt: skip
+
+
+def _hyp_name(h: blame.Hyp) -> str:
+    return f"link {h.link[0]}-{h.link[1]}" if h.is_link else f"rank {h.rank}"
 
 
 @dataclass
@@ -365,6 +412,7 @@ class _Unit:
     ops: np.ndarray | None  # COMPLETED rows (collectives): PEER link rates
     bws: np.ndarray  # per op, same unit as bw
     link: tuple[int, int] | None = None  # (sender, receiver) global ranks of a p2p link
+    links: set[tuple[int, int]] = field(default_factory=set)  # undirected links it uses (blame.py)
     sib_ref: float | None = None
     own_ref: float | None = None
     ratio: float | None = None
