@@ -343,7 +343,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="SPEC",
-        help="KIND@rank=R|node=NAME|link=R-S[,step=S][,factor=F]",
+        help="KIND@rank=R|node=NAME|link=R-S[,dir=fwd|rev][,step=S][,until=U][,secs=X][,factor=F]",
     )
     p.add_argument("--master", metavar="EP", help="use a running master instead of an in-process one")
     p.add_argument("--max-seconds", type=_positive(float), default=600.0)

@@ -263,11 +263,14 @@ class Engine:
         return out
 
     def _gaps(self, ops: np.ndarray) -> np.ndarray:
-        """Per op: arrival minus the end of the same rank's previous op (its compute gap), -1 unknown."""
+        """Per op: arrival minus the end of the same rank's previous synchronizing op (its compute
+        gap), -1 unknown. Ops of one-rank communicators (a pure data-parallel job's TP and PP
+        groups) wait for nobody, so they do not end a compute gap: a rank's compute before its
+        DP all-reduce spans them."""
         R = self.ranks
         start = ops["start_ns"].astype(np.int64)
         arr = np.where(start > 0, start, ops["issue_ns"].astype(np.int64))
-        end = ops["end_ns"].astype(np.int64)
+        end = np.where(ops["comm_nranks"] >= 2, ops["end_ns"].astype(np.int64), 0)
         g = ops["rank"].astype(np.int64)
         gaps = np.full(len(ops), -1, np.int64)
         order = np.lexsort((arr, g))
