@@ -236,7 +236,6 @@ def cmd_demo(args) -> int:
 
 def cmd_analyze(args) -> int:
     from c4d import analyze
-    from c4d.master import make_engine
 
     tr = _load_for_offline(args)
     if tr is None:
@@ -246,7 +245,7 @@ def cmd_analyze(args) -> int:
         print(f"c4d analyze: the trace ends in a cut record ({cut} bytes ignored)", file=sys.stderr)
     if tr.raw.skipped:
         print(f"c4d analyze: skipped {tr.raw.skipped} records of unknown kind or version", file=sys.stderr)
-    diags = analyze.replay(tr.raw, make_engine(_engine_overrides(args)))
+    diags = analyze.replay(tr.raw, analyze.make_engine(_engine_overrides(args)))
     if args.json:
         for d in diags:
             print(json.dumps(d.to_json()))
@@ -279,8 +278,9 @@ def cmd_analyze(args) -> int:
 
 def _load_for_offline(args):
     """Load PATH in any supported format; one line on stderr and None when it can't be read."""
+    from c4d.analyze import load
     from c4d.formats.to_records import ImportOptions
-    from c4d.trace import TraceError, load_any
+    from c4d.trace import TraceError
 
     over = _engine_overrides(args)
     opts = ImportOptions(**{k: v for k, v in over.items() if k in ("hang_timeout_us", "hang_times")})
@@ -289,7 +289,7 @@ def _load_for_offline(args):
         print(f"c4d {args.command}: {line}", file=sys.stderr)
 
     try:
-        return load_any(args.path, getattr(args, "format", None), opts=opts, on_warning=warn)
+        return load(args.path, getattr(args, "format", None), opts=opts, on_warning=warn, overrides=over)
     except (TraceError, OSError, ValueError) as e:
         print(f"c4d {args.command}: {e}", file=sys.stderr)
         return None
@@ -301,7 +301,7 @@ def cmd_report(args) -> int:
     tr = _load_for_offline(args)
     if tr is None:
         return 1
-    out = report.write(report.from_trace(tr, tr.diagnoses_list()), Path(args.out))
+    out = report.write(report.from_trace(tr), Path(args.out))
     for name, p in out.items():
         print(f"{name}: {p}")
     return 0

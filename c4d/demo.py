@@ -105,8 +105,7 @@ def _print_outcome(con: Console, master: Master, res, blacklist: Path, trace_pat
     con.rule("[bold]diagnosis")
     if not master.diagnoses:
         con.print("no diagnoses")
-    order = {"ERROR": 0, "WARNING": 1, "INFO": 2}
-    shown = sorted(master.diagnoses, key=lambda d: (order.get(d.level.name, 3), d.time))
+    shown = sorted(master.diagnoses, key=lambda d: (-d.level, d.time))
     for d in shown[:8]:
         con.print(d.summary(), markup=False, highlight=False)
     bl = blacklist.read_text().split() if blacklist.exists() else []

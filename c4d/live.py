@@ -145,9 +145,6 @@ def _diag_style(line: str) -> str:
     return "bold red" if line.startswith("ERROR") else "yellow" if line.startswith("WARNING") else ""
 
 
-_LEVEL_ORDER = {"ERROR": 0, "WARNING": 1, "INFO": 2}
-
-
 def snapshot(master: Any, now: float | None = None) -> LiveState:
     """Build a LiveState from a running master (its bookkeeping plus the engine's state)."""
     now = time.time() if now is None else now
@@ -163,7 +160,7 @@ def snapshot(master: Any, now: float | None = None) -> LiveState:
         for r, i in rec.ranks.items():
             if i.node == node and rank_states.get(r) not in ("hung", "lost", "slow"):
                 rank_states[r] = "isolated"  # the culprit keeps its own mark
-    diags = sorted(master.diagnoses, key=lambda d: (_LEVEL_ORDER.get(d.level.name, 3), -d.time))
+    diags = sorted(master.diagnoses, key=lambda d: (-d.level, -d.time))
     job = str(master.cfg.meta.get("job") or master.cfg.meta.get("command", "?"))
     return LiveState(
         job=job,

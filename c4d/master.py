@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from c4d import schema
+from c4d.analyze import make_engine
 from c4d.collector import DEFAULT_ENDPOINT, Collector
 from c4d.received import Received
 from c4d.trace import TraceWriter
@@ -37,13 +38,6 @@ class MasterConfig:
     engine_overrides: dict[str, Any] = field(default_factory=dict)
 
 
-def make_engine(overrides: dict[str, Any] | None = None):
-    """The diagnosis engine, configured from the job's registered values plus ``overrides``."""
-    from c4d.engine import Engine, EngineConfig
-
-    return Engine(EngineConfig.from_env(**(overrides or {})))
-
-
 class Master:
     def __init__(
         self,
@@ -56,7 +50,8 @@ class Master:
         self.collector = Collector(cfg.bind)
         self.endpoint = self.collector.endpoint
         self.received = Received()
-        self.engine = make_engine(cfg.engine_overrides)
+        # the metrics read the engine's per-rank wait / transfer split (one computation)
+        self.engine = make_engine(cfg.engine_overrides, split=cfg.metrics_port is not None)
         self.trace = TraceWriter(cfg.trace, {"endpoint": self.endpoint, **cfg.meta}) if cfg.trace else None
         self.metrics = None
         if cfg.metrics_port is not None:
@@ -87,7 +82,7 @@ class Master:
                 self.trace.write(raw)
             self.engine.feed(raw, self._last_tick_ns)
             if self.metrics is not None:
-                self.metrics.ingest(kinds)
+                self.metrics.count(kinds)
         new: list[Any] = []
         if time.monotonic() >= self._next_tick:
             self._next_tick = time.monotonic() + self.cfg.tick_s
@@ -103,8 +98,10 @@ class Master:
         for d in new:
             self._emit(d)
         if self.metrics is not None:
-            snap = self.engine.state() if hasattr(self.engine, "state") else None
-            self.metrics.tick(self.received.dropped, self.collector.bad_messages, snap)
+            snap = self.engine.state()
+            self.metrics.tick(
+                self.received.dropped, self.collector.bad_messages, snap, self.engine.take_split()
+            )
         return new
 
     def records_per_s(self, window_s: float = 2.0) -> float:

@@ -1,22 +1,22 @@
 """Prometheus metrics from the master (`--metrics-port`), through prometheus-client.
 
-Updated from the master thread only: op records are buffered per batch and, at each
-tick, every collective whose records from all ranks have arrived is split into wait and
-transfer (c4d.opstats) and observed into histograms; per-communicator gauges come from
-the engine's snapshot. The HTTP server thread only reads the registry.
+Updated from the master thread only. Waits and transfers are the engine's own (its
+per-rank OP_SPLIT rows of the ops completed since the last tick: the same wait/transfer
+computation as the diagnoses, the report and ``ops_split``, clock offsets included);
+per-communicator gauges come from the engine's snapshot. The HTTP server thread only reads
+the registry.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
-import pandas as pd
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from c4d import schema
-from c4d.opstats import split_wait_transfer
 
 _BUCKETS_S = (1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 1e-2, 5e-2, 0.1, 0.5, 1.0, 5.0, 10.0, 60.0)
-_OP_NAMES = np.array([o.name for o in schema.Op] + ["?"] * (256 - len(schema.Op)), dtype=object)
 
 
 class Metrics:
@@ -43,40 +43,22 @@ class Metrics:
             "c4d_transfer_seconds", "Last arrival to done", ["comm", "op"], buckets=_BUCKETS_S, registry=r
         )
         self.ranks = Gauge("c4d_ranks", "Ranks by state", ["state"], registry=r)
-        self._pending: list[np.ndarray] = []
-        self._carry = pd.DataFrame()
 
     def serve(self, port: int, addr: str = "127.0.0.1") -> int:
         server, _thread = start_http_server(port, addr=addr, registry=self.registry)
         return server.server_port
 
-    def ingest(self, kinds: dict[schema.Kind, np.ndarray]) -> None:
+    def count(self, kinds: dict[schema.Kind, np.ndarray]) -> None:
+        """Count one received batch's records by kind."""
         for k, arr in kinds.items():
             if len(arr):
                 self.records.labels(kind=k.name.lower()).inc(len(arr))
-        ops = kinds.get(schema.Kind.OP)
-        if ops is not None and len(ops):
-            coll = ops[(ops["flags"] & schema.OpFlag.P2P) == 0]
-            if len(coll):
-                self._pending.append(
-                    coll[
-                        [
-                            "rank",
-                            "comm_id",
-                            "seq",
-                            "start_ns",
-                            "end_ns",
-                            "comm_nranks",
-                            "op",
-                            "bytes",
-                            "flags",
-                        ]
-                    ].copy()
-                )
 
     def tick(
-        self, dropped: int, bad_messages: int, snapshot=None, offsets_ns: dict[int, int] | None = None
+        self, dropped: int, bad_messages: int, snapshot: Any = None, split: np.ndarray | None = None
     ) -> None:
+        """Gauges from the master and the engine's snapshot; waits and transfers from the
+        engine's OP_SPLIT rows of the ops completed since the last tick."""
         self.dropped.set(dropped)
         self.bad.set(bad_messages)
         if snapshot is not None:
@@ -86,27 +68,24 @@ class Metrics:
                 states[name] = states.get(name, 0) + 1
             for name, n in states.items():
                 self.ranks.labels(state=name).set(n)
-        if not self._pending:
+        if split is None or not len(split):
             return
-        df = pd.concat([self._carry, *(pd.DataFrame(a) for a in self._pending)], ignore_index=True)
-        self._pending.clear()
-        size = df.groupby(["comm_id", "seq"])["rank"].transform("size")
-        complete = size >= df["comm_nranks"]
-        self._carry = df[~complete].reset_index(drop=True)
-        done = split_wait_transfer(df[complete].reset_index(drop=True), offsets_ns)
-        if done.empty:
-            return
-        done["comm"] = done["comm_id"].map(lambda c: f"{int(c):016x}")
-        done["op_name"] = _OP_NAMES[done["op"].to_numpy()]
-        for (comm, op), g in done.groupby(["comm", "op_name"]):
-            w, t = self.wait.labels(comm=comm, op=op), self.transfer.labels(comm=comm, op=op)
-            for v in g["wait_ns"].dropna().to_numpy() / 1e9:
-                w.observe(v)
-            for v in g.drop_duplicates("seq")["transfer_ns"].dropna().to_numpy() / 1e9:
-                t.observe(max(v, 0.0))
-            bw = g["busbw_gbs"].replace([np.inf, -np.inf], np.nan).dropna()
+        comm = split["comm_id"]
+        op = split["op"]
+        key = comm.astype(np.uint64) * np.uint64(256) + op.astype(np.uint64)
+        for k in np.unique(key).tolist():
+            g = split[key == k]
+            labels = {"comm": f"{int(g['comm_id'][0]):016x}", "op": str(schema.OP_NAMES[int(g["op"][0])])}
+            w, t = self.wait.labels(**labels), self.transfer.labels(**labels)
+            for v in g["wait_ns"][np.isfinite(g["wait_ns"])] / 1e9:
+                w.observe(max(float(v), 0.0))
+            _, first = np.unique(np.stack([g["seq"], g["peer"]], axis=1), axis=0, return_index=True)
+            xfer = g["transfer_ns"][np.sort(first)]  # once per op
+            for v in xfer[np.isfinite(xfer)] / 1e9:
+                t.observe(max(float(v), 0.0))
+            bw = g["busbw_gbs"][np.isfinite(g["busbw_gbs"])]
             if len(bw):
-                self.busbw.labels(comm=comm, op=op).set(float(bw.iloc[-1]))
+                self.busbw.labels(**labels).set(float(bw[-1]))
 
-    def diagnosis(self, d) -> None:
+    def diagnosis(self, d: Any) -> None:
         self.diagnoses.labels(kind=d.kind.value, level=d.level.name).inc()

@@ -20,7 +20,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from c4d.opstats import split_wait_transfer
+from c4d.engine.types import Level
 
 LEVEL_COLOR = {"ERROR": "#c0392b", "WARNING": "#e67e22", "INFO": "#2980b9"}
 
@@ -33,10 +33,13 @@ class ReportInput:
     title: str
 
 
-def from_trace(tr: Any, diagnoses: list[Any], offsets_ns: dict[int, int] | None = None) -> ReportInput:
-    """Report input from a loaded ``c4d.trace.Trace`` and the diagnoses its replay produced."""
+def from_trace(tr: Any, diagnoses: list[Any] | None = None) -> ReportInput:
+    """Report input from a ``c4d.analyze.load``-ed trace: its ops with the engine's wait/transfer
+    split, and its diagnoses (the replay's, unless given)."""
+    if diagnoses is None:
+        diagnoses = tr.diagnoses_list()
     return ReportInput(
-        ops=split_wait_transfer(tr.ops, offsets_ns),
+        ops=tr.ops_split,
         nodes=tr.nodes,
         diagnoses=[d.to_json() if hasattr(d, "to_json") else d for d in diagnoses],
         title=Path(tr.raw.path).name or "trace",
@@ -159,7 +162,7 @@ def write(inp: ReportInput, out_dir: Path) -> dict[str, Path]:
         "diagnoses": diagnosis_timeline(inp, out_dir / "diagnoses.png"),
     }
     rows = []
-    for d in sorted(inp.diagnoses, key=lambda d: ({"ERROR": 0, "WARNING": 1}.get(d["level"], 2), d["time"])):
+    for d in sorted(inp.diagnoses, key=lambda d: (-Level[d["level"]], d["time"])):
         culprit = ", ".join(
             f"rank {r} ({n})" for r, n in zip(d.get("ranks", []), d.get("nodes", []), strict=False)
         )

@@ -12,7 +12,7 @@ Call from one thread (the master's); nothing here blocks or sleeps.
 from __future__ import annotations
 
 import logging
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterator
 from typing import Any
 
 import numpy as np
@@ -21,7 +21,17 @@ from c4d import schema
 from c4d.engine import clock, hang
 from c4d.engine.config import EngineConfig, ResolvedThresholds
 from c4d.engine.slow import SlowFinding, SlowJudge
-from c4d.engine.state import GONE_EVENTS, IN_GROUP, MAX_NRANKS, MAX_RANK, P2P, Comm, P2PPairs, RankTable
+from c4d.engine.state import (
+    GONE_EVENTS,
+    IN_GROUP,
+    MAX_NRANKS,
+    MAX_RANK,
+    OP_SPLIT,
+    P2P,
+    Comm,
+    P2PPairs,
+    RankTable,
+)
 from c4d.engine.types import CommSnapshot, DiagKind, Diagnosis, EngineSnapshot, Level, Localization, RankState
 from c4d.schema import Kind, Op, op_name
 
@@ -32,8 +42,12 @@ _V = np.dtype((np.void, schema.RECORD_SIZE))
 
 
 class Engine:
-    def __init__(self, cfg: EngineConfig | None = None) -> None:
+    def __init__(self, cfg: EngineConfig | None = None, split: bool = False) -> None:
+        """``split``: keep every completed op's per-rank wait / transfer split (``OP_SPLIT`` rows)
+        for ``take_split`` — the one wait/transfer computation the metrics, the report and
+        ``ops_split`` use."""
         self.cfg = cfg or EngineConfig()
+        self._split = split
         self.ranks = RankTable()
         self.comms: list[Comm] = []
         self._comm_index: dict[int, int] = {}
@@ -64,11 +78,16 @@ class Engine:
             if not 1 <= n <= MAX_NRANKS:
                 return None
             i = self._comm_index[cid] = len(self.comms)
-            self.comms.append(Comm(i, cid, n))
+            c = Comm(i, cid, n)
+            if self._split:
+                c.split = []
+            self.comms.append(c)
         c = self.comms[i]
         return c if c.n == n else None
 
-    def _by_comm(self, rows: np.ndarray, what: str, extra: np.ndarray | None = None):
+    def _by_comm(
+        self, rows: np.ndarray, what: str, extra: np.ndarray | None = None
+    ) -> Iterator[tuple[Comm, np.ndarray, np.ndarray]]:
         """Yield (comm, its rows, the matching slice of ``extra``) in comm-id order, rows kept in order.
 
         PEER records carry no communicator size: they only attach to a communicator some
@@ -76,10 +95,10 @@ class Engine:
         """
         if extra is None:
             extra = np.zeros(len(rows), np.int8)
-        sized = "comm_nranks" in rows.dtype.names
-        nr = rows["comm_nranks"] if sized else None
+        sized = "comm_nranks" in (rows.dtype.names or ())
         ok = (rows["comm_id"] != 0) & (rows["comm_rank"] >= 0)
         if sized:
+            nr = rows["comm_nranks"]
             ok &= (nr >= 1) & (nr <= MAX_NRANKS) & (rows["comm_rank"] < nr)
         if not ok.all():
             self._invalid(f"a bad comm id/rank/size in {what} records", int((~ok).sum()))
@@ -282,6 +301,21 @@ class Engine:
             gaps[seg] = np.where(prev > 0, np.maximum(arr[seg] - prev, 0), -1)
             R.last_end[r] = max(int(R.last_end[r]), int(end[seg].max()))
         return gaps
+
+    def flush(self) -> None:
+        """Ingest everything fed so far without evaluating (tick does this first)."""
+        self._flush()
+
+    def take_split(self) -> np.ndarray:
+        """OP_SPLIT rows of the ops completed since the last call (needs ``split=True``).
+
+        Rows of ops still in the feed buffer come at a later call (after the next tick)."""
+        parts = []
+        for c in self.comms:
+            if c.split:
+                parts.extend(c.split)
+                c.split = []
+        return np.concatenate(parts) if parts else np.empty(0, OP_SPLIT)
 
     # -- evaluation --------------------------------------------------------------------
     def tick(self, now_ns: int) -> list[Diagnosis]:

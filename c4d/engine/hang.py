@@ -401,7 +401,8 @@ def _scc_of(start: NodeKey, adj: dict[NodeKey, list[_Edge]]) -> set[NodeKey]:
 def _shortest_cycle_edges(scc: set[NodeKey], adj: dict[NodeKey, list[_Edge]]) -> list[_Edge]:
     """Edges inside ``scc`` that lie on a cycle of minimum length (BFS from every node)."""
     inner = {n: [ed for ed in adj.get(n, []) if ed.to in scc] for n in scc}
-    best, on = None, set()
+    best: int | None = None
+    on: set[_Edge] = set()
     for s in sorted(scc):
         # BFS tree from s; a cycle through s closes at an edge back to s
         dist = {s: 0}

@@ -57,6 +57,28 @@ COMPLETED = np.dtype(
     ]
 )
 
+# Per rank and op, the wait / transfer split of a completed op (Engine(split=True) hands them
+# out; c4d.analyze's ops_split and the Prometheus metrics read them). Times are master clock
+# (aligned with the engine's offsets) or durations; NaN where unknown (p2p ops have no wait).
+OP_SPLIT = np.dtype(
+    [
+        ("comm_id", "<u8"),
+        ("seq", "<i8"),
+        ("rank", "<i4"),  # global
+        ("comm_rank", "<i4"),
+        ("peer", "<i4"),  # p2p: the other end (comm rank); -1 for collectives
+        ("op", "u1"),
+        ("bytes", "<i8"),
+        ("arrive_ns", "<f8"),  # this rank's arrival, master clock
+        ("last_arrive_ns", "<f8"),  # the op's last arrival L, master clock
+        ("wait_ns", "<f8"),  # L - own arrival (from own durations across hosts, see _reduce)
+        ("transfer_ns", "<f8"),  # the op's: last arrival -> done
+        ("lateness_ns", "<f8"),  # own arrival - the op's median arrival
+        ("algbw_gbs", "<f8"),
+        ("busbw_gbs", "<f8"),
+    ]
+)
+
 # One side of a p2p transfer waiting for its counterpart (send k from src to dst pairs with
 # recv k at dst from src).
 P2P_HALF = np.dtype(
@@ -319,6 +341,7 @@ class Comm:
         self.recent_n = 0
         self.peer_rows: list[np.ndarray] = []
         self.peer_n = 0
+        self.split: list[np.ndarray] | None = None  # OP_SPLIT rows, when the engine hands them out
 
     # -- derived views -----------------------------------------------------------------
     def done_eff(self) -> np.ndarray:
@@ -478,6 +501,25 @@ class Comm:
         wait = (Klast[:, None] - K).astype(np.int64)
         out["wait_med"] = np.median(wait, axis=1).astype(np.int64)
         out["wait_max"] = wait.max(axis=1)
+        if self.split is not None:
+            sp = np.zeros((m, n), OP_SPLIT)
+            sp["comm_id"] = self.id
+            sp["seq"] = self.tag[slots][:, None]
+            sp["rank"] = self.grank[None, :]
+            sp["comm_rank"] = np.arange(n)[None, :]
+            sp["peer"] = -1
+            sp["op"] = op[:, None]
+            sp["bytes"] = self.nbytes[slots][:, None]
+            sp["arrive_ns"] = A
+            sp["last_arrive_ns"] = L[:, None]
+            sp["wait_ns"] = wait
+            sp["transfer_ns"] = transfer[:, None]
+            sp["lateness_ns"] = K - np.median(K, axis=1)[:, None]
+            with np.errstate(divide="ignore", invalid="ignore"):
+                alg = np.where(transfer > 0, size / transfer, np.nan)
+            sp["algbw_gbs"] = alg[:, None]
+            sp["busbw_gbs"] = out["busbw"][:, None]
+            self.split.append(sp.ravel())
         out["gap_last"] = G[rows, last]
         if n >= 2:
             Gf = np.where(G >= 0, G, np.nan).astype(float)
@@ -504,6 +546,27 @@ class Comm:
             r = np.concatenate(self.recent)[-1024:]
             self.recent, self.recent_n = [r], len(r)
         return out
+
+
+def _p2p_split(c: Comm, done: np.ndarray, gs: np.ndarray, gr: np.ndarray) -> np.ndarray:
+    """OP_SPLIT rows of measured p2p transfers: one for the sender's op, one for the receiver's."""
+    m = len(done)
+    sp = np.zeros(2 * m, OP_SPLIT)
+    sp["comm_id"] = c.id
+    sp["seq"] = np.tile(done["seq"], 2)
+    sp["rank"] = np.r_[gs, gr]
+    sp["comm_rank"] = np.r_[done["src"], done["dst"]]
+    sp["peer"] = np.r_[done["dst"], done["src"]]
+    sp["op"] = np.r_[np.full(m, SEND), np.full(m, RECV)]
+    sp["bytes"] = np.tile(done["bytes"], 2)
+    for k in ("arrive_ns", "wait_ns", "lateness_ns"):
+        sp[k] = np.nan
+    sp["last_arrive_ns"] = np.tile(done["last_arrive"], 2)
+    sp["transfer_ns"] = np.tile(done["transfer"], 2)
+    bw = done["bytes"] / done["transfer"]
+    sp["algbw_gbs"] = np.tile(bw, 2)
+    sp["busbw_gbs"] = np.tile(bw, 2)
+    return sp
 
 
 class P2PPairs:
@@ -599,7 +662,10 @@ class P2PPairs:
         cidx = S["comm"]
         cuts = np.flatnonzero(cidx[1:] != cidx[:-1]) + 1  # sorted by comm already
         for part in np.split(np.arange(len(S)), cuts):
-            comms[int(cidx[part[0]])].p2p_pending.append(out[part])
+            c = comms[int(cidx[part[0]])]
+            c.p2p_pending.append(out[part])
+            if c.split is not None:
+                c.split.append(_p2p_split(c, out[part], gs[part], gr[part]))
 
     def _note(self, key: np.ndarray, val: np.ndarray, epoch: int) -> None:
         """Fold this chunk's end_r - arrival_s into the per-link minima."""
