@@ -30,8 +30,10 @@ EXPECTED_KIND = {
     "noncomm-slow": "RankNonCommSlow",
     "comm-slow": "RankCommSlow",
     "crash": "RankLost",
+    "mismatch": "CollectiveMismatch",
 }
-HANG_KINDS = {"RankNonCommHang", "RankCommHang", "RankLost"}
+HANG_KINDS = {"RankNonCommHang", "RankCommHang", "RankLost", "CollectiveMismatch"}
+ISOLATING_KINDS = HANG_KINDS - {"CollectiveMismatch"}  # a program bug takes no node out
 SLOW_STEPS = 250  # enough for the onset window and two more at the slowed pace
 
 # small thresholds so a matrix runs in minutes: T = 1 s, ERROR after 3 × T, 1 s slow windows;
@@ -79,7 +81,16 @@ class Scenario:
     @property
     def expected_ranks(self) -> set[int]:
         f = self.parsed()
-        return set(f.ranks(self.ranks_per_node, self.ranks)) if f else set()
+        if f is None:
+            return set()
+        if f.kind == "mismatch" and f.rank is not None:
+            # the rank that left out its TP op and the TP peers waiting in it (every rank when
+            # tp = 1: the DP group is the world)
+            if self.tp == 1:
+                return set(range(self.ranks))
+            first = f.rank - f.rank % self.tp
+            return set(range(first, first + self.tp))
+        return set(f.ranks(self.ranks_per_node, self.ranks))
 
     @property
     def expected_nodes(self) -> set[str]:
@@ -166,6 +177,37 @@ def run(sc: Scenario, workdir: Path | None = None, timeout: float = 300) -> Outc
         trace_path=str(tpath),
         kinds_seen={d["kind"] for d in diags},
     )
+
+
+def issue9_cases() -> list[Scenario]:
+    """The cases issue 9 was filed with, and the rank-vs-link cases it asks for.
+
+    * a slow rank in pure data parallel (tp = pp = 1): no diagnosis at all before (its compute
+      gap was measured from its one-rank TP group's op, which waits for nobody);
+    * rank vs link in rings of 4 and 8 whose links all cross nodes (one rank per node), where
+      per-peer progress sees both links of a rank: a rank's fault stalls or slows both of its
+      links (two links show it: the rank), a link's fault one (the link);
+    * the issue's rank-7 case: its slow DP ring is paced by its link to rank 1, its two-rank TP
+      communicator is slowed too — two of its links, so the rank;
+    * a rank that leaves out a collective: a wait cycle with its TP peer (CollectiveMismatch).
+    """
+    out = [
+        Scenario(8, 2, 1, 1, "noncomm-slow@rank=6,step=20,factor=3", steps=SLOW_STEPS),
+        Scenario(16, 4, 1, 1, "noncomm-slow@rank=9,step=20,factor=2", steps=SLOW_STEPS),
+        Scenario(8, 4, 2, 1, "comm-slow@rank=7,step=20,factor=5", steps=SLOW_STEPS),
+        Scenario(8, 4, 2, 1, "mismatch@rank=5,step=20"),
+    ]
+    for ranks in (4, 8):
+        r, a = ranks // 2, ranks // 2 - 1
+        out += [
+            Scenario(ranks, 1, 1, 1, f"comm-hang@rank={r},step=20"),
+            Scenario(ranks, 1, 1, 1, f"comm-hang@link={a}-{r},step=20"),
+            # one communicator: its own earlier windows are the reference, so the fault starts
+            # after a few clean ones
+            Scenario(ranks, 1, 1, 1, f"comm-slow@rank={r},step=80,factor=4", steps=SLOW_STEPS + 60),
+            Scenario(ranks, 1, 1, 1, f"comm-slow@link={a}-{r},step=80,factor=4", steps=SLOW_STEPS + 60),
+        ]
+    return out
 
 
 def matrix(full: bool = False) -> list[Scenario]:

@@ -66,8 +66,8 @@ def test_noncomm_slow_found_at_the_rank(shape, where):
     d = ds[0]
     assert d.nodes == (j.node_name(r),)
     assert d.localized and d.blacklist_nodes == ()  # INFO never triggers the action
-    assert d.localization.how is How.arrival and d.detail["last_share"] >= 0.6
-    assert d.detail["margin_ms"] > 5
+    assert d.localization.how is How.arrival and d.detail["late_share"] >= 0.6
+    assert d.detail["excess_ms"] > 5  # factor 3 on 6 ms segments
 
 
 @pytest.mark.parametrize("r", [0, 5, 15])

@@ -23,6 +23,7 @@ look the same, DESIGN.md says name the link). Anything else leaves suspects.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 
@@ -54,6 +55,14 @@ class UnitShape:
     links: frozenset[tuple[int, int]]  # undirected, global ranks
     pacing: frozenset[tuple[int, int]]  # the links whose class sets the unit's pace
     state: str = "unknown"  # slow | degraded | clear | unknown
+    ratio: float = 1.0  # bandwidth / reference
+
+    @property
+    def weight(self) -> float:
+        """How much a slow or degraded unit says: log(reference / bandwidth)."""
+        if self.state not in ("slow", "degraded"):
+            return 0.0
+        return math.log(1.0 / min(max(self.ratio, 1e-3), 0.999))
 
 
 def shape(
@@ -92,32 +101,41 @@ def must_show(h: Hyp, u: UnitShape) -> bool:
 class Verdict:
     hyp: Hyp | None  # None: suspects only
     suspects: tuple[int, ...]
-    support: int  # degraded units it explains
+    support: int  # slow or degraded units it explains
     refine: str  # calibration refinement: "", "ambiguous"
     contradicted: tuple[Hyp, ...]  # candidates a clear unit ruled out
 
 
+TIE = 0.75  # a candidate whose score is within this share of the best one ties with it
+
+
 def decide(candidates: list[Hyp], units: list[UnitShape]) -> Verdict:
-    """Pick the candidate that explains the window (see module doc)."""
+    """Pick the candidate that explains the window (see module doc). A candidate's score is
+    the summed weight (log of the slowdown) of the slow and degraded units it explains, so a
+    barely degraded unit (noise on a loaded host) cannot outvote a clearly slow one; a
+    candidate within ``TIE`` of the best ties with it."""
     bad: list[Hyp] = []
-    ok: list[tuple[int, Hyp]] = []
+    ok: list[tuple[float, int, Hyp]] = []
     for h in sorted(set(candidates)):
         if any(u.state == "clear" and must_show(h, u) for u in units):
             bad.append(h)
             continue
-        support = sum(1 for u in units if u.state in ("slow", "degraded") and affects(h, u))
-        ok.append((support, h))
+        hit = [u for u in units if u.weight > 0 and affects(h, u)]
+        ok.append((sum(u.weight for u in hit), len(hit), h))
     if not ok:
         return Verdict(None, _ranks_of(candidates), 0, "", tuple(bad))
-    best = max(s for s, _ in ok)
-    top = [h for s, h in ok if s == best]
+    best = max(sc for sc, _, _ in ok)
+    top = [(n, h) for sc, n, h in ok if sc >= TIE * best]
     if len(top) == 1:
-        return Verdict(top[0], top[0].ranks(), best, "", tuple(bad))
-    links = [h for h in top if h.is_link]
-    if len(links) == 1 and all(not h.is_link and h.rank in links[0].link for h in top if h is not links[0]):
-        # only one link shows the fault: its ends cannot be told from it
-        return Verdict(links[0], links[0].ranks(), best, "ambiguous", tuple(bad))
-    return Verdict(None, _ranks_of(top), best, "", tuple(bad))
+        n, h = top[0]
+        return Verdict(h, h.ranks(), n, "", tuple(bad))
+    links = [(n, h) for n, h in top if h.is_link]
+    if len(links) == 1:
+        n, lk = links[0]
+        if all(h is lk or (not h.is_link and h.rank in lk.link) for _, h in top):
+            # only one link shows the fault: its ends cannot be told from it
+            return Verdict(lk, lk.ranks(), n, "ambiguous", tuple(bad))
+    return Verdict(None, _ranks_of([h for _, h in top]), max(n for n, _ in top), "", tuple(bad))
 
 
 def _ranks_of(hs: list[Hyp]) -> tuple[int, ...]:

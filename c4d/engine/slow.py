@@ -33,7 +33,7 @@ from c4d.engine import blame
 from c4d.engine.calibration import localize
 from c4d.engine.config import EngineConfig, ResolvedThresholds
 from c4d.engine.peer import PeerVerdict, global_links, localize_slow, pace_setters
-from c4d.engine.state import COMPLETED, Comm, RankTable
+from c4d.engine.state import COMPLETED, Comm, RankTable, _row_nanmedian
 from c4d.engine.types import DiagKind, How, Localization, Target
 from c4d.schema import Op
 
@@ -61,6 +61,7 @@ class SlowJudge:
         self.last_judged: dict[tuple, int] = {}  # unit key -> last window it had enough ops in
         self.unit_members: dict[tuple, tuple[int, ...]] = {}  # unit key -> global ranks
         self.unit_shapes: dict[tuple, blame.UnitShape] = {}  # unit key -> its latest shape and state
+        self.deferred: dict[tuple, int] = {}  # unit key -> window its verdict last waited in
         self.late_ops = 0  # ops that completed after their window was judged
 
     def judge(
@@ -68,24 +69,49 @@ class SlowJudge:
     ) -> list[SlowFinding]:
         P = th.period_ns
         closed = (now - int(self.cfg.slow_grace_ms * 1e6)) // P - 1  # last window that may be judged
-        per_comm: dict[int, np.ndarray] = {}
+        per_comm: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         per_p2p: dict[int, np.ndarray] = {}
         for c in comms:
-            for attr, into in (("pending", per_comm), ("p2p_pending", per_p2p)):
-                rows = self._closed_rows(c, attr, closed, P)
-                if rows is not None:
-                    into[c.idx] = rows
+            got = self._closed_coll(c, closed, P)
+            if got is not None:
+                per_comm[c.idx] = got
+            rows = self._closed_rows(c, "p2p_pending", closed, P)
+            if rows is not None:
+                per_p2p[c.idx] = rows
         out: list[SlowFinding] = []
-        parts = [o["last_arrive"] // P for o in (*per_comm.values(), *per_p2p.values())]
+        parts = [o["last_arrive"] // P for o, _ in per_comm.values()] + [
+            o["last_arrive"] // P for o in per_p2p.values()
+        ]
         if parts:
             for w in np.unique(np.concatenate(parts)).tolist():
-                sel = {i: o[o["last_arrive"] // P == w] for i, o in per_comm.items()}
+                sel, gaps = {}, {}
+                for i, (o, g) in per_comm.items():
+                    m = o["last_arrive"] // P == w
+                    if m.any():
+                        sel[i], gaps[i] = o[m], g[m]
                 sel_p2p = {i: o[o["last_arrive"] // P == w] for i, o in per_p2p.items()}
-                out += self._window(ranks, comms, {i: o for i, o in sel.items() if len(o)},
-                                    {i: o for i, o in sel_p2p.items() if len(o)}, int(w), P)  # fmt: skip
+                sel_p2p = {i: o for i, o in sel_p2p.items() if len(o)}
+                out += self._window(ranks, comms, sel, gaps, sel_p2p, int(w), P)
         if closed >= (self.next_window if self.next_window is not None else closed):
             self.next_window = int(closed) + 1
         return out
+
+    def _closed_coll(self, c: Comm, closed: int, P: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """Take c's COMPLETED rows (and their members' gaps) of windows that may now be judged."""
+        if not c.pending:
+            return None
+        ops = np.concatenate(c.pending) if len(c.pending) > 1 else c.pending[0]
+        gaps = np.concatenate(c.pending_gaps) if len(c.pending_gaps) > 1 else c.pending_gaps[0]
+        win = ops["last_arrive"] // P
+        keep = win > closed
+        c.pending, c.pending_gaps = ([ops[keep]], [gaps[keep]]) if keep.any() else ([], [])
+        ops, gaps, win = ops[~keep], gaps[~keep], win[~keep]
+        use = ops["aligned"]  # reduced before the members' clocks were known: not compared
+        if self.next_window is not None:
+            late = win < self.next_window
+            self.late_ops += int(late.sum())
+            use &= ~late
+        return (ops[use], gaps[use]) if use.any() else None
 
     def _closed_rows(self, c: Comm, attr: str, closed: int, P: int) -> np.ndarray | None:
         """Take c's rows (COMPLETED or P2P_DONE) of windows that may now be judged."""
@@ -105,58 +131,78 @@ class SlowJudge:
         return ops if len(ops) else None
 
     # -- one window --------------------------------------------------------------------
-    def _window(self, ranks: RankTable, comms: list[Comm], sel: dict, sel_p2p: dict, w: int, P: int):
-        cfg = self.cfg
+    def _window(
+        self,
+        ranks: RankTable,
+        comms: list[Comm],
+        sel: dict[int, np.ndarray],
+        gaps: dict[int, np.ndarray],
+        sel_p2p: dict[int, np.ndarray],
+        w: int,
+        P: int,
+    ) -> list[SlowFinding]:
         win = {"window_start_s": round(w * P / 1e9, 3), "window_s": round(P / 1e9, 3)}
-        out: list[SlowFinding] = []
+        out = self._noncomm_slow(comms, sel, gaps, w, win)
+        out += self._comm_slow(ranks, comms, sel, sel_p2p, w, win)
+        return out
 
-        # RankNonCommSlow
-        late_by: dict[int, list[tuple[Comm, float, np.ndarray]]] = {}
+    # -- RankNonCommSlow ---------------------------------------------------------------
+    def _noncomm_slow(
+        self, comms: list[Comm], sel: dict[int, np.ndarray], gaps: dict[int, np.ndarray], w: int, win: dict
+    ) -> list[SlowFinding]:
+        """A member whose own compute before C's ops (its compute gap: arrival minus the end of
+        its previous synchronizing op) is longer than the other members' in most of the
+        window's ops, by at least max(slow_arrival_min_ms, slow_arrival_rel x their gap): the
+        others wait that long for it. Victims of a cascade arrive late with a normal gap."""
+        cfg = self.cfg
+        found: dict[int, list[tuple[Comm, float, dict[str, Any], np.ndarray]]] = {}
         for i, o in sel.items():
             c = comms[i]
+            G = gaps[i].astype(np.float64)
             if c.n < 2 or len(o) < cfg.slow_min_ops:
                 continue
-            gap_o = o["gap_others"]
-            need = np.maximum(cfg.slow_arrival_min_ms * 1e6, cfg.slow_arrival_rel * np.nan_to_num(gap_o))
-            own = o["gap_last"] - gap_o
-            late = (
-                (o["margin"] >= need)
-                & (o["gap_last"] >= 0)
-                & ~np.isnan(gap_o)
-                & (own >= cfg.slow_own_share * o["margin"])
-            )
-            if not late.any():
+            med = _col_nanmedian(G)  # per member, over the window's ops
+            others = _others_median(med)
+            need = np.maximum(cfg.slow_arrival_min_ms * 1e6, cfg.slow_arrival_rel * np.nan_to_num(others))
+            excess = med - others
+            cand = np.flatnonzero((excess >= need) & np.isfinite(med) & np.isfinite(others))
+            if not len(cand):
                 continue
-            counts = np.bincount(o["last"][late], minlength=c.n)
-            r = int(counts.argmax())
-            share = counts[r] / len(o)
-            if share >= cfg.slow_last_frac and c.grank[r] >= 0:
-                mine = o[late & (o["last"] == r)]
-                late_by.setdefault(int(c.grank[r]), []).append((c, float(share), mine))
-        for g, items in sorted(late_by.items()):
+            op_med = _row_nanmedian(G)
+            for r in cand.tolist():
+                col = G[:, r]
+                valid = np.isfinite(col) & np.isfinite(op_med)
+                if valid.sum() < cfg.slow_min_ops:
+                    continue
+                share = float(np.mean(col[valid] - op_med[valid] >= need[r] / 2))
+                if share < cfg.slow_last_frac or c.grank[r] < 0:
+                    continue
+                last = o["last"] == r
+                d = {
+                    "gap_ms": round(float(med[r]) / 1e6, 3),
+                    "others_gap_ms": round(float(others[r]) / 1e6, 3),
+                    "excess_ms": round(float(excess[r]) / 1e6, 3),
+                    "late_share": round(share, 3),
+                    "last_share": round(float(last.mean()), 3),
+                    "others_wait_ms": round(float(np.median(o["wait_med"][last])) / 1e6, 3)
+                    if last.any()
+                    else None,
+                }
+                found.setdefault(int(c.grank[r]), []).append((c, share, d, o))
+        out: list[SlowFinding] = []
+        for g, items in sorted(found.items()):
             items.sort(key=lambda x: (-x[1], x[0].idx))
-            c, share, mine = items[0]
-            margins = np.concatenate([m["margin"] for _, _, m in items])
-            d = {
-                "last_share": round(share, 3),
-                "margin_ms": round(float(np.median(margins)) / 1e6, 3),
-                "others_wait_ms": round(float(np.median(mine["wait_med"])) / 1e6, 3),
-                "comms": [f"{x.id:016x}" for x, _, _ in items],
-                **win,
-            }
+            c, share, d, o = items[0]
+            d = {**d, "comms": [f"{x.id:016x}" for x, _, _, _ in items], **win}
             self.slow_ranks[g] = w
             loc = localize(
                 DiagKind.RankNonCommSlow, How.arrival, Target.rank, (g,),
-                f"rank {g} arrived last by {d['margin_ms']} ms in {share:.0%} of the ops, "
-                "its own compute longer",
-                prior=min(0.95, share), refine="" if share >= 0.9 else "share<0.9",
+                f"rank {g} computes {d['excess_ms']} ms longer than the others before {share:.0%} of "
+                "their collectives: they wait for it",
+                prior=min(0.95, share), refine="" if len(items) > 1 or c.n > 2 else "two-rank",
             )  # fmt: skip
-            out.append(
-                SlowFinding(DiagKind.RankNonCommSlow, c, int(np.bincount(mine["op"]).argmax()),
-                            int(mine["seq"][-1]), (g,), loc, d)
-            )  # fmt: skip
-
-        out += self._comm_slow(ranks, comms, sel, sel_p2p, w, win)
+            op = int(np.bincount(o["op"]).argmax())
+            out.append(SlowFinding(DiagKind.RankNonCommSlow, c, op, int(o["seq"][-1]), (g,), loc, d))
         return out
 
     # -- RankCommSlow ------------------------------------------------------------------
@@ -267,11 +313,12 @@ class SlowJudge:
                     st = "clear"
             sh = blame.shape(key, u.members, u.links, node_of)
             sh.state = "slow" if key in slow else st
+            sh.ratio = u.ratio if u.ratio is not None else 1.0
             shapes[key] = sh
         for key, w0 in self.slow_units.items():
             if w0 == w - 1 and key not in shapes and key in self.unit_shapes:
                 prev = self.unit_shapes[key]
-                shapes[key] = blame.UnitShape(key, prev.members, prev.links, prev.pacing, "slow")
+                shapes[key] = blame.UnitShape(key, prev.members, prev.links, prev.pacing, "slow", prev.ratio)
         for key in slow:
             self.slow_units[key] = w
         self.unit_shapes.update(shapes)
@@ -285,7 +332,9 @@ class SlowJudge:
                 "ratio": round(u.ratio or 0.0, 3),
                 "compared_with": u.compared,
             }
-            loc = self._localize(ranks, comms, u, list(shapes.values()), d)
+            loc = self._localize(ranks, comms, u, list(shapes.values()), d, w)
+            if loc is None:
+                continue  # waits a window for its ranks' other units (see _localize)
             gkey = (loc.target.value, loc.ranks) if loc.localized else ("unit", key)
             groups.setdefault(gkey, []).append((u, d, loc))
         out = []
@@ -306,10 +355,18 @@ class SlowJudge:
         return out
 
     def _localize(
-        self, ranks: RankTable, comms: list[Comm], u: _Unit, shapes: list[blame.UnitShape], d: dict[str, Any]
-    ) -> Localization:
+        self,
+        ranks: RankTable,
+        comms: list[Comm],
+        u: _Unit,
+        shapes: list[blame.UnitShape],
+        d: dict[str, Any],
+        w: int,
+    ) -> Localization | None:
         """Rank or link behind a slow unit (blame.py): candidates from the unit, narrowed by PEER
-        pace setters in a ring, checked against every unit of the window."""
+        pace setters in a ring, checked against every unit of the window. When only one link
+        shows the fault and an end's other units could still tell (not judged this window, as
+        in the window a fault begins in), the verdict waits one window (None)."""
         cfg = self.cfg
         kind = DiagKind.RankCommSlow
         c = comms[u.comm]
@@ -375,6 +432,18 @@ class SlowJudge:
         elif peer is not None and peer.is_link and {int(c.grank[r]) for r in peer.ranks} == {a, b}:
             a, b = (int(c.grank[r]) for r in peer.ranks)  # the direction that set the pace
         if v.refine == "ambiguous":
+            # an end's other units that could still tell: not judged in this window (known from
+            # earlier ones), or judged neither slow nor clear
+            now = {x.key: x for x in shapes}
+            ends = [blame.Hyp(rank=r) for r in h.link]
+            undecided = [
+                x for key, x in self.unit_shapes.items()
+                if key != u.key and (key not in now or now[key].state == "unknown")
+                and any(blame.must_show(e, x) for e in ends)
+            ]  # fmt: skip
+            if undecided and self.deferred.get(u.key) != w - 1:
+                self.deferred[u.key] = w
+                return None
             if peer is not None:
                 how, why = How.peer_progress, f"link {a}-{b} sets the ring's pace ({links})"
             elif u.link is not None:
@@ -395,6 +464,24 @@ class SlowJudge:
 
 def _hyp_name(h: blame.Hyp) -> str:
     return f"link {h.link[0]}-{h.link[1]}" if h.is_link else f"rank {h.rank}"
+
+
+def _col_nanmedian(a: np.ndarray) -> np.ndarray:
+    return _row_nanmedian(np.ascontiguousarray(a.T))
+
+
+def _others_median(med: np.ndarray) -> np.ndarray:
+    """For each entry, the median of the other entries (NaN ignored)."""
+    n = len(med)
+    ok = np.isfinite(med)
+    if n > 64:  # removing one value of many barely moves the median
+        return np.full(n, float(np.median(med[ok])) if ok.any() else np.nan)
+    out = np.full(n, np.nan)
+    for r in range(n):
+        rest = med[ok & (np.arange(n) != r)]
+        if len(rest):
+            out[r] = float(np.median(rest))
+    return out
 
 
 @dataclass

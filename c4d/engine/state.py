@@ -337,6 +337,7 @@ class Comm:
         self.incomplete = 0  # ops evicted before every member reported
         # derived
         self.pending: list[np.ndarray] = []  # COMPLETED rows not yet judged by a slow window
+        self.pending_gaps: list[np.ndarray] = []  # their members' compute gaps (ops x n, ns; NaN unknown)
         self.recent: list[np.ndarray] = []  # COMPLETED rows for the live view
         self.recent_n = 0
         self.peer_rows: list[np.ndarray] = []
@@ -540,6 +541,7 @@ class Comm:
             res = np.clip(res - res.mean(), -1e9, 1e9)
             ranks.add_residuals(self.grank, gain * res)
         self.pending.append(out)
+        self.pending_gaps.append(np.where(G >= 0, G, np.nan).astype(np.float32))
         self.recent.append(out)
         self.recent_n += m
         if self.recent_n > 2048 and len(self.recent) > 1:
