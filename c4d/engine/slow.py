@@ -178,7 +178,7 @@ class SlowJudge:
                 if share < cfg.slow_last_frac or c.grank[r] < 0:
                     continue
                 last = o["last"] == r
-                d = {
+                d: dict[str, Any] = {
                     "gap_ms": round(float(med[r]) / 1e6, 3),
                     "others_gap_ms": round(float(others[r]) / 1e6, 3),
                     "excess_ms": round(float(excess[r]) / 1e6, 3),
