@@ -70,6 +70,18 @@ def test_noncomm_slow_found_at_the_rank(shape, where):
     assert d.detail["excess_ms"] > 5  # factor 3 on 6 ms segments
 
 
+@pytest.mark.parametrize("r", [2, 6])
+def test_noncomm_slow_in_a_pipeline_stage_without_tensor_parallelism(r):
+    """tp = 1, pp = 2: a stage's compute ends at a p2p op, so the gap right before its DP
+    all-reduce is as short for the slow rank as for the others; its compute between two
+    all-reduces (every gap in between) is what is longer."""
+    j = job("dp8", tp=1, pp=2, dp=4, ranks_per_node=4, steps=120)
+    run = run_cached(job("dp8", Fault("noncomm-slow", rank=r, step=40, factor=3.0), tp=1, pp=2, dp=4,
+                         ranks_per_node=4, steps=120))  # fmt: skip
+    ds = only(run, DiagKind.RankNonCommSlow, [r])
+    assert ds[0].nodes == (j.node_name(r),)
+
+
 @pytest.mark.parametrize("r", [0, 5, 15])
 @pytest.mark.parametrize("peer", [True, False], ids=["peer-progress", "cross-comm"])
 def test_comm_slow_rank_found(r, peer):

@@ -247,7 +247,8 @@ class Engine:
             self._invalid("an unknown op kind", int((~ok).sum()))
             ops = ops[ok]
         gain = self.cfg.clock_gain
-        extra = np.stack([self._gaps(ops), self._shares_events(ops)], axis=1)
+        gaps, cum = self._gaps(ops)
+        extra = np.stack([gaps, self._shares_events(ops), cum], axis=1)
         p2p_rows, p2p_comm, p2p_shared = [], [], []
         for c, part, ex in self._by_comm(ops, "OP", extra):
             pg = ex[:, 0]
@@ -264,7 +265,7 @@ class Engine:
                     p2p_comm.append(np.full(int(okp.sum()), c.idx, np.int64))
                     p2p_shared.append(ex[p2p][okp, 1] != 0)
             if (~p2p).any():
-                c.add_collectives(part[~p2p], pg[~p2p], self.ranks, gain)
+                c.add_collectives(part[~p2p], pg[~p2p], ex[~p2p, 2], self.ranks, gain)
         if p2p_rows:  # one pass over every communicator's sends and receives
             self._pairs.feed(np.concatenate(p2p_rows), np.concatenate(p2p_comm), np.concatenate(p2p_shared),
                              self.comms, self.ranks)  # fmt: skip
@@ -281,17 +282,19 @@ class Engine:
             out[ing] = cnt[inv.ravel()] > 1
         return out
 
-    def _gaps(self, ops: np.ndarray) -> np.ndarray:
+    def _gaps(self, ops: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Per op: arrival minus the end of the same rank's previous synchronizing op (its compute
-        gap), -1 unknown. Ops of one-rank communicators (a pure data-parallel job's TP and PP
-        groups) wait for nobody, so they do not end a compute gap: a rank's compute before its
-        DP all-reduce spans them."""
+        gap), -1 unknown; and the rank's compute so far, this gap included (a running sum, so
+        the compute between any two of its ops is a difference). Ops of one-rank communicators
+        (a pure data-parallel job's TP and PP groups) wait for nobody, so they do not end a
+        compute gap: a rank's compute before its DP all-reduce spans them."""
         R = self.ranks
         start = ops["start_ns"].astype(np.int64)
         arr = np.where(start > 0, start, ops["issue_ns"].astype(np.int64))
         end = np.where(ops["comm_nranks"] >= 2, ops["end_ns"].astype(np.int64), 0)
         g = ops["rank"].astype(np.int64)
         gaps = np.full(len(ops), -1, np.int64)
+        cum = np.zeros(len(ops), np.int64)
         order = np.lexsort((arr, g))
         gs = g[order]
         cuts = np.flatnonzero(gs[1:] != gs[:-1]) + 1
@@ -299,8 +302,10 @@ class Engine:
             r = int(g[seg[0]])
             prev = np.maximum.accumulate(np.r_[R.last_end[r], end[seg][:-1]])
             gaps[seg] = np.where(prev > 0, np.maximum(arr[seg] - prev, 0), -1)
+            cum[seg] = R.compute_ns[r] + np.cumsum(np.maximum(gaps[seg], 0))
+            R.compute_ns[r] = cum[seg][-1]
             R.last_end[r] = max(int(R.last_end[r]), int(end[seg].max()))
-        return gaps
+        return gaps, cum
 
     def flush(self) -> None:
         """Ingest everything fed so far without evaluating (tick does this first)."""

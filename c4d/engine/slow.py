@@ -38,6 +38,8 @@ from c4d.engine.types import DiagKind, How, Localization, Target
 from c4d.schema import Op
 
 CLEAR_SLOW_OPS = 0.2  # a unit with more of its ops this slow is not evidence that a rank is fine
+SLOW_OPS_SHARE = 0.6  # a slow unit has at least this share of its ops below slow_bw_ratio x reference
+P2P_MIN_OPS_FACTOR = 2  # a p2p link needs this many times slow_min_ops measured transfers (noisier)
 
 
 @dataclass
@@ -62,6 +64,7 @@ class SlowJudge:
         self.unit_members: dict[tuple, tuple[int, ...]] = {}  # unit key -> global ranks
         self.unit_shapes: dict[tuple, blame.UnitShape] = {}  # unit key -> its latest shape and state
         self.deferred: dict[tuple, int] = {}  # unit key -> window its verdict last waited in
+        self.first_seen: dict[tuple, int] = {}  # unit key -> the first window it had enough ops in
         self.late_ops = 0  # ops that completed after their window was judged
 
     def judge(
@@ -235,7 +238,7 @@ class SlowJudge:
             key = p["src"].astype(np.int64) * (c.n + 1) + p["dst"]
             for k in np.unique(key).tolist():
                 pl = p[key == k]
-                if len(pl) < cfg.slow_min_ops:
+                if len(pl) < P2P_MIN_OPS_FACTOR * cfg.slow_min_ops:
                     continue
                 a, b = int(pl["src"][0]), int(pl["dst"][0])
                 ga, gb = int(c.grank[a]), int(c.grank[b])
@@ -244,7 +247,7 @@ class SlowJudge:
                 ub, cnt = np.unique(pl["bytes"], return_counts=True)
                 nb = int(ub[cnt.argmax()])
                 pl = pl[pl["bytes"] == nb]
-                if len(pl) < cfg.slow_min_ops:
+                if len(pl) < P2P_MIN_OPS_FACTOR * cfg.slow_min_ops:
                     continue
                 bws = pl["bytes"] / pl["transfer"]
                 bw = float(np.median(bws))
@@ -258,7 +261,10 @@ class SlowJudge:
 
     def _comm_slow(self, ranks, comms, sel, sel_p2p, w: int, win: dict) -> list[SlowFinding]:
         cfg = self.cfg
+        # A unit's first window is start-up (processes still launching, a partial window): it
+        # is neither judged nor a baseline.
         units = self._units(ranks, comms, sel, sel_p2p)
+        units = [u for u in units if self.first_seen.setdefault(u.key, w) < w]
         for u in units:
             self.last_judged[u.key] = w
             self.unit_members[u.key] = u.members
@@ -287,7 +293,10 @@ class SlowJudge:
             elif u.own_ref:
                 u.ratio, u.compared = u.bw / u.own_ref / max(shared, 1e-9), "own baseline"
             if u.ratio is not None and u.ratio < cfg.slow_bw_ratio:
-                if u.key not in slow or u.ratio < (slow[u.key].ratio or 0):
+                # most of its ops are slow, not a median a few outliers pulled down (a busy host
+                # stretches single transfers)
+                most = u.slow_share(cfg.slow_bw_ratio) >= SLOW_OPS_SHARE
+                if most and (u.key not in slow or u.ratio < (slow[u.key].ratio or 0)):
                     slow[u.key] = u
             else:
                 q = self.baseline.setdefault(u.base_key, deque(maxlen=cfg.slow_baseline_windows))
@@ -305,9 +314,7 @@ class SlowJudge:
         for key, u in now_units.items():
             st = "unknown"
             if u.ratio is not None:
-                if u.ratio < cfg.slow_bw_ratio:
-                    st = "slow"
-                elif u.ratio < cfg.slow_degraded_ratio:
+                if u.ratio < cfg.slow_degraded_ratio:
                     st = "degraded"
                 elif u.ratio >= cfg.slow_clear_ratio and u.clear(cfg.slow_bw_ratio):
                     st = "clear"
@@ -506,11 +513,19 @@ class _Unit:
     compared: str = ""
     shared: float = 1.0
 
+    def reference(self) -> float | None:
+        return self.sib_ref or (self.own_ref * self.shared if self.own_ref else None)
+
+    def slow_share(self, bw_ratio: float) -> float:
+        """Share of its ops below ``bw_ratio`` x its reference."""
+        ref = self.reference()
+        return float(np.mean(self.bws < bw_ratio * ref)) if ref else 0.0
+
     def clear(self, bw_ratio: float) -> bool:
         """Not slow, and at most a few ops below ``bw_ratio`` x the reference."""
         if self.ratio is not None and self.ratio < bw_ratio:
             return False
-        ref = self.sib_ref or (self.own_ref * self.shared if self.own_ref else None)
+        ref = self.reference()
         return ref is None or float(np.mean(self.bws < bw_ratio * ref)) <= CLEAR_SLOW_OPS
 
 

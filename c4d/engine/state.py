@@ -157,6 +157,7 @@ class RankTable:
         self.anc_node = np.zeros(0, np.float64)
         self.anc_rank = np.zeros(0, np.float64)
         self.last_end = np.zeros(0, np.int64)  # latest op end seen (rank clock), for compute gaps
+        self.compute_ns = np.zeros(0, np.int64)  # running sum of its compute gaps
         self.node_names: list[str] = []
         self._node_index: dict[str, int] = {}
         self.comms_of: list[list[tuple[int, int]]] = []  # rank -> [(comm idx, comm rank)]
@@ -187,6 +188,7 @@ class RankTable:
         self.isl_rank[old:] = -1 - np.arange(old, n)
         self.anc_rank = _grow(self.anc_rank, n, 0.0)
         self.last_end = _grow(self.last_end, n, 0)
+        self.compute_ns = _grow(self.compute_ns, n, 0)
         self.comms_of.extend([] for _ in range(n - self.n))
         self.n = n
 
@@ -331,13 +333,14 @@ class Comm:
         self.arr = np.zeros((W, n), np.int64)
         self.end = np.zeros((W, n), np.int64)
         self.gap = np.full((W, n), -1, np.int64)
+        self.gcum = np.full((W, n), -1, np.int64)  # the member's running compute sum at this op
         self.opk = np.zeros(W, np.uint8)
         self.nbytes = np.zeros(W, np.int64)
         self.processed = np.zeros(W, bool)
         self.incomplete = 0  # ops evicted before every member reported
         # derived
         self.pending: list[np.ndarray] = []  # COMPLETED rows not yet judged by a slow window
-        self.pending_gaps: list[np.ndarray] = []  # their members' compute gaps (ops x n, ns; NaN unknown)
+        self.pending_gaps: list[np.ndarray] = []  # their members' compute since the previous op (ops x n, ns)
         self.recent: list[np.ndarray] = []  # COMPLETED rows for the live view
         self.recent_n = 0
         self.peer_rows: list[np.ndarray] = []
@@ -409,7 +412,9 @@ class Comm:
             if m > self.p2p_done.get(k, 0):
                 self.p2p_done[k] = m
 
-    def add_collectives(self, ops: np.ndarray, gaps: np.ndarray, ranks: RankTable, gain: float) -> np.ndarray:
+    def add_collectives(
+        self, ops: np.ndarray, gaps: np.ndarray, cum: np.ndarray, ranks: RankTable, gain: float
+    ) -> np.ndarray:
         """Scatter collective OP rows into the ring; return COMPLETED rows of the ops now complete."""
         self.has_coll = True
         seq = ops["seq"].astype(np.int64)
@@ -432,15 +437,17 @@ class Comm:
             self.tag[s_new] = s_seq
             self.has[s_new] = False
             self.gap[s_new] = -1
+            self.gcum[s_new] = -1
             self.processed[s_new] = False
         ok = seq == self.tag[slot]
         if not ok.all():
-            ops, seq, cr, slot, gaps = ops[ok], seq[ok], cr[ok], slot[ok], gaps[ok]
+            ops, seq, cr, slot, gaps, cum = ops[ok], seq[ok], cr[ok], slot[ok], gaps[ok], cum[ok]
         start = ops["start_ns"].astype(np.int64)
         issue = ops["issue_ns"].astype(np.int64)
         self.arr[slot, cr] = np.where(start > 0, start, issue)  # arrival: device start, else host issue
         self.end[slot, cr] = ops["end_ns"].astype(np.int64)
         self.gap[slot, cr] = gaps
+        self.gcum[slot, cr] = cum
         self.has[slot, cr] = True
         self.opk[slot] = ops["op"]
         self.nbytes[slot] = ops["bytes"].astype(np.int64)
@@ -541,7 +548,13 @@ class Comm:
             res = np.clip(res - res.mean(), -1e9, 1e9)
             ranks.add_residuals(self.grank, gain * res)
         self.pending.append(out)
-        self.pending_gaps.append(np.where(G >= 0, G, np.nan).astype(np.float32))
+        # each member's compute between this op and its previous op of this communicator (all
+        # its gaps in between, in whatever communicator): what a slow rank's peers wait for
+        prev = (slots - 1) % self.W
+        have = (self.tag[prev] == self.tag[slots] - 1)[:, None] & (self.gcum[prev] >= 0)
+        have &= self.gcum[slots] >= 0
+        comp = np.where(have, self.gcum[slots] - self.gcum[prev], np.nan)
+        self.pending_gaps.append(comp.astype(np.float32))
         self.recent.append(out)
         self.recent_n += m
         if self.recent_n > 2048 and len(self.recent) > 1:
