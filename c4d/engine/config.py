@@ -40,15 +40,12 @@ class EngineConfig:
     slow_min_ops: int = 4
     """C4D_SLOW_MIN_OPS: a communicator needs this many complete ops in a window to be judged."""
     slow_last_frac: float = 0.6
-    """C4D_SLOW_LAST_FRAC: RankNonCommSlow needs the rank last-by-a-margin in this share of the ops."""
+    """C4D_SLOW_LAST_FRAC: RankNonCommSlow needs the rank's compute to stand out in this share of the ops."""
     slow_arrival_rel: float = 0.5
-    """C4D_SLOW_ARRIVAL_REL: "clear margin" = the last arrival leads the next-to-last by this
-    fraction of the others' own compute gap before the op (and by slow_arrival_min_ms)."""
+    """C4D_SLOW_ARRIVAL_REL: a slow rank computes longer than the other members by this fraction
+    of their compute between two ops of the communicator (and by slow_arrival_min_ms)."""
     slow_arrival_min_ms: float = 1.0
-    """C4D_SLOW_ARRIVAL_MIN_MS: absolute floor of that margin (clock alignment error, timer noise)."""
-    slow_own_share: float = 0.5
-    """C4D_SLOW_OWN_SHARE: at least this share of the margin must be the rank's own extra
-    compute gap (not a late finish of its previous op): victims of a cascade are not blamed."""
+    """C4D_SLOW_ARRIVAL_MIN_MS: absolute floor of that excess (timer noise, clock error)."""
     slow_bw_ratio: float = 0.5
     """C4D_SLOW_BW_RATIO: RankCommSlow when busbw < this x baseline (own earlier windows or siblings)."""
     slow_degraded_ratio: float = 0.8

@@ -5,20 +5,19 @@ margin = L - next-to-last arrival, the last arriver's compute gap before the op 
 others' median gap, transfer = median end - L, and busbw. Window w holds the ops whose L
 falls in [w·P, (w+1)·P) (master clock); it is judged ``slow_grace_ms`` after it closed.
 
-RankNonCommSlow (per comm, then merged per rank): op (C, k) is *late because of r* when r
-arrived last with ``margin >= max(slow_arrival_min_ms, slow_arrival_rel x others' gap)`` and
-r's own gap exceeds the others' by ``slow_own_share`` of the margin (r computed longer; a
-rank that is late only because its previous op ended late — a victim waiting elsewhere —
-has a normal gap). r is reported when it is late in ``slow_last_frac`` of C's ops (at least
-``slow_min_ops``).
+RankNonCommSlow (per comm, then merged per rank): each member's compute before op (C, k) is
+its compute since its op (C, k - 1) (the sum of its gaps in between, any communicator); a
+member whose median compute in the window exceeds the others' by
+``max(slow_arrival_min_ms, slow_arrival_rel x theirs)``, consistently (``slow_last_frac`` of
+the ops), makes them wait: it is slow. A victim of a cascade has a normal compute.
 
 RankCommSlow (per comm): the median busbw of C's most frequent (op, bytes) in the window,
 against its siblings, the other communicators with the same op, size, rank count and node
 span in the same window (at least two), else against C's own baseline, the median of up
 to ``slow_baseline_windows`` earlier windows that were not slow. Slow when below
 ``slow_bw_ratio`` of that reference. A slowdown every sibling shares is not a rank's.
-Localized by PEER pace setters (peer.localize_slow), else by cross-comm evidence (the one
-rank the slow communicators have in common), else every member is a suspect.
+Rank or link: hypotheses checked against every unit of the window (blame.py), narrowed by
+PEER pace setters (peer.localize_slow); docs/engine.md has the rules.
 """
 
 from __future__ import annotations
@@ -167,6 +166,12 @@ class SlowJudge:
             med = _col_nanmedian(G)  # per member, over the window's ops
             others = _others_median(med)
             need = np.maximum(cfg.slow_arrival_min_ms * 1e6, cfg.slow_arrival_rel * np.nan_to_num(others))
+            fin = med[np.isfinite(med)]
+            if len(fin) >= 4:
+                # many members: one of them is high by chance; a slow rank stands out from the
+                # members' own spread as well (4 robust standard deviations)
+                spread = 1.4826 * float(np.median(np.abs(fin - np.median(fin))))
+                need = np.maximum(need, 4 * spread)
             excess = med - others
             cand = np.flatnonzero((excess >= need) & np.isfinite(med) & np.isfinite(others))
             if not len(cand):
