@@ -4,8 +4,8 @@
 only ever sees ``rank=`` and ``link=`` (global ranks). The model is hardware
 (native/simnccl/fault_spec.h): a comm fault at a rank hits both directions of every link of
 that rank in every communicator; a link fault its link, both directions unless ``dir=`` picks
-one. ``until=`` ends a slow fault at a step (it recovers), ``secs=`` makes a hang a stall of
-that many seconds. ``mismatch`` is a program-order bug: at its step the rank leaves out a
+one. ``until=`` ends a slow fault at a step (it recovers), ``secs=`` makes a noncomm-hang a
+compute stall of that many seconds. ``mismatch`` is a program-order bug: at its step the rank leaves out a
 collective and every rank joins a world all-reduce.
 """
 
@@ -16,7 +16,6 @@ from dataclasses import dataclass
 KINDS = ("noncomm-hang", "comm-hang", "noncomm-slow", "comm-slow", "crash", "mismatch")
 COMM_KINDS = ("comm-hang", "comm-slow")
 SLOW_KINDS = ("noncomm-slow", "comm-slow")
-HANG_KINDS = ("noncomm-hang", "comm-hang")
 DIRS = ("both", "fwd", "rev")
 _KEYS = ("rank", "node", "link", "dir", "step", "until", "secs", "factor")
 
@@ -38,7 +37,7 @@ class Fault:
     until: int | None = None
     """Slow kinds: the first step no longer slowed (a transient fault); None = never recovers."""
     secs: float | None = None
-    """Hang kinds: the stall lasts this long, then the job goes on; None = forever."""
+    """noncomm-hang: the stall lasts this long, then the rank goes on; None = forever."""
 
     @property
     def transient(self) -> bool:
@@ -140,8 +139,8 @@ def parse(spec: str, world: int | None = None, nodes: int | None = None) -> Faul
         raise FaultSpecError(f"fault {spec!r}: until= applies to slow kinds only")
     if until is not None and until <= step:
         raise FaultSpecError(f"fault {spec!r}: until must be after step")
-    if secs is not None and kind not in HANG_KINDS:
-        raise FaultSpecError(f"fault {spec!r}: secs= applies to hang kinds only")
+    if secs is not None and kind != "noncomm-hang":
+        raise FaultSpecError(f"fault {spec!r}: secs= applies to noncomm-hang only")
     if secs is not None and not 0 < secs <= 1e6:
         raise FaultSpecError(f"fault {spec!r}: secs must be > 0")
     if kind == "mismatch" and rank is None:

@@ -402,16 +402,17 @@ def _fault(
         spec += f",factor={math.exp(rng.uniform(math.log(1.5), math.log(10))):.2f}"
         if rng.random() < 0.2:
             spec += f",until={step + rng.randint(3, 30)}"  # recovers
-    elif kind in ("noncomm-hang", "comm-hang") and rng.random() < 0.2:
-        spec += f",secs={rng.uniform(0.3, 2.5):.2f}"  # a stall that ends
+    elif kind == "noncomm-hang" and rng.random() < 0.2:
+        spec += f",secs={rng.uniform(0.3, 2.5):.2f}"  # a compute stall that ends
     return spec
 
 
 def random_jobs(n: int, seed: int, max_ranks: int = 64) -> list[Scenario]:
     """``n`` jobs drawn from ``seed``: shape (8 to ``max_ranks`` ranks, tp / pp / dp, ranks per
     node), none (a clean job, 12 %), one or two faults of any kind at any rank, link or node,
-    onset step, factor 1.5–10 (log-uniform), transient faults that recover (20 %), clock skew
-    up to ±0.1 s (half the jobs) and zero to two busy processes loading the machine."""
+    onset step, factor 1.5–10 (log-uniform), transient faults that recover (20 % of the slow and
+    compute-hang faults), clock skew up to ±0.1 s (half the jobs) and zero to two busy processes
+    loading the machine."""
     rng = random.Random(seed)
     sizes = [r for r in RANK_WEIGHTS if r <= max_ranks]
     out = []

@@ -18,7 +18,7 @@ def test_parse_and_lower():
 
 
 def test_hardware_model_keys_round_trip():
-    """dir= picks a link's direction, until= ends a slowdown, secs= makes a hang a stall; each
+    """dir= picks a link's direction, until= ends a slowdown, secs= makes a compute hang a stall; each
     survives lowering for simnccl and printing back as a SPEC."""
     d = faults.parse("comm-slow@link=2-5,dir=rev,step=3,until=9,factor=2.5", world=8)
     assert (d.dir, d.until, d.factor, d.transient) == ("rev", 9, 2.5, True)
@@ -54,6 +54,7 @@ def test_hardware_model_keys_round_trip():
         "noncomm-hang@rank=1,until=9",
         "comm-slow@rank=1,step=5,until=5",
         "comm-slow@rank=1,secs=2",
+        "comm-hang@rank=1,secs=2",
         "noncomm-hang@rank=1,secs=0",
         "mismatch@link=1-2",
         "mismatch@rank=1,factor=2",

@@ -384,10 +384,10 @@ def test_dir_slows_one_direction_of_a_link(jobs, simtrain):
     assert max(rev[s] for s in (4, 5, 6)) < 2.0 * min(rev[s] for s in (1, 2)) + 5, rev
 
 
-def test_secs_makes_a_hang_a_stall_that_ends(jobs, simtrain):
-    """comm-hang with secs=0.6: step 3 stalls that long, then the job finishes."""
-    t = _step_ms(jobs, simtrain, 2, "comm-hang@link=0-1,step=3,secs=0.6", steps=6)
-    assert t[3] >= 600, t
+def test_secs_makes_a_compute_hang_a_stall_that_ends(jobs, simtrain):
+    """noncomm-hang with secs=0.6: rank 1's step 3 stalls that long, then the job finishes."""
+    t = _step_ms(jobs, simtrain, 2, "noncomm-hang@rank=1,step=3,secs=0.6", steps=6)
+    assert t[3] >= 600, t  # rank 0 waits for it in the all-reduce
     assert max(t[s] for s in (1, 2, 4, 5)) < 300, t
 
 

@@ -244,8 +244,12 @@ class WaitGraph:
         self._memo[key] = e
         return e
 
-    def _rank(self, g: int, via: _Node, conf_t: int, c: Comm, cr: int, e: _Expl) -> None:
-        """Non-arrived rank g (comm rank cr of c) reached from node ``via``."""
+    def _rank(
+        self, g: int, via: _Node, conf_t: int, c: Comm, cr: int, e: _Expl, certain: bool = True
+    ) -> None:
+        """Non-arrived rank g (comm rank cr of c) reached from node ``via``. ``certain``: g is
+        known to be what ``via`` waits for (not inferred from a group's other ops), so the
+        edge may close a mismatch cycle."""
         if self.lost[g]:
             e.terms.add(Lost(g))
             return
@@ -258,7 +262,7 @@ class WaitGraph:
         others = [k for k in self.blocks_of.get(g, []) if k != via.key]
         if others:
             for k in others:
-                if current:
+                if current and certain:
                     self.edges.add(_Edge(via.key, g, k))
                 e.merge(self.explain(k))
             return
@@ -340,12 +344,17 @@ class WaitGraph:
             # group's other p2p ops. Those are the next seqs w has not finished with each
             # peer whose side of that seq has not finished either.
             others = self._group_partners(c, w, op, q)
+            if q in others:
+                # the usual group (a pipeline stage: send activations to q, receive its
+                # gradients): the other op is with the same peer. Ops with other peers whose next
+                # seq is unfinished may just not be issued yet (they come later in the step).
+                others = [q]
             if others:
                 for q2 in others:
                     if not 0 <= q2 < c.n or c.grank[q2] < 0:
                         e.pending.add(UnknownMember(c.idx, q2))
                     else:
-                        self._rank(int(c.grank[q2]), node, node.start + self.T // 2, c, q2, e)
+                        self._rank(int(c.grank[q2]), node, node.start + self.T // 2, c, q2, e, certain=False)
                 return e
         if q_done or q_in:
             sender, receiver = (int(c.grank[w]), gq) if op == SEND else (gq, int(c.grank[w]))

@@ -1,6 +1,5 @@
 #include "config.h"
 
-#include <algorithm>
 #include <cstdlib>
 #include <mutex>
 
@@ -40,21 +39,10 @@ double link_bw(int src, int dst, int step) {
   double bw = same_node ? c.intra_bpns : c.inter_bpns;
   for (const simfault::Fault& f : c.comm_faults) {
     if (!f.active(step) || !f.touches_link(src, dst)) continue;
-    if (f.kind == simfault::Kind::CommHang) {
-      if (f.secs <= 0) return 0.0; /* a transient hang is a stall (link_stall_ns), not a dead link */
-      continue;
-    }
+    if (f.kind == simfault::Kind::CommHang) return 0.0;
     bw /= f.factor;
   }
   return bw;
-}
-
-uint64_t link_stall_ns(int src, int dst, int step) {
-  uint64_t stall = 0;
-  for (const simfault::Fault& f : config().comm_faults)
-    if (f.kind == simfault::Kind::CommHang && f.secs > 0 && step == f.step && f.touches_link(src, dst))
-      stall = std::max(stall, uint64_t(f.secs * 1e9));
-  return stall;
 }
 
 double jitter_factor(uint64_t seed, uint64_t key) {

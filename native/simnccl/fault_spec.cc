@@ -122,7 +122,7 @@ std::string parse_one(const std::string& spec, Fault* f) {
   if (seen_dir && f->link_a < 0) return "dir= applies to link= faults only";
   if (seen_until && !is_slow_kind(f->kind)) return "until= applies to the slow kinds only";
   if (seen_until && f->until <= f->step) return "until= must be after step=";
-  if (seen_secs && !is_hang_kind(f->kind)) return "secs= applies to the hang kinds only";
+  if (seen_secs && f->kind != Kind::NonCommHang) return "secs= applies to noncomm-hang only";
   if (f->kind == Kind::Mismatch && f->rank < 0) return "mismatch needs rank=R";
   return "";
 }

@@ -9,7 +9,7 @@
  *   dir=D        link faults: both (default), fwd (R -> S only) or rev (S -> R only)
  *   step=S       active from training step S on (default 0)
  *   until=U      slow kinds: active before step U only (a transient slowdown that recovers)
- *   secs=X       hang kinds: the stall lasts X seconds, then the job goes on (a transient hang)
+ *   secs=X       noncomm-hang: the stall lasts X seconds, then the rank goes on (a transient hang)
  *   factor=F     slow kinds only: compute time x F or link bandwidth / F (default 4, >= 1)
  * Exactly one of rank= / link=. node=NAME is resolved to rank= by the Python launcher;
  * seeing it here is an error. A malformed spec yields one error line and is dropped;
@@ -39,7 +39,7 @@ struct Fault {
   Dir dir = Dir::Both;
   int step = 0;
   int until = -1;   /* slow kinds: first step no longer affected; -1 = never recovers */
-  double secs = 0;  /* hang kinds: stall length in seconds; 0 = forever */
+  double secs = 0;  /* noncomm-hang: stall length in seconds; 0 = forever */
   double factor = 4.0;
 
   bool touches_rank(int r) const { return rank == r; }
@@ -64,7 +64,7 @@ ParseResult parse_faults(const char* text);
 const char* kind_name(Kind k);
 inline bool is_comm_kind(Kind k) { return k == Kind::CommHang || k == Kind::CommSlow; }
 inline bool is_slow_kind(Kind k) { return k == Kind::NonCommSlow || k == Kind::CommSlow; }
-inline bool is_hang_kind(Kind k) { return k == Kind::NonCommHang || k == Kind::CommHang; }
+
 
 }  // namespace simfault
 

@@ -92,17 +92,11 @@ Schedule model_coll(const ncclComm* c, int kind, uint64_t bytes_unit, int root, 
   double jit = jitter_factor(c->seed, c->id ^ mix64(seq));
   double bw_min = 0;
   bool hung = false;
-  uint64_t stall = 0; /* a transient comm-hang: nothing moves for that long, then all goes on */
   for (size_t i = 0; i < links.size(); ++i) {
-    int ga = c->granks[size_t(links[i].first)], gb = c->granks[size_t(links[i].second)];
-    double bw = link_bw(ga, gb, step);
+    double bw = link_bw(c->granks[size_t(links[i].first)], c->granks[size_t(links[i].second)], step);
     if (bw <= 0) hung = true;
     if (i == 0 || bw < bw_min) bw_min = bw;
-    stall = std::max(stall, link_stall_ns(ga, gb, step));
   }
-  t0 += stall;
-  s.t0 = t0;
-  s.finish = t0;
   s.total_steps = steps;
   s.step_ns = hung ? 0 : uint64_t((double(config().lat_ns) + double(chunk) / bw_min) * jit);
   s.finish = hung ? kNever : t0 + uint64_t(steps) * s.step_ns;
@@ -129,9 +123,6 @@ Schedule model_p2p(const ncclComm* c, int src, int dst, bool me_is_src, uint64_t
   s.finish = t0;
   if (src == dst) return s; /* a local copy */
   double jit = jitter_factor(c->seed, c->id ^ mix64((uint64_t(uint32_t(src)) << 32) | uint32_t(dst)) ^ mix64(idx + 1));
-  t0 += link_stall_ns(c->granks[size_t(src)], c->granks[size_t(dst)], step); /* transient comm-hang */
-  s.t0 = t0;
-  s.finish = t0;
   uint64_t mv = move_ns(c, src, dst, bytes, step, jit);
   s.total_steps = 1;
   s.step_ns = mv == kNever ? 0 : mv;
