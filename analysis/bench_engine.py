@@ -6,8 +6,9 @@ The load comes from the record factories in tests/factories.py (the same stream 
 sends: OP, HEARTBEAT, PEER, REGISTER, COMM, with ±50 ms node skew). It is fed two ways:
 as the ranks' own batches (one feed per ZeroMQ message, as received) and coalesced the
 way a master loop can feed everything it received in one poll (one feed per 50 ms of
-arrivals). Ticks every 200 ms as in c4d.master. Prints records/s for each,
-measured in CPU time of this process (the machine may be shared).
+arrivals). Ticks every 200 ms as in c4d.master. Each is run on the engine alone and through
+the master's ingest path (c4d/ingest.py: edge validation, c4d/validate.py, then the engine).
+Prints records/s for each, measured in CPU time of this process (the machine may be shared).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -24,10 +26,14 @@ sys.path[:0] = [str(_ROOT), str(_ROOT / "tests")]
 import factories  # noqa: E402
 
 from c4d.engine import Engine, EngineConfig  # noqa: E402
+from c4d.ingest import Ingest  # noqa: E402
+from c4d.validate import Edge  # noqa: E402
 
 
-def drive(batches, tick_ns: int, coalesce_ns: int | None) -> tuple[float, int, int]:
-    eng = Engine(EngineConfig())
+def drive(batches, tick_ns: int, coalesce_ns: int | None, edge: bool = False) -> tuple[float, int, int]:
+    eng: Any = Engine(EngineConfig())
+    if edge:
+        eng = Ingest(eng, Edge())
     t0 = factories.T0
     n = sum(len(b) for _, b in batches)
     if coalesce_ns:
@@ -66,8 +72,14 @@ def main() -> int:
     span = (batches[-1][0] - batches[0][0]) / 1e9
     print(f"load: {job.world} ranks, {n} records over {span:.1f} s of job time "
           f"({n / span:,.0f} records/s in the job), built in {time.perf_counter() - t:.1f} s")  # fmt: skip
-    for label, co in (("per message (as received)", None), ("coalesced per 50 ms poll", 50_000_000)):
-        dt, n, feeds = drive(batches, 200_000_000, co)
+    variants = [
+        ("per message (as received)", None, False),
+        ("coalesced per 50 ms poll", 50_000_000, False),
+        ("per message, edge + engine", None, True),
+        ("coalesced, edge + engine", 50_000_000, True),  # what c4d.master does (Ingest.feed_many)
+    ]
+    for label, co, edge in variants:
+        dt, n, feeds = drive(batches, 200_000_000, co, edge)
         rate, per = n / dt, n / feeds
         print(
             f"{label:>28}: {rate:>10,.0f} records/s  ({feeds} feeds, {per:.0f} records/feed, {dt:.2f} s CPU)"

@@ -2,9 +2,11 @@
 that needs the engine (``ops_split``, ``diagnoses``).
 
 Replay feeds the records in file order and evaluates the engine at each TICK record's
-master time, exactly as the live master did, so it gives the live run's diagnoses. The same
-replay hands out the engine's per-rank wait / transfer split of every completed op: the one
-computation the live metrics, the report and ``ops_split`` all use.
+master time, exactly as the live master did, so it gives the live run's diagnoses. It goes
+through the same edge validation and ingest guard as the master (c4d/ingest.py): the trace
+holds what arrived, and the replay drops what the live run dropped. The same replay hands
+out the engine's per-rank wait / transfer split of every completed op: the one computation
+the live metrics, the report and ``ops_split`` all use.
 
 Layering: this module sits above the engine and the loaders (``c4d.trace``, ``c4d.formats``)
 and below the master, the CLI and the report; it imports no networking.
@@ -28,7 +30,9 @@ import pandas as pd
 from c4d import schema
 from c4d.engine import Diagnosis, Engine, EngineConfig
 from c4d.engine.state import OP_SPLIT
+from c4d.ingest import Ingest
 from c4d.trace import MAGIC, RawTrace, Trace, from_raw, read_raw
+from c4d.validate import Edge, Limits
 
 SPLIT_COLUMNS = (
     "arrive_ns",
@@ -48,10 +52,15 @@ def make_engine(overrides: dict[str, Any] | None = None, split: bool = False) ->
     return Engine(EngineConfig.from_env(**(overrides or {})), split=split)
 
 
-def replay(rt: RawTrace, engine: Any, on_tick: Callable[[Any], None] | None = None) -> list[Diagnosis]:
+def replay(
+    rt: RawTrace, engine: Any, ingest: Ingest | None = None, on_tick: Callable[[Any], None] | None = None
+) -> list[Diagnosis]:
     """Drive ``engine`` through the trace's records and ticks; return every diagnosis.
 
-    ``on_tick(engine)`` runs after each evaluation (to drain what the engine hands out)."""
+    ``ingest`` (made here when not given) holds what the edge dropped and what failed;
+    ``on_tick(engine)`` runs after each evaluation (to drain what the engine hands out).
+    """
+    ing = ingest or Ingest(engine, Edge(Limits.from_env()))
     raw = rt.raw
     out: list[Diagnosis] = []
     ticks = np.flatnonzero(raw["kind"] == schema.Kind.TICK)
@@ -59,14 +68,14 @@ def replay(rt: RawTrace, engine: Any, on_tick: Callable[[Any], None] | None = No
     prev = 0
     for i in ticks.tolist():
         if i > prev:
-            engine.feed(raw[prev:i], last_tick)
+            ing.feed(raw[prev:i], last_tick)
         last_tick = int(raw["time_ns"][i])
-        out.extend(engine.tick(last_tick))
+        out.extend(ing.tick(last_tick))
         if on_tick is not None:
             on_tick(engine)
         prev = i + 1
     if prev < len(raw):
-        engine.feed(raw[prev:], last_tick)
+        ing.feed(raw[prev:], last_tick)
         if on_tick is not None:
             engine.flush()  # ingest the records after the last TICK (never evaluated live either)
             on_tick(engine)

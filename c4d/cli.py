@@ -135,10 +135,16 @@ def cmd_master(args) -> int:
 
 def _sim_config(args):
     from c4d import faults
+    from c4d.actions.blacklist import read_nodes
     from c4d.sim import SimConfig
 
-    nodes = (args.ranks + args.ranks_per_node - 1) // args.ranks_per_node
+    nodes = (args.ranks + args.ranks_per_node - 1) // args.ranks_per_node + args.spare_nodes
     fl = [faults.parse(s, world=args.ranks, nodes=nodes) for s in args.fault]
+    exclude: list[str] = []
+    if args.exclude_nodes:
+        if not os.path.isfile(args.exclude_nodes):
+            raise ValueError(f"--exclude-nodes {args.exclude_nodes}: no such file")
+        exclude = read_nodes(args.exclude_nodes)
     cfg = SimConfig(
         ranks=args.ranks,
         ranks_per_node=args.ranks_per_node,
@@ -148,6 +154,8 @@ def _sim_config(args):
         faults=fl,
         clock_skew_s=args.clock_skew,
         seed=args.seed,
+        spare_nodes=args.spare_nodes,
+        exclude_nodes=tuple(exclude),
     )
     cfg.validate()
     return cfg
@@ -182,10 +190,13 @@ def cmd_sim(args) -> int:
         "steps": cfg.steps,
         "faults": args.fault,
         "clock_skew_s": cfg.clock_skew_s,
+        "nodes": cfg.node_names,
     }
     meta = {"command": "sim", "sim": sim_meta}
     master = None
     tmp = None
+    if not args.master and os.environ.get("C4D_RUN_ID"):
+        args.master = os.environ.get("C4D_MASTER_ADDR")  # under `c4d run`: its master, not our own
     try:
         if args.master:
             endpoint = args.master
@@ -245,7 +256,20 @@ def cmd_analyze(args) -> int:
         print(f"c4d analyze: the trace ends in a cut record ({cut} bytes ignored)", file=sys.stderr)
     if tr.raw.skipped:
         print(f"c4d analyze: skipped {tr.raw.skipped} records of unknown kind or version", file=sys.stderr)
-    diags = analyze.replay(tr.raw, analyze.make_engine(_engine_overrides(args)))
+    damaged = _report_damage(tr.raw)
+    if damaged and not args.allow_damaged:
+        print(
+            "c4d analyze: records were lost to damage; pass --allow-damaged to analyze what was read",
+            file=sys.stderr,
+        )
+        return 1
+    from c4d.ingest import Ingest
+    from c4d.validate import Edge, Limits
+
+    engine = analyze.make_engine(_engine_overrides(args))
+    ingest = Ingest(engine, Edge(Limits.from_env()))
+    diags = analyze.replay(tr.raw, engine, ingest)
+    _report_edge(ingest)
     if args.json:
         for d in diags:
             print(json.dumps(d.to_json()))
@@ -274,6 +298,35 @@ def cmd_analyze(args) -> int:
     if not diags:
         con.print("no diagnoses")
     return 0
+
+
+def _report_damage(rt) -> bool:
+    """One line per kind of damage found while reading; True when records were lost."""
+    if not rt.damaged:
+        return False
+    where = ", ".join(f"{n} at byte {off}" for off, n in rt.damaged[:5])
+    more = f" and {len(rt.damaged) - 5} more" if len(rt.damaged) > 5 else ""
+    print(
+        f"c4d analyze: skipped {len(rt.damaged)} damaged batch(es), {rt.damaged_bytes} bytes "
+        f"(≤ {rt.lost_records} records): {where}{more}; read on from the next intact batch",
+        file=sys.stderr,
+    )
+    return True
+
+
+def _report_edge(ingest) -> None:
+    """What the edge validator dropped and what failed during the replay (as the live master did)."""
+    if ingest.edge.rejected:
+        top = ", ".join(f"{r}: {n}" for r, n in ingest.edge.rejected.most_common())
+        print(
+            f"c4d analyze: the edge validator dropped {ingest.edge.dropped} records ({top})", file=sys.stderr
+        )
+    if ingest.failures:
+        top = ", ".join(f"{r}: {n}" for r, n in ingest.failures.most_common())
+        print(
+            f"c4d analyze: {sum(ingest.failures.values())} batch(es) or tick(s) failed ({top})",
+            file=sys.stderr,
+        )
 
 
 def _load_for_offline(args):
@@ -355,6 +408,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="node clocks offset by up to ± this much",
     )
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--spare-nodes", type=int, default=0, metavar="N", help="idle nodes a relaunch can use")
+    p.add_argument(
+        "--exclude-nodes",
+        default=os.environ.get("C4D_EXCLUDE_NODES_FILE"),
+        metavar="FILE",
+        help="lay ranks out on the nodes not listed in FILE (one a line; default $C4D_EXCLUDE_NODES_FILE, "
+        "which `c4d run` points at its blacklist)",
+    )
     _add_master_opts(p)
     p.set_defaults(func=cmd_sim)
 
@@ -369,6 +430,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=["c4d", "fr", "inspector", "nccl-tests"], default=None)
     p.add_argument("--hang-timeout", type=_positive(int), metavar="US")
     p.add_argument("--hang-times", type=_positive(int), metavar="N")
+    p.add_argument(
+        "--allow-damaged",
+        action="store_true",
+        help="analyze a trace that lost records to damage (exit 1 otherwise)",
+    )
     p.set_defaults(func=cmd_analyze)
 
     p = sub.add_parser("report", help="tables and plots (PNG + one HTML page) of a trace")
@@ -388,6 +454,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=["c4d", "fr", "inspector", "nccl-tests"], default=None)
     p.set_defaults(func=cmd_export)
 
+    from c4d.run.cli import add_parser as add_run
+
+    add_run(sub)
     try:
         from c4d.check.cli import add_parser as add_check
     except ImportError:

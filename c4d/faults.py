@@ -1,16 +1,21 @@
 """Fault SPECs (DESIGN.md): ``KIND@key=value,...`` parsed, validated and lowered for simnccl.
 
-``node=NAME`` is resolved here to the ranks laid out on that node, so the native side
-only ever sees ``rank=`` and ``link=`` (global ranks). The model is hardware
-(native/simnccl/fault_spec.h): a comm fault at a rank hits both directions of every link of
-that rank in every communicator; a link fault its link, both directions unless ``dir=`` picks
-one. ``until=`` ends a slow fault at a step (it recovers), ``secs=`` makes a noncomm-hang a
-compute stall of that many seconds. ``mismatch`` is a program-order bug: at its step the rank leaves out a
-collective and every rank joins a world all-reduce.
+``node=NAME`` is resolved here, against the job's actual layout (which node each rank
+runs on), to the ranks on that node, so the native side only ever sees ``rank=`` and
+``link=`` (global ranks). A node fault follows the hardware: when the node is excluded
+from a relaunch (``c4d sim --exclude-nodes``), no rank runs there and the fault is gone.
+
+The model is hardware (native/simnccl/fault_spec.h): a comm fault at a rank hits both
+directions of every link of that rank in every communicator; a link fault its link, both
+directions unless ``dir=`` picks one. ``until=`` ends a slow fault at a step (it recovers),
+``secs=`` makes a noncomm-hang a compute stall of that many seconds. ``mismatch`` is a
+program-order bug: at its step the rank leaves out a collective and every rank joins a world
+all-reduce.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 KINDS = ("noncomm-hang", "comm-hang", "noncomm-slow", "comm-slow", "crash", "mismatch")
@@ -43,16 +48,15 @@ class Fault:
     def transient(self) -> bool:
         return self.until is not None or self.secs is not None
 
-    def ranks(self, ranks_per_node: int, world: int) -> list[int]:
-        """Global ranks this fault applies to (both ends for a link)."""
+    def ranks(self, layout: Sequence[str]) -> list[int]:
+        """Global ranks this fault applies to (both ends for a link); ``layout[r]`` is rank r's node."""
         if self.link is not None:
             return list(self.link)
         if self.node is not None:
-            idx = int(self.node.rsplit("-", 1)[1])
-            return [r for r in range(idx * ranks_per_node, (idx + 1) * ranks_per_node) if r < world]
+            return [r for r, name in enumerate(layout) if name == self.node]
         return [self.rank] if self.rank is not None else []
 
-    def lower(self, ranks_per_node: int, world: int) -> list[str]:
+    def lower(self, layout: Sequence[str]) -> list[str]:
         """Native spec strings (rank/link form) for SIMNCCL_FAULTS."""
         tail = f",step={self.step}"
         if self.until is not None:
@@ -64,7 +68,7 @@ class Fault:
         if self.link is not None:
             d = f",dir={self.dir}" if self.dir != "both" else ""
             return [f"{self.kind}@link={self.link[0]}-{self.link[1]}{d}{tail}"]
-        return [f"{self.kind}@rank={r}{tail}" for r in self.ranks(ranks_per_node, world)]
+        return [f"{self.kind}@rank={r}{tail}" for r in self.ranks(layout)]
 
     def spec(self) -> str:
         """This fault as a SPEC string again (``parse(f.spec()) == f``)."""
@@ -82,6 +86,11 @@ class Fault:
         if self.factor is not None:
             out += f",factor={self.factor:g}"
         return out
+
+
+def block_layout(world: int, ranks_per_node: int) -> list[str]:
+    """The plain layout: ranks ``ranks_per_node`` at a time on node-0, node-1, ..."""
+    return [f"node-{r // ranks_per_node}" for r in range(world)]
 
 
 def parse(spec: str, world: int | None = None, nodes: int | None = None) -> Fault:

@@ -11,13 +11,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from rich.console import Console, Group
+from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
 from c4d.engine.types import CommSnapshot
+from c4d.run.stacks_view import live_lines, stacks_text
 
 # state → (glyph, style); one character per rank so 1,024 ranks fit a 120×40 terminal
 STATE_STYLE: dict[str, tuple[str, str]] = {
@@ -47,6 +48,7 @@ class LiveState:
     comms: list[CommSnapshot] = field(default_factory=list)
     diagnoses: list[str] = field(default_factory=list)  # one line each, ERROR first
     blacklisted: list[str] = field(default_factory=list)
+    stacks: list[str] = field(default_factory=list)  # hung ranks' stacks, a line each (c4d run)
 
 
 def _header(s: LiveState) -> Text:
@@ -132,13 +134,18 @@ def render(s: LiveState, width: int = 120, height: int = 40) -> Group:
     diag = Text("\n").join(Text(t, style=st) for t, st in lines)
     grid = _grid(s, width - 4)
     used = 1 + (len(grid.plain.splitlines()) + 2) + (len(lines) + 2) + 4  # header, panels, table head+caption
+    if s.stacks:
+        used += len(s.stacks[:6]) + 2
     comm_rows = max(1, height - used)
-    return Group(
+    panels: list[RenderableType] = [
         _header(s),
         Panel(grid, title="ranks by node", title_align="left"),
         Panel(_comms(s, comm_rows), title="communicators", title_align="left"),
         Panel(diag, title="diagnoses", title_align="left"),
-    )
+    ]
+    if s.stacks:
+        panels.append(Panel(stacks_text(s.stacks, width), title="stacks of hung ranks", title_align="left"))
+    return Group(*panels)
 
 
 def _diag_style(line: str) -> str:
@@ -175,6 +182,7 @@ def snapshot(master: Any, now: float | None = None) -> LiveState:
         comms=comms,
         diagnoses=[d.summary() for d in diags],
         blacklisted=list(master.blacklisted),
+        stacks=live_lines(diags),
     )
 
 

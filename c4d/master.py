@@ -4,6 +4,10 @@ One thread owns everything (the ZeroMQ socket, the engine, the trace writer), so
 locks: each loop iteration ingests what has arrived, then — every ``tick_s`` — writes
 a TICK record to the trace and evaluates the engine at that master time. ``c4d
 analyze`` replays the same records and ticks through the same engine.
+
+The trace keeps every decoded batch as it arrived; everything else sees only what the edge
+validator admitted (c4d/validate.py, driven by c4d/ingest.py exactly as in a replay). No
+record, batch or exception stops the loop.
 """
 
 from __future__ import annotations
@@ -17,11 +21,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from c4d import schema
 from c4d.analyze import make_engine
 from c4d.collector import DEFAULT_ENDPOINT, Collector
+from c4d.ingest import Ingest
 from c4d.received import Received
 from c4d.trace import TraceWriter
+from c4d.validate import Edge, Limits
 
 log = logging.getLogger("c4d")
 
@@ -36,6 +41,7 @@ class MasterConfig:
     metrics_port: int | None = None
     meta: dict[str, Any] = field(default_factory=dict)
     engine_overrides: dict[str, Any] = field(default_factory=dict)
+    limits: Limits | None = None  # None: Limits.from_env()
 
 
 class Master:
@@ -44,10 +50,14 @@ class Master:
         cfg: MasterConfig,
         out: TextIO | None = None,
         on_diagnosis: list[Callable[[Any], None]] | None = None,
+        enrich: Callable[[Any], Any] | None = None,
+        collector: Collector | None = None,
     ):
         self.cfg = cfg
         self.out = out or sys.stdout
-        self.collector = Collector(cfg.bind)
+        # a collector passed in (c4d run keeps one endpoint across restarts) is the caller's to close
+        self._own_collector = collector is None
+        self.collector = collector or Collector(cfg.bind)
         self.endpoint = self.collector.endpoint
         self.received = Received()
         # the metrics read the engine's per-rank wait / transfer split (one computation)
@@ -59,8 +69,17 @@ class Master:
 
             self.metrics = Metrics()
             self.metrics_port = self.metrics.serve(cfg.metrics_port)
+        self.edge = Edge(cfg.limits or Limits.from_env())
+        sinks: list[Any] = [lambda ok, kinds: self.received.add(ok, time.time_ns(), kinds)]
+        on_free: list[Any] = [self.received.forget]
+        if (m := self.metrics) is not None:
+            sinks.append(lambda ok, kinds: m.ingest(kinds))
+            on_free.append(m.forget)
+        self.ingest = Ingest(self.engine, self.edge, sinks=sinks, on_free=on_free)
         self.diagnoses: list[Any] = []
         self.on_diagnosis = list(on_diagnosis or [])
+        # adds evidence gathered outside the engine (c4d run: stacks) before any sink sees a diagnosis
+        self.enrich = enrich
         self._next_tick = time.monotonic() + cfg.tick_s
         self.started_ns = time.time_ns()
         self.blacklisted: list[str] = []
@@ -74,15 +93,15 @@ class Master:
     def step(self, timeout_s: float | None = None) -> list[Any]:
         """Ingest for at most ``timeout_s`` (default: until the next tick), then tick if due."""
         wait = self._next_tick - time.monotonic() if timeout_s is None else timeout_s
-        for raw in self.collector.poll(max(0.0, wait)):
-            now = time.time_ns()
-            kinds = schema.by_kind(raw)  # split once for the bookkeeping and the metrics
-            self.received.add(raw, now, kinds)
-            if self.trace:
-                self.trace.write(raw)
-            self.engine.feed(raw, self._last_tick_ns)
-            if self.metrics is not None:
-                self.metrics.count(kinds)
+        raws = self.collector.poll(max(0.0, wait))
+        if self.trace:
+            for raw in raws:
+                try:
+                    self.trace.write(raw)  # what arrived, valid or not: a replay re-validates it
+                except Exception as e:
+                    self.ingest.failed("trace write", e, 0)
+        if raws:
+            self.ingest.feed_many(raws, self._last_tick_ns)
         new: list[Any] = []
         if time.monotonic() >= self._next_tick:
             self._next_tick = time.monotonic() + self.cfg.tick_s
@@ -92,16 +111,26 @@ class Master:
     def tick(self, now_ns: int) -> list[Any]:
         self._last_tick_ns = now_ns
         if self.trace:
-            self.trace.tick(now_ns)
-            self.trace.flush()
-        new = self.engine.tick(now_ns)
+            try:
+                self.trace.tick(now_ns)
+                self.trace.flush()
+            except Exception as e:
+                self.ingest.failed("trace write", e, 0)
+        new = self.ingest.tick(now_ns)
         for d in new:
-            self._emit(d)
+            try:
+                self._emit(d)
+            except Exception as e:  # a sink (blacklist file, a callback) must not stop the master
+                self.ingest.failed("diagnosis sink", e, 0)
+        self.collector.ratelog.flush()
         if self.metrics is not None:
-            snap = self.engine.state()
-            self.metrics.tick(
-                self.received.dropped, self.collector.bad_messages, snap, self.engine.take_split()
-            )
+            try:
+                snap = self.engine.state()
+                split = self.engine.take_split()  # the engine's own waits and transfers
+                self.metrics.tick(self.received.dropped, self.collector.bad_messages, snap, split)
+                self.metrics.edge(self.edge, self.collector, self.ingest)
+            except Exception as e:
+                self.ingest.failed("metrics", e, 0)
         return new
 
     def records_per_s(self, window_s: float = 2.0) -> float:
@@ -119,6 +148,8 @@ class Master:
 
     # -- sinks --------------------------------------------------------------------------
     def _emit(self, d: Any) -> None:
+        if self.enrich is not None:
+            d = self.enrich(d)
         self.diagnoses.append(d)
         if self.cfg.json_out:
             self.out.write(json.dumps(d.to_json()) + "\n")
@@ -138,6 +169,7 @@ class Master:
             cb(d)
 
     def close(self) -> None:
-        self.collector.close()
+        if self._own_collector:
+            self.collector.close()
         if self.trace:
             self.trace.close()

@@ -1,7 +1,9 @@
 """What the master has received, per rank and per communicator (cheap running totals).
 
 This is the master's own bookkeeping for the summary and the live view header; the
-diagnosis engine keeps its own state.
+diagnosis engine keeps its own state. It sees only records the edge admitted
+(c4d/validate.py): ranks below the registered world size, names already sanitized, and
+communicators within the job's budget; ``forget`` drops the communicators the edge freed.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from c4d import schema
+from c4d import names, schema
 
 
 @dataclass
@@ -68,7 +70,7 @@ class Received:
         k = kinds if kinds is not None else schema.by_kind(raw)
         for rec in k[schema.Kind.REGISTER]:
             info = self._rank(int(rec["rank"]))
-            info.node = rec["node"].decode(errors="replace")
+            info.node = names.clean(bytes(rec["node"]))
             info.pid = int(rec["pid"])
             self.world_size = max(self.world_size, int(rec["world_size"]))
         for rec in k[schema.Kind.COMM]:
@@ -104,6 +106,17 @@ class Received:
                 c.nranks = c.nranks or int(rec["comm_nranks"])
                 c.ranks.add(int(rec["rank"]))
                 info.comms.add(c.comm_id)
+
+    def forget(self, cids: list[int]) -> None:
+        """Drop freed communicators (destroyed or long silent: c4d/validate.py, Edge.expire)."""
+        for cid in cids:
+            c = self.comms.pop(int(cid), None)
+            if c is None:
+                continue
+            for r in c.ranks:
+                info = self.ranks.get(r)
+                if info is not None:
+                    info.comms.discard(c.comm_id)
 
     @property
     def dropped(self) -> int:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import base64
 import html
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from c4d.engine.types import Level
+from c4d.run.stacks_view import html_section, load_sidecar
 
 LEVEL_COLOR = {"ERROR": "#c0392b", "WARNING": "#e67e22", "INFO": "#2980b9"}
 
@@ -31,6 +32,7 @@ class ReportInput:
     nodes: dict[int, str]
     diagnoses: list[dict[str, Any]]  # Diagnosis.to_json() objects
     title: str
+    stacks: list[dict[str, Any]] = field(default_factory=list)  # hung ranks' stacks kept by c4d run
 
 
 def from_trace(tr: Any, diagnoses: list[Any] | None = None) -> ReportInput:
@@ -43,6 +45,7 @@ def from_trace(tr: Any, diagnoses: list[Any] | None = None) -> ReportInput:
         nodes=tr.nodes,
         diagnoses=[d.to_json() if hasattr(d, "to_json") else d for d in diagnoses],
         title=Path(tr.raw.path).name or "trace",
+        stacks=load_sidecar(tr.raw.path) if tr.raw.path else [],
     )
 
 
@@ -185,6 +188,7 @@ table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:4px 8px}}<
 <h1>c4d report: {html.escape(inp.title)}</h1>
 <p>{len(inp.nodes)} ranks, {inp.ops["seq"].size if len(inp.ops) else 0} op records.</p>
 <h2>Diagnoses</h2>{table}{_img(pngs["diagnoses"])}
+{html_section(inp.stacks + inp.diagnoses)}
 <h2>Who arrives late</h2>{_img(pngs["lateness"])}
 <h2>Wait vs. transfer</h2>{_img(pngs["wait_transfer"])}
 <h2>Bus bandwidth</h2>{_img(pngs["busbw"])}

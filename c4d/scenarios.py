@@ -110,6 +110,10 @@ class Scenario:
     def nodes(self) -> int:
         return -(-self.ranks // self.ranks_per_node)
 
+    @property
+    def layout(self) -> list[str]:
+        return faults.block_layout(self.ranks, self.ranks_per_node)
+
     def parsed(self) -> faults.Fault | None:
         return faults.parse(self.fault, world=self.ranks, nodes=self.nodes) if self.fault else None
 
@@ -126,7 +130,7 @@ class Scenario:
                 first = f.rank - f.rank % dp
                 ranks = set(range(first, first + dp))
         else:
-            ranks = set(f.ranks(self.ranks_per_node, self.ranks))
+            ranks = set(f.ranks(self.layout))
         return Expect(spec, f, EXPECTED_KIND[f.kind], frozenset(ranks), f.link is not None)
 
     @property
@@ -207,7 +211,7 @@ def _onsets(tr: trace.RawTrace, sc: Scenario) -> dict[str, float | None]:
     out: dict[str, float | None] = {}
     for spec in sc.specs:
         f = sc.expect(spec).fault
-        r = min(f.ranks(rpn, sc.ranks)) if f.kind != "mismatch" else int(f.rank or 0)
+        r = min(f.ranks(sc.layout)) if f.kind != "mismatch" else int(f.rank or 0)
         t = _step_start(ops, r, f.step)
         if t is not None:
             out[spec] = t - skew[r // rpn]

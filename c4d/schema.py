@@ -28,6 +28,7 @@ class Kind(enum.IntEnum):
     COMM = 4
     PEER = 5
     TICK = 6  # master-written: the engine ran at time_ns (master clock)
+    STAGE = 7  # the training code set the rank's hang timeout (c4d.hang_timeout)
 
 
 class Op(enum.IntEnum):
@@ -236,12 +237,22 @@ PEER = np.dtype(
     ]
 )
 
+STAGE = np.dtype(
+    _HEADER
+    + [
+        ("hang_timeout_us", "<i8"),
+        ("generation", "<u8"),
+        ("reserved", "V96"),
+    ]
+)
+
 DTYPES: dict[Kind, np.dtype] = {
     Kind.REGISTER: REGISTER,
     Kind.OP: OP,
     Kind.HEARTBEAT: HEARTBEAT,
     Kind.COMM: COMM,
     Kind.PEER: PEER,
+    Kind.STAGE: STAGE,
 }
 
 UINT64_MAX = np.uint64(0xFFFFFFFFFFFFFFFF)

@@ -2,8 +2,11 @@
 
 Each rank is a real process running the native driver ``c4d-simtrain`` (linked against
 simnccl's ``libnccl.so.2`` exactly as libtorch_cuda links NVIDIA's) with ``libc4d.so``
-in ``LD_PRELOAD``. Ranks are laid out ``ranks_per_node`` at a time on nodes ``node-0``,
-``node-1``, ...; ``--clock-skew`` gives each node its own clock offset.
+in ``LD_PRELOAD``. The simulated cluster has nodes ``node-0``, ``node-1``, ... (enough
+for the ranks, plus ``--spare-nodes``); ranks are laid out ``ranks_per_node`` at a time on
+the nodes that are not excluded (``--exclude-nodes``: the blacklist ``c4d run`` keeps), so
+a relaunch after an isolation runs on the spare. ``--clock-skew`` gives each node its own
+clock offset (it belongs to the node, wherever the ranks go).
 
 Exit status: 0 the job finished; 1 a rank failed and nothing was diagnosed;
 2 stopped on an ERROR diagnosis; 3 ``--max-seconds`` reached.
@@ -43,6 +46,8 @@ class SimConfig:
     faults: list[faultspec.Fault] = field(default_factory=list)
     clock_skew_s: float = 0.0
     seed: int = 0
+    spare_nodes: int = 0
+    exclude_nodes: tuple[str, ...] = ()
     preload: bool = True
     driver_args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
@@ -56,13 +61,39 @@ class SimConfig:
             raise ValueError(f"--ranks {self.ranks} must be a multiple of tp × pp = {self.tp * self.pp}")
         if self.steps < 1:
             raise ValueError("--steps must be ≥ 1")
+        if self.spare_nodes < 0:
+            raise ValueError("--spare-nodes must be ≥ 0")
+        usable = [n for n in self.cluster if n not in self.exclude_nodes]
+        if len(usable) < self.nodes:
+            out = sorted(set(self.cluster) & set(self.exclude_nodes))
+            raise ValueError(
+                f"{self.ranks} ranks need {self.nodes} nodes of {self.ranks_per_node} ranks; the cluster has "
+                f"{len(self.cluster)} and {', '.join(out)} excluded: add --spare-nodes"
+            )
 
     @property
     def nodes(self) -> int:
+        """Nodes the job runs on."""
         return (self.ranks + self.ranks_per_node - 1) // self.ranks_per_node
 
+    @property
+    def cluster(self) -> list[str]:
+        """Every node of the simulated cluster, excluded ones included: node-0 .. node-(nodes+spare-1)."""
+        return [f"node-{i}" for i in range(self.nodes + self.spare_nodes)]
+
+    @property
+    def node_names(self) -> list[str]:
+        """The nodes the job runs on, in layout order: the first ``nodes`` that are not excluded."""
+        return [n for n in self.cluster if n not in self.exclude_nodes][: self.nodes]
+
+    @property
+    def layout(self) -> list[str]:
+        """``layout[r]``: the node rank r runs on."""
+        names = self.node_names
+        return [names[r // self.ranks_per_node] for r in range(self.ranks)]
+
     def node_of(self, rank: int) -> str:
-        return f"node-{rank // self.ranks_per_node}"
+        return self.layout[rank]
 
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -85,26 +116,29 @@ class SimJob:
         self.job_dir = Path(job_dir or tempfile.mkdtemp(prefix="c4d-sim-"))
         self.job_id = f"sim{uuid.uuid4().hex[:8]}"
         self.procs: list[subprocess.Popen] = []
+        self.layout = cfg.layout
         self.offsets_ns = self._node_offsets()
 
-    def _node_offsets(self) -> list[int]:
+    def _node_offsets(self) -> dict[str, int]:
+        """Clock offset of every cluster node (node-0 is the reference)."""
         rng = random.Random(self.cfg.seed)
         skew = self.cfg.clock_skew_s
-        return [0] + [int(rng.uniform(-skew, skew) * 1e9) for _ in range(self.cfg.nodes - 1)]
+        cluster = self.cfg.cluster
+        return {n: (0 if i == 0 else int(rng.uniform(-skew, skew) * 1e9)) for i, n in enumerate(cluster)}
 
     def rank_env(self, rank: int) -> dict[str, str]:
         cfg = self.cfg
         env = dict(os.environ)
         env.update(cfg.env)
-        native_faults = [s for f in cfg.faults for s in f.lower(cfg.ranks_per_node, cfg.ranks)]
+        native_faults = [s for f in cfg.faults for s in f.lower(self.layout)]
         env.update(
             RANK=str(rank),
             WORLD_SIZE=str(cfg.ranks),
             LOCAL_RANK=str(rank % cfg.ranks_per_node),
             C4D_MASTER_ADDR=self.endpoint,
-            C4D_NODE_NAME=cfg.node_of(rank),
+            C4D_NODE_NAME=self.layout[rank],
             C4D_JOB_ID=self.job_id,
-            C4D_CLOCK_OFFSET_NS=str(self.offsets_ns[rank // cfg.ranks_per_node]),
+            C4D_CLOCK_OFFSET_NS=str(self.offsets_ns[self.layout[rank]]),
             SIMNCCL_JOB=self.job_id,
             SIMNCCL_FAULTS=";".join(native_faults),
             SIMNCCL_RANKS_PER_NODE=str(cfg.ranks_per_node),

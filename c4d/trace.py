@@ -2,12 +2,21 @@
 
 Layout::
 
-    b"C4DTRACE"  u32 format_version  u32 meta_len  meta (UTF-8 JSON)  record*  (128 bytes each)
+    b"C4DTRACE"  u32 format_version  u32 meta_len  meta (UTF-8 JSON)  frame*
 
-The JSON header holds the schema version and the job metadata known when the trace
-was opened. Records are written exactly as received (plus master TICK records), so
-a file cut at any byte after the header loads every complete record before the cut;
-a record whose kind or version this reader does not know is skipped and counted.
+Format 2 (written now): each batch as received, and each master TICK record, is one frame
+with a sync marker, its length and a CRC32C (c4d/framing.py): a reader verifies each frame,
+skips a damaged one, resynchronizes at the next marker and reports what it skipped.
+Format 1 (still read): records (128 bytes each) back to back, no framing.
+
+Format rule: FORMAT_VERSION changes when the file layout around the records changes (this
+header, the framing); the records inside have their own version (schema.SCHEMA_VERSION).
+A reader reads every format up to its own and refuses newer ones.
+
+The JSON header holds the schema version and the job metadata known when the trace was
+opened. Records are written exactly as received (the edge validator runs again on replay),
+so a file cut at any byte after the header loads every complete record before the cut; a
+record whose kind or version this reader does not know is skipped and counted.
 """
 
 from __future__ import annotations
@@ -24,10 +33,10 @@ from typing import Any, BinaryIO
 import numpy as np
 import pandas as pd
 
-from c4d import __version__, schema
+from c4d import __version__, framing, names, schema
 
 MAGIC = b"C4DTRACE"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 _PREFIX = struct.Struct("<8sII")
 
 
@@ -55,8 +64,9 @@ class TraceWriter:
         self.records = 0
 
     def write(self, raw: np.ndarray) -> None:
+        """One frame: the records of one batch."""
         if len(raw):
-            self._f.write(np.ascontiguousarray(raw).tobytes())
+            self._f.write(framing.encode(np.ascontiguousarray(raw).tobytes()))
             self.records += len(raw)
 
     def tick(self, now_ns: int) -> None:
@@ -87,6 +97,17 @@ class RawTrace:
     skipped: int = 0  # records of unknown kind or newer version
     path: str = ""
     kinds: dict[schema.Kind, np.ndarray] = field(default_factory=dict)
+    format_version: int = FORMAT_VERSION
+    damaged: list[tuple[int, int]] = field(default_factory=list)  # (file offset, bytes skipped)
+
+    @property
+    def damaged_bytes(self) -> int:
+        return sum(n for _, n in self.damaged)
+
+    @property
+    def lost_records(self) -> int:
+        """Records lost to damage (at most: damaged bytes / record size)."""
+        return self.damaged_bytes // schema.RECORD_SIZE
 
 
 def read_raw(path: str | os.PathLike) -> RawTrace:
@@ -101,7 +122,7 @@ def read_raw(path: str | os.PathLike) -> RawTrace:
             magic, fmt, meta_len = _PREFIX.unpack(head)
             if magic != MAGIC:
                 raise TraceError(f"{p}: not a c4d trace (magic {magic!r})")
-            if fmt > FORMAT_VERSION:
+            if fmt < 1 or fmt > FORMAT_VERSION:
                 raise TraceError(f"{p}: trace format {fmt} is newer than this c4d reads ({FORMAT_VERSION})")
             blob = f.read(meta_len)
             if len(blob) < meta_len:
@@ -111,8 +132,16 @@ def read_raw(path: str | os.PathLike) -> RawTrace:
             except ValueError as e:
                 raise TraceError(f"{p}: trace header is not valid JSON: {e}") from None
             body = size - _PREFIX.size - meta_len
-            n = max(body, 0) // schema.RECORD_SIZE
-            raw = np.fromfile(f, dtype=schema.HEADER, count=n)
+            damaged: list[tuple[int, int]] = []
+            if fmt >= 2:
+                sc = framing.scan(f.read())
+                raw = sc.records
+                truncated = sc.truncated_bytes
+                damaged = [(_PREFIX.size + meta_len + off, k) for off, k in sc.damaged]
+            else:
+                n = max(body, 0) // schema.RECORD_SIZE
+                raw = np.fromfile(f, dtype=schema.HEADER, count=n)
+                truncated = max(body, 0) - n * schema.RECORD_SIZE
     except OSError as e:
         raise TraceError(f"{p}: {e.strerror or e}") from None
     ok = np.isin(raw["kind"], [int(k) for k in schema.Kind]) & (raw["version"] >= 1)
@@ -122,15 +151,19 @@ def read_raw(path: str | os.PathLike) -> RawTrace:
     return RawTrace(
         meta=meta,
         raw=raw,
-        truncated_bytes=max(body, 0) - n * schema.RECORD_SIZE,
+        truncated_bytes=truncated,
         skipped=skipped,
         path=str(p),
         kinds=schema.by_kind(raw),
+        format_version=fmt,
+        damaged=damaged,
     )
 
 
-def _decode_str(col: np.ndarray) -> np.ndarray:
-    return np.char.decode(col, "utf-8", errors="replace")
+def _names(col: np.ndarray) -> np.ndarray:
+    """Wire names as c4d.names.clean gives them (the raw bytes stay in ``Trace.raw``)."""
+    uniq, inv = np.unique(col, return_inverse=True)
+    return np.array([names.clean(bytes(u)) for u in uniq], dtype=object)[inv.ravel()]
 
 
 @dataclass
@@ -184,8 +217,8 @@ def from_raw(rt: RawTrace) -> Trace:
     k = rt.kinds
     reg = _frame(k[schema.Kind.REGISTER], drop=("version", "kind"))
     if len(reg):
-        reg["node"] = _decode_str(k[schema.Kind.REGISTER]["node"])
-        reg["job"] = _decode_str(k[schema.Kind.REGISTER]["job"])
+        reg["node"] = _names(k[schema.Kind.REGISTER]["node"])
+        reg["job"] = _names(k[schema.Kind.REGISTER]["job"])
     ops = _frame(k[schema.Kind.OP], drop=("version", "kind"))
     ops["op_name"] = pd.Series(schema.OP_NAMES[ops["op"].to_numpy()], index=ops.index, dtype=object)
     dur = ops["end_ns"].astype("int64") - ops["start_ns"].astype("int64")

@@ -12,28 +12,39 @@ from c4d import schema
 
 
 class BadBatch(ValueError):
-    """A message that is not a c4d batch of the supported schema."""
+    """A message that is not a c4d batch of the supported schema.
+
+    ``reason`` is its class ("bad magic", ...): a fixed string to count and rate-limit by;
+    the message carries the values.
+    """
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 def decode(msg: bytes | memoryview) -> np.ndarray:
     """Return the batch's records as ``schema.HEADER`` rows (a copy-free view of ``msg``)."""
     n_bytes = len(msg)
     if n_bytes < schema.BATCH_HEADER.itemsize:
-        raise BadBatch(f"message of {n_bytes} bytes is shorter than a batch header")
+        raise BadBatch(f"message of {n_bytes} bytes is shorter than a batch header", "short message")
     hdr = np.frombuffer(msg, dtype=schema.BATCH_HEADER, count=1)[0]
     if int(hdr["magic"]) != schema.BATCH_MAGIC:
-        raise BadBatch(f"bad magic 0x{int(hdr['magic']):08x}")
+        raise BadBatch(f"bad magic 0x{int(hdr['magic']):08x}", "bad magic")
     version = int(hdr["version"])
     if version > schema.SCHEMA_VERSION or version < 1:
         raise BadBatch(
-            f"schema version {version} not supported (this master reads ≤ {schema.SCHEMA_VERSION})"
+            f"schema version {version} not supported (this master reads ≤ {schema.SCHEMA_VERSION})",
+            "unsupported schema version",
         )
     if int(hdr["record_size"]) != schema.RECORD_SIZE:
-        raise BadBatch(f"record size {int(hdr['record_size'])} != {schema.RECORD_SIZE}")
+        raise BadBatch(f"record size {int(hdr['record_size'])} != {schema.RECORD_SIZE}", "bad record size")
     n = int(hdr["n_records"])
     expect = schema.BATCH_HEADER.itemsize + n * schema.RECORD_SIZE
     if n_bytes != expect:
-        raise BadBatch(f"batch says {n} records ({expect} bytes) but the message has {n_bytes} bytes")
+        raise BadBatch(
+            f"batch says {n} records ({expect} bytes) but the message has {n_bytes} bytes", "length mismatch"
+        )
     raw = np.frombuffer(msg, dtype=schema.HEADER, count=n, offset=schema.BATCH_HEADER.itemsize)
     return schema.upgrade(raw)
 

@@ -8,13 +8,25 @@ from c4d import faults
 
 
 def test_parse_and_lower():
+    plain = faults.block_layout(8, 4)
+    assert plain == ["node-0"] * 4 + ["node-1"] * 4
     f = faults.parse("comm-slow@rank=3,step=5,factor=4", world=8)
     assert (f.kind, f.rank, f.step, f.factor) == ("comm-slow", 3, 5, 4.0)
-    assert f.lower(4, 8) == ["comm-slow@rank=3,step=5,factor=4"]
+    assert f.lower(plain) == ["comm-slow@rank=3,step=5,factor=4"]
     n = faults.parse("noncomm-hang@node=node-1", world=8, nodes=2)
-    assert n.lower(4, 8) == [f"noncomm-hang@rank={r},step=0" for r in range(4, 8)]
+    assert n.lower(plain) == [f"noncomm-hang@rank={r},step=0" for r in range(4, 8)]
     link = faults.parse("comm-hang@link=2-5", world=8)
-    assert link.ranks(4, 8) == [2, 5] and link.lower(4, 8) == ["comm-hang@link=2-5,step=0"]
+    assert link.ranks(plain) == [2, 5] and link.lower(plain) == ["comm-hang@link=2-5,step=0"]
+
+
+def test_a_node_fault_follows_the_node_not_the_rank():
+    """Resolved against the actual layout: node-1 excluded, its fault applies to no rank."""
+    n = faults.parse("noncomm-hang@node=node-1,step=5", world=8, nodes=3)
+    assert n.ranks(["node-0"] * 4 + ["node-2"] * 4) == []
+    assert n.lower(["node-0"] * 4 + ["node-2"] * 4) == []
+    # node-1 now hosts the second half of the ranks of another layout: the fault goes with it
+    assert n.ranks(["node-2"] * 4 + ["node-1"] * 4) == [4, 5, 6, 7]
+    assert n.ranks(["node-1", "node-0", "node-1", "node-0"]) == [0, 2]
 
 
 def test_hardware_model_keys_round_trip():
@@ -22,9 +34,9 @@ def test_hardware_model_keys_round_trip():
     survives lowering for simnccl and printing back as a SPEC."""
     d = faults.parse("comm-slow@link=2-5,dir=rev,step=3,until=9,factor=2.5", world=8)
     assert (d.dir, d.until, d.factor, d.transient) == ("rev", 9, 2.5, True)
-    assert d.lower(4, 8) == ["comm-slow@link=2-5,dir=rev,step=3,until=9,factor=2.5"]
+    assert d.lower(faults.block_layout(8, 4)) == ["comm-slow@link=2-5,dir=rev,step=3,until=9,factor=2.5"]
     h = faults.parse("noncomm-hang@rank=1,step=4,secs=1.5", world=8)
-    assert h.secs == 1.5 and h.lower(4, 8) == ["noncomm-hang@rank=1,step=4,secs=1.5"]
+    assert h.secs == 1.5 and h.lower(faults.block_layout(8, 4)) == ["noncomm-hang@rank=1,step=4,secs=1.5"]
     m = faults.parse("mismatch@rank=3,step=7", world=8)
     assert m.kind == "mismatch" and not m.transient
     for f in (d, h, m):
@@ -64,3 +76,17 @@ def test_bad_specs_get_one_line_reasons(spec):
     with pytest.raises(faults.FaultSpecError) as e:
         faults.parse(spec, world=8, nodes=2)
     assert "\n" not in str(e.value) and spec in str(e.value)
+
+
+def test_sim_layout_skips_excluded_nodes_and_uses_spares():
+    from c4d.sim import SimConfig
+
+    cfg = SimConfig(ranks=8, ranks_per_node=4, spare_nodes=1, exclude_nodes=("node-1", "elsewhere"))
+    cfg.validate()
+    assert cfg.cluster == ["node-0", "node-1", "node-2"]
+    assert cfg.node_names == ["node-0", "node-2"]
+    assert cfg.layout == ["node-0"] * 4 + ["node-2"] * 4
+    assert SimConfig(ranks=8, ranks_per_node=4, spare_nodes=1).node_names == ["node-0", "node-1"]
+    short = SimConfig(ranks=8, ranks_per_node=4, exclude_nodes=("node-0",))
+    with pytest.raises(ValueError, match="--spare-nodes"):
+        short.validate()

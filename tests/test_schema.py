@@ -17,6 +17,7 @@ STRUCTS = {
     schema.HEARTBEAT: "c4d_heartbeat_record",
     schema.COMM: "c4d_comm_record",
     schema.PEER: "c4d_peer_record",
+    schema.STAGE: "c4d_stage_record",
 }
 HEADER_FIELDS = {"kind", "version", "rank", "time_ns"}
 

@@ -49,13 +49,15 @@ EXPECTED_EXPORTS = {
     "ncclProfiler_v5",
     "ncclProfiler_v6",
     "c4d_stats",
+    "c4d_set_hang_timeout",
+    "c4d_hang_timeout",
 }  # fmt: skip
 
 C4D_VARS = [
     "C4D_HANG_TIMEOUT", "C4D_HANG_TIMES", "C4D_CONN_BW_CHECK_PERIOD", "C4D_RUNTIME_LOG_LEVEL",
     "C4D_ENABLE_STATS_OUTPUT", "C4D_MASTER_ADDR", "C4D_ENABLE", "C4D_NODE_NAME", "C4D_HEARTBEAT_MS",
     "C4D_QUEUE_CAPACITY", "C4D_EVENT_POOL", "C4D_SEND_HWM", "C4D_EXIT_FLUSH_MS", "C4D_CLOCK_OFFSET_NS",
-    "C4D_LIBZMQ", "C4D_JOB_ID",
+    "C4D_LIBZMQ", "C4D_JOB_ID", "C4D_PTRACER_PID",
 ]  # fmt: skip
 
 SUMMARY = re.compile(r"c4d: rank (-?\d+) pid (\d+): (\d+) records sent, (\d+) dropped \(queue full (\d+)")

@@ -1,7 +1,7 @@
 """Actions taken on a localized ERROR diagnosis (DESIGN.md: blacklist the culprit node).
 
-Richer actions (Kubernetes cordon, Slurm drain, job restart) are their own issue; they
-will sit beside ``blacklist`` and take the same Diagnosis.
+``blacklist`` is the file the master and ``c4d run`` keep; ``isolate`` runs the external
+ones (``kubernetes``, ``slurm``, ``command``) for ``c4d run --isolate``.
 """
 
 from c4d.actions.blacklist import append_nodes, apply, read_nodes

@@ -15,6 +15,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from c4d import names
+
 
 def read_nodes(path: str | os.PathLike) -> list[str]:
     """Node names in the file, in order, without blanks or duplicates ([] if it does not exist)."""
@@ -31,7 +33,9 @@ def read_nodes(path: str | os.PathLike) -> list[str]:
 
 
 def _valid(name: str) -> bool:
-    return bool(name) and name != "?" and not any(ch in name for ch in "\n\r\0")
+    """Only names already in c4d.names' safe form: the master sanitizes wire names on arrival, so
+    anything else here did not come through it and is refused, never rewritten."""
+    return names.is_clean(name)
 
 
 def append_nodes(path: str | os.PathLike, nodes: Iterable[str]) -> list[str]:

@@ -21,6 +21,7 @@ from c4d import schema
 from c4d.engine import clock, hang
 from c4d.engine.config import EngineConfig, ResolvedThresholds
 from c4d.engine.slow import SlowFinding, SlowJudge
+from c4d.engine.stage import Stages
 from c4d.engine.state import (
     GONE_EVENTS,
     IN_GROUP,
@@ -33,6 +34,7 @@ from c4d.engine.state import (
     RankTable,
 )
 from c4d.engine.types import CommSnapshot, DiagKind, Diagnosis, EngineSnapshot, Level, Localization, RankState
+from c4d.ratelog import RateLimitedLog
 from c4d.schema import Kind, Op, op_name
 
 log = logging.getLogger("c4d.engine")
@@ -49,15 +51,17 @@ class Engine:
         self.cfg = cfg or EngineConfig()
         self._split = split
         self.ranks = RankTable()
-        self.comms: list[Comm] = []
-        self._comm_index: dict[int, int] = {}
+        self.comms: dict[int, Comm] = {}  # by index (stable, never reused), in creation order
+        self._comm_index: dict[int, int] = {}  # comm id -> index
+        self._next_idx = 0
         self._emitted: dict[Hashable, int] = {}  # hang key -> highest count emitted
         self._active: dict[Hashable, Diagnosis] = {}  # hang key -> latest diagnosis (live view)
         self._epoch = [-1]
         self._slow = SlowJudge(self.cfg)
         self._pairs = P2PPairs()
+        self.stages = Stages()  # the training code's staged hang timeouts (stage.py)
         self._now = 0
-        self._warned: set[str] = set()
+        self._ratelog = RateLimitedLog(log)
         self.stats = {"records": 0, "invalid": 0, "batches": 0, "ticks": 0}
         self._buf: list[tuple[np.ndarray, int | np.ndarray]] = []  # fed, not yet ingested
         self._buf_n = 0
@@ -68,20 +72,19 @@ class Engine:
 
     def _invalid(self, what: str, n: int) -> None:
         self.stats["invalid"] += n
-        if what not in self._warned:
-            self._warned.add(what)
-            log.warning("c4d engine: dropped %d record(s) with %s (logged once)", n, what)
+        self._ratelog(what, "c4d engine: dropped %d record(s) with %s", n, what, n=n)
 
     def _comm(self, cid: int, n: int) -> Comm | None:
         i = self._comm_index.get(cid)
         if i is None:
             if not 1 <= n <= MAX_NRANKS:
                 return None
-            i = self._comm_index[cid] = len(self.comms)
+            i = self._comm_index[cid] = self._next_idx
+            self._next_idx += 1
             c = Comm(i, cid, n)
             if self._split:
                 c.split = []
-            self.comms.append(c)
+            self.comms[i] = c
         c = self.comms[i]
         return c if c.n == n else None
 
@@ -122,6 +125,23 @@ class Engine:
                 self._invalid(f"an unknown communicator or a changed size in {what} records", len(part))
                 continue
             yield c, part, ex
+
+    def free_comms(self, cids) -> int:
+        """Forget communicators (destroyed, or silent for long: c4d/validate.py, Edge.expire): their
+        arrays, memberships, unpaired p2p halves and slow-window state. Returns how many were known."""
+        freed = []
+        for cid in cids:
+            i = self._comm_index.pop(int(cid), None)
+            if i is None:
+                continue
+            c = self.comms.pop(i)
+            freed.append(i)
+            for g in np.unique(c.grank[c.grank >= 0]).tolist():
+                self.ranks.comms_of[g] = [t for t in self.ranks.comms_of[g] if t[0] != i]
+        if freed:
+            self._pairs.forget(freed)
+            self._slow.forget(freed)
+        return len(freed)
 
     def _member(self, c: Comm, cr: np.ndarray, g: np.ndarray) -> None:
         new = c.grank[cr] != g
@@ -187,7 +207,8 @@ class Engine:
             & (raw["version"] >= 1)
             & (raw["version"] <= schema.SCHEMA_VERSION)
             & (kind >= Kind.REGISTER)
-            & (kind <= Kind.PEER)
+            & (kind <= Kind.STAGE)
+            & (kind != Kind.TICK)
         )
         if not ok.all():
             bad = ~ok & (kind != Kind.TICK)
@@ -213,6 +234,8 @@ class Engine:
             self._feed_heartbeats(parts[Kind.HEARTBEAT])
         if len(parts[Kind.OP]):
             self._feed_ops(parts[Kind.OP])
+        if len(parts[Kind.STAGE]):
+            self.stages.feed(parts[Kind.STAGE], recv[raw["kind"] == Kind.STAGE])
         if len(parts[Kind.PEER]):
             for c, rows, _ in self._by_comm(parts[Kind.PEER], "PEER"):
                 ok = (rows["peer"] >= 0) & (rows["peer"] < c.n)
@@ -246,12 +269,13 @@ class Engine:
         if not ok.all():
             self._invalid("an unknown op kind", int((~ok).sum()))
             ops = ops[ok]
+            if not len(ops):  # (an empty chunk of ops once crashed _gaps: issue 14)
+                return
         gain = self.cfg.clock_gain
         gaps, cum = self._gaps(ops)
         extra = np.stack([gaps, self._shares_events(ops), cum], axis=1)
         p2p_rows, p2p_comm, p2p_shared = [], [], []
         for c, part, ex in self._by_comm(ops, "OP", extra):
-            pg = ex[:, 0]
             n = len(part)
             self._member(c, part["comm_rank"].astype(np.int64), part["rank"].astype(np.int64))
             c.ops_seen += n
@@ -265,7 +289,7 @@ class Engine:
                     p2p_comm.append(np.full(int(okp.sum()), c.idx, np.int64))
                     p2p_shared.append(ex[p2p][okp, 1] != 0)
             if (~p2p).any():
-                c.add_collectives(part[~p2p], pg[~p2p], ex[~p2p, 2], self.ranks, gain)
+                c.add_collectives(part[~p2p], ex[~p2p, 2], self.ranks, gain)
         if p2p_rows:  # one pass over every communicator's sends and receives
             self._pairs.feed(np.concatenate(p2p_rows), np.concatenate(p2p_comm), np.concatenate(p2p_shared),
                              self.comms, self.ranks)  # fmt: skip
@@ -316,7 +340,7 @@ class Engine:
 
         Rows of ops still in the feed buffer come at a later call (after the next tick)."""
         parts = []
-        for c in self.comms:
+        for c in self.comms.values():
             if c.split:
                 parts.extend(c.split)
                 c.split = []
@@ -344,8 +368,13 @@ class Engine:
 
     def _count(self, f: hang.Finding, th: ResolvedThresholds, now: int) -> list[Diagnosis]:
         """Hang counting: n = floor(duration / T); WARNING at 1, ERROR at hang_times, each increase."""
-        T = th.hang_timeout_ns
-        dur = now - f.start_ns
+        T, start = th.hang_timeout_ns, f.start_ns
+        if f.kind is DiagKind.RankNonCommHang:
+            staged = self.stages.adjust(f.ranks, T, start, now)
+            if staged is None:
+                return []  # the code disabled hang detection where it is (c4d.hang_timeout(-1))
+            T, start = staged
+        dur = now - start
         n = int(dur // T) if dur > 0 else 0
         prev = self._emitted.get(f.key, 0)
         if n < 1 or n <= prev:
@@ -357,8 +386,10 @@ class Engine:
             return []
         self._emitted[f.key] = n
         d = dict(f.detail)
-        d["waited_s"] = round(dur / 1e9, 3)
+        d["waited_s"] = round((now - f.start_ns) / 1e9, 3)
         d["timeout_s"] = round(T / 1e9, 3)
+        if (T, start) != (th.hang_timeout_ns, f.start_ns):
+            d["staged_timeout"] = True  # set by the training code (c4d.hang_timeout), see stage.py
         d["hang_times_limit"] = th.hang_times
         mk = lambda lvl: self._diag(now, lvl, f.kind, f.comm, f.op, f.seq, f.ranks, n, f.loc, d)  # noqa: E731
         out = []
@@ -412,7 +443,7 @@ class Engine:
         th = self.thresholds()
         seen = np.flatnonzero(R.seen[: R.n]).tolist()
         states: dict[int, RankState] = {g: RankState.computing for g in seen}
-        for c in self.comms:
+        for c in self.comms.values():
             done = c.done_eff()
             arr = np.maximum(c.n_arrived, done)
             live = c.hb_seen & ~c.gone & (c.grank >= 0)
@@ -441,7 +472,7 @@ class Engine:
             time_ns=now,
             rank_states=states,
             rank_nodes={g: R.node_name(g) for g in seen},
-            comms=tuple(self._comm_snapshot(c) for c in self.comms),
+            comms=tuple(self._comm_snapshot(c) for c in self.comms.values()),
             offsets_ms={g: round(R.offset(g) / 1e6, 3) for g in seen},
             active=tuple(self._active[k] for k in sorted(self._active, key=repr)),
         )

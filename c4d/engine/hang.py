@@ -164,7 +164,7 @@ class _Edge:
 class WaitGraph:
     """One tick's wait-for graph (see module doc)."""
 
-    def __init__(self, ranks: RankTable, comms: list[Comm], th: ResolvedThresholds, now: int):
+    def __init__(self, ranks: RankTable, comms: dict[int, Comm], th: ResolvedThresholds, now: int):
         self.r, self.comms, self.th, self.now = ranks, comms, th, now
         T = th.hang_timeout_ns
         self.T = T
@@ -178,7 +178,7 @@ class WaitGraph:
         self.nodes: dict[NodeKey, _Node] = {}
         self.blocks_of: dict[int, list[NodeKey]] = {}
         self.view: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
-        for c in comms:
+        for c in comms.values():
             self._collect(c)
         self._memo: dict[NodeKey, _Expl] = {}
         self._stack: set[NodeKey] = set()
@@ -464,7 +464,7 @@ def _hex(c: Comm) -> str:
     return f"{c.id:016x}"
 
 
-def evaluate(ranks: RankTable, comms: list[Comm], th: ResolvedThresholds, now: int) -> list[Finding]:
+def evaluate(ranks: RankTable, comms: dict[int, Comm], th: ResolvedThresholds, now: int) -> list[Finding]:
     """Every hang, mismatch and loss in progress at master time ``now`` (durations may still be < T)."""
     G = WaitGraph(ranks, comms, th, now)
     out: list[Finding] = []
@@ -545,7 +545,7 @@ def _noncomm(G: WaitGraph, term_sources, missing: list[int], common) -> list[Fin
     ]  # fmt: skip
 
 
-def _comm_hangs(G: WaitGraph, comms: list[Comm], term_sources, common, now: int) -> list[Finding]:
+def _comm_hangs(G: WaitGraph, comms: dict[int, Comm], term_sources, common, now: int) -> list[Finding]:
     """RankCommHang on collectives everyone has arrived at, and on stuck p2p pairs."""
     stuck = sorted(
         (t for t in term_sources if isinstance(t, Stuck | StuckLink)),
@@ -685,7 +685,7 @@ def _lost(G: WaitGraph, ranks: RankTable, term_sources, common) -> list[Finding]
     return [Finding(("lost", first), DiagKind.RankLost, None, None, None, tuple(lost), start, loc, d)]
 
 
-def _term_ranks(t: Stuck | StuckLink, comms: list[Comm]) -> list[int]:
+def _term_ranks(t: Stuck | StuckLink, comms: dict[int, Comm]) -> list[int]:
     if isinstance(t, StuckLink):
         return [t.sender, t.receiver]
     c = comms[t.comm]

@@ -66,14 +66,23 @@ class SlowJudge:
         self.first_seen: dict[tuple, int] = {}  # unit key -> the first window it had enough ops in
         self.late_ops = 0  # ops that completed after their window was judged
 
+    def forget(self, comm_idx: list[int]) -> None:
+        """Drop the state of freed communicators (unit keys carry the comm index second)."""
+        gone = set(comm_idx)
+        dicts: tuple[dict, ...] = (self.baseline, self.slow_units, self.last_judged, self.unit_members,
+                                   self.unit_shapes, self.deferred, self.first_seen)  # fmt: skip
+        for d in dicts:
+            for key in [k for k in d if len(k) > 1 and k[1] in gone]:
+                del d[key]
+
     def judge(
-        self, ranks: RankTable, comms: list[Comm], th: ResolvedThresholds, now: int
+        self, ranks: RankTable, comms: dict[int, Comm], th: ResolvedThresholds, now: int
     ) -> list[SlowFinding]:
         P = th.period_ns
         closed = (now - int(self.cfg.slow_grace_ms * 1e6)) // P - 1  # last window that may be judged
         per_comm: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         per_p2p: dict[int, np.ndarray] = {}
-        for c in comms:
+        for c in comms.values():
             got = self._closed_coll(c, closed, P)
             if got is not None:
                 per_comm[c.idx] = got
@@ -136,7 +145,7 @@ class SlowJudge:
     def _window(
         self,
         ranks: RankTable,
-        comms: list[Comm],
+        comms: dict[int, Comm],
         sel: dict[int, np.ndarray],
         gaps: dict[int, np.ndarray],
         sel_p2p: dict[int, np.ndarray],
@@ -150,7 +159,12 @@ class SlowJudge:
 
     # -- RankNonCommSlow ---------------------------------------------------------------
     def _noncomm_slow(
-        self, comms: list[Comm], sel: dict[int, np.ndarray], gaps: dict[int, np.ndarray], w: int, win: dict
+        self,
+        comms: dict[int, Comm],
+        sel: dict[int, np.ndarray],
+        gaps: dict[int, np.ndarray],
+        w: int,
+        win: dict,
     ) -> list[SlowFinding]:
         """A member whose own compute before C's ops (its compute gap: arrival minus the end of
         its previous synchronizing op) is longer than the other members' in most of the
@@ -214,7 +228,7 @@ class SlowJudge:
         return out
 
     # -- RankCommSlow ------------------------------------------------------------------
-    def _units(self, ranks: RankTable, comms: list[Comm], sel, sel_p2p) -> list[_Unit]:
+    def _units(self, ranks: RankTable, comms: dict[int, Comm], sel, sel_p2p) -> list[_Unit]:
         """What can be slow in a window: communicators (their main collective) and p2p links."""
         cfg = self.cfg
         units: list[_Unit] = []
@@ -369,7 +383,7 @@ class SlowJudge:
     def _localize(
         self,
         ranks: RankTable,
-        comms: list[Comm],
+        comms: dict[int, Comm],
         u: _Unit,
         shapes: list[blame.UnitShape],
         d: dict[str, Any],

@@ -49,8 +49,8 @@ COMPLETED = np.dtype(
         ("busbw", "<f8"),  # GB/s, nccl-tests formula
         ("last", "<i4"),  # comm rank that arrived last
         ("margin", "<i8"),  # L - next-to-last arrival
-        ("gap_last", "<i8"),  # compute gap before the op of the last arriver (-1 unknown)
-        ("gap_others", "<f8"),  # median compute gap of the others (NaN unknown)
+        ("gap_last", "<i8"),  # the last arriver's compute since its previous op of C (-1 unknown)
+        ("gap_others", "<f8"),  # the others' median of it (NaN unknown)
         ("wait_med", "<i8"),
         ("wait_max", "<i8"),
         ("aligned", "?"),  # every member's clock offset was known when it was reduced
@@ -332,15 +332,15 @@ class Comm:
         self.has = np.zeros((W, n), bool)
         self.arr = np.zeros((W, n), np.int64)
         self.end = np.zeros((W, n), np.int64)
-        self.gap = np.full((W, n), -1, np.int64)
-        self.gcum = np.full((W, n), -1, np.int64)  # the member's running compute sum at this op
+        self.gap = np.full((W, n), -1, np.int64)  # the member's compute before the op (see add_collectives)
+        self.last_cum = np.full(n, -1, np.int64)  # each member's running compute sum at its latest op here
         self.opk = np.zeros(W, np.uint8)
         self.nbytes = np.zeros(W, np.int64)
         self.processed = np.zeros(W, bool)
         self.incomplete = 0  # ops evicted before every member reported
         # derived
         self.pending: list[np.ndarray] = []  # COMPLETED rows not yet judged by a slow window
-        self.pending_gaps: list[np.ndarray] = []  # their members' compute since the previous op (ops x n, ns)
+        self.pending_gaps: list[np.ndarray] = []  # their members' compute before each op (ops x n, ns)
         self.recent: list[np.ndarray] = []  # COMPLETED rows for the live view
         self.recent_n = 0
         self.peer_rows: list[np.ndarray] = []
@@ -412,9 +412,7 @@ class Comm:
             if m > self.p2p_done.get(k, 0):
                 self.p2p_done[k] = m
 
-    def add_collectives(
-        self, ops: np.ndarray, gaps: np.ndarray, cum: np.ndarray, ranks: RankTable, gain: float
-    ) -> np.ndarray:
+    def add_collectives(self, ops: np.ndarray, cum: np.ndarray, ranks: RankTable, gain: float) -> np.ndarray:
         """Scatter collective OP rows into the ring; return COMPLETED rows of the ops now complete."""
         self.has_coll = True
         seq = ops["seq"].astype(np.int64)
@@ -437,17 +435,27 @@ class Comm:
             self.tag[s_new] = s_seq
             self.has[s_new] = False
             self.gap[s_new] = -1
-            self.gcum[s_new] = -1
             self.processed[s_new] = False
+        # Each member's compute before op k of this communicator: its running compute sum now
+        # minus at its previous op here (a rank's ops arrive in its stream's order), so every
+        # gap in between counts, in whatever communicator (a pipeline stage's compute ends at
+        # a p2p send, not at the DP all-reduce that follows). Unknown (-1) at its first op.
+        order = np.lexsort((seq, cr))
+        cr_o, cum_o = cr[order], cum[order]
+        first = np.r_[True, cr_o[1:] != cr_o[:-1]]
+        prev = np.where(first, self.last_cum[cr_o], np.r_[-1, cum_o[:-1]])
+        comp = np.empty_like(cum)
+        comp[order] = np.where(prev >= 0, cum_o - prev, -1)
+        last = np.r_[cr_o[1:] != cr_o[:-1], True]
+        self.last_cum[cr_o[last]] = cum_o[last]
         ok = seq == self.tag[slot]
         if not ok.all():
-            ops, seq, cr, slot, gaps, cum = ops[ok], seq[ok], cr[ok], slot[ok], gaps[ok], cum[ok]
+            ops, seq, cr, slot, comp = ops[ok], seq[ok], cr[ok], slot[ok], comp[ok]
         start = ops["start_ns"].astype(np.int64)
         issue = ops["issue_ns"].astype(np.int64)
         self.arr[slot, cr] = np.where(start > 0, start, issue)  # arrival: device start, else host issue
         self.end[slot, cr] = ops["end_ns"].astype(np.int64)
-        self.gap[slot, cr] = gaps
-        self.gcum[slot, cr] = cum
+        self.gap[slot, cr] = comp
         self.has[slot, cr] = True
         self.opk[slot] = ops["op"]
         self.nbytes[slot] = ops["bytes"].astype(np.int64)
@@ -548,13 +556,9 @@ class Comm:
             res = np.clip(res - res.mean(), -1e9, 1e9)
             ranks.add_residuals(self.grank, gain * res)
         self.pending.append(out)
-        # each member's compute between this op and its previous op of this communicator (all
-        # its gaps in between, in whatever communicator): what a slow rank's peers wait for
-        prev = (slots - 1) % self.W
-        have = (self.tag[prev] == self.tag[slots] - 1)[:, None] & (self.gcum[prev] >= 0)
-        have &= self.gcum[slots] >= 0
-        comp = np.where(have, self.gcum[slots] - self.gcum[prev], np.nan)
-        self.pending_gaps.append(comp.astype(np.float32))
+        # each member's compute before the op (see add_collectives): what a slow rank's peers
+        # wait for
+        self.pending_gaps.append(np.where(G >= 0, G, np.nan).astype(np.float32))
         self.recent.append(out)
         self.recent_n += m
         if self.recent_n > 2048 and len(self.recent) > 1:
@@ -612,11 +616,22 @@ class P2PPairs:
         self.bprev = np.empty(0, np.int64)
         self.bep = np.empty(0, np.int64)
 
+    def forget(self, comm_idx: list[int]) -> None:
+        """Drop the unpaired halves and link bounds of freed communicators."""
+        idx = np.asarray(comm_idx, np.int64)
+        self.half = self.half[~np.isin(self.half["comm"], idx)]
+        keep = ~np.isin(self.bkey >> 42, idx)
+        self.bkey, self.bcur, self.bprev, self.bep = (
+            a[keep] for a in (self.bkey, self.bcur, self.bprev, self.bep)
+        )
+
     @staticmethod
     def _key(comm: np.ndarray, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
         return (comm.astype(np.int64) << 42) | (src.astype(np.int64) << 21) | dst.astype(np.int64)
 
-    def feed(self, ops, comm: np.ndarray, shared: np.ndarray, comms: list[Comm], ranks: RankTable) -> None:
+    def feed(
+        self, ops, comm: np.ndarray, shared: np.ndarray, comms: dict[int, Comm], ranks: RankTable
+    ) -> None:
         """p2p OP rows of one chunk, with each row's communicator index and whether it
         shares its group's events (Engine._shares_events)."""
         done = ops["end_ns"] > 0

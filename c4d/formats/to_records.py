@@ -264,6 +264,7 @@ def assemble(
         schema.Kind.HEARTBEAT: np.concatenate(beat_parts) if beat_parts else heartbeats(0),
         schema.Kind.COMM: comm_recs,
         schema.Kind.PEER: np.empty(0, dtype=schema.PEER),
+        schema.Kind.STAGE: np.empty(0, dtype=schema.STAGE),
     }
 
     full = {

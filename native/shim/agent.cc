@@ -13,8 +13,9 @@
  *       2 events ← pool; cudaEventRecord(start)                start fired → arrived; RETURNED and end
  *       ready ring ← slot          (Vyukov MPMC)                fired → done → c4d_op_record into the batch
  *   4 real ncclAllReduce                                   c' profiler transfers done → PEER records (profiler.h)
+ *                                                          c" hang timeout set by the code → STAGE (run_support.h)
  *   5 op_end: cudaEventRecord(end); return time,           d every C4D_HEARTBEAT_MS: a process heartbeat and
- *     result; state = RETURNED (release)                      one per live comm (REGISTER + COMM every 10th),
+ *     result; state = RETURNED (release)                      one per live comm (REGISTER, COMM, STAGE every 10th),
  *                                                            one PEER record per profiler transfer in flight
  *                                                          e batch of ≤ 512 records or ≤ 50 ms old →
  *                                                            zmq_send(DONTWAIT); EAGAIN → dropped, counted
@@ -46,6 +47,7 @@
 #include "op_pool.h"
 #include "profiler.h"
 #include "real_nccl.h"
+#include "run_support.h"
 #include "shim.h"
 #include "timing.h"
 #include "zmq_link.h"
@@ -65,6 +67,7 @@ constexpr uint64_t kPollBusyNs = 5000000ull;        // ops in flight: poll event
 constexpr uint64_t kPollIdleNs = 50000000ull;       // nothing in flight (= the batch age limit)
 constexpr uint32_t kRegisterEvery = 10;             // heartbeats between REGISTER repeats
 constexpr uint32_t kReservoir = 256;                // duration samples kept per (comm, op) for stats
+constexpr uint64_t kConnectGraceNs = 3000000000ull;  // no master connected by then: say so once
 
 struct OpStats {
   uint64_t n, sum_ns, bytes;
@@ -96,6 +99,10 @@ struct Agent {
   uint32_t hb_count;
   uint64_t ops_seen, ops_arrived, ops_done;
   uint64_t rng;
+  uint64_t delivered;     // records queued while a master was connected, or before one connected
+  uint64_t unconfirmed;   // records queued since no master is connected
+  uint64_t started_mono;
+  bool told_no_master;
   c4d_register_record reg;
   alignas(16) uint8_t batch[sizeof(c4d_batch_header) + kBatchMax * C4D_RECORD_SIZE];
   CommProgress progress[kMaxComms];
@@ -105,6 +112,19 @@ Agent g_agent;  // trivially destructible: nothing runs at exit behind our back
 
 /* ---------------------------------------------------------------- sending */
 
+/* Delivery bookkeeping (zmq_link.h): `queued` records were just handed to ZeroMQ. */
+void note_link(uint32_t queued) {
+  Agent& a = g_agent;
+  if (a.link.poll_events()) {  // a master connected: ZeroMQ sends it what waited in the queue
+    a.delivered += a.unconfirmed;
+    a.unconfirmed = 0;
+  }
+  if (a.link.peer_connected())
+    a.delivered += queued;
+  else
+    a.unconfirmed += queued;
+}
+
 void flush() {
   Agent& a = g_agent;
   if (!a.n_batch) return;
@@ -113,9 +133,10 @@ void flush() {
   size_t n = sizeof h + size_t(a.n_batch) * C4D_RECORD_SIZE;
   if (!a.link.connected())
     count(g_counters.dropped_nolink, a.n_batch);
-  else if (a.link.send(a.batch, n))
+  else if (a.link.send(a.batch, n)) {
     count(g_counters.sent, a.n_batch);
-  else
+    note_link(a.n_batch);
+  } else
     count(g_counters.dropped_send, a.n_batch);
   a.n_batch = 0;
 }
@@ -218,6 +239,7 @@ void heartbeats(uint16_t hb_flags) {
   if (a.hb_count > 0 && a.hb_count % kRegisterEvery == 0) {
     send_register();
     comm_snapshots();
+    stage_repeat(append);
   }
   ++a.hb_count;
   uint32_t nc = comm_count();
@@ -512,6 +534,7 @@ void finish_up() {
   }
   heartbeats(C4D_HBF_FINAL);
   flush();
+  note_link(0);
   uint64_t now = mono_now_ns();
   uint64_t left = t0 + budget > now ? t0 + budget - now : 0;
   a.link.close(int(left / 1000000ull));
@@ -519,8 +542,10 @@ void finish_up() {
 
 void* agent_main(void*) {
   pthread_setname_np(pthread_self(), "c4d-agent");
+  declare_ptracer();
   Agent& a = g_agent;
-  a.link.open(g_cfg.master_addr, g_cfg.send_hwm);
+  if (g_cfg.master_addr[0]) a.link.open(g_cfg.master_addr, g_cfg.send_hwm);
+  a.started_mono = mono_now_ns();
   C4D_LOG(kDebug, "agent up: rank %d pid %d → %s", g_cfg.rank, int(getpid()), g_cfg.master_addr);
   send_register();
   const uint64_t hb_period = uint64_t(g_cfg.heartbeat_ms) * 1000000ull;
@@ -532,6 +557,7 @@ void* agent_main(void*) {
     timing_tick(now);
     busy |= poll();
     busy |= peer_poll(append);
+    stage_poll(append);
     if (now >= next_hb) {
       heartbeats(0);
       flush();
@@ -539,6 +565,15 @@ void* agent_main(void*) {
       if (next_hb <= now) next_hb = now + hb_period;  // we were late: don't burst
     }
     if (a.n_batch && mono_now_ns() - a.batch_first_mono >= kBatchMaxAgeNs) flush();
+    note_link(0);
+    if (!a.told_no_master && a.link.monitored() && !a.link.ever_connected() &&
+        mono_now_ns() - a.started_mono >= kConnectGraceNs) {
+      a.told_no_master = true;
+      C4D_LOG(kWarning,
+              "rank %d: no master has connected at %s after %llu s; records wait in ZeroMQ's queue (then are "
+              "dropped and counted) until one listens there",
+              g_cfg.rank, g_cfg.master_addr, (unsigned long long)(kConnectGraceNs / 1000000000ull));
+    }
     if (stop) break;
     uint64_t wake = now + ((busy || a.n_pending) ? kPollBusyNs : kPollIdleNs);
     if (next_hb < wake) wake = next_hb;
@@ -600,6 +635,8 @@ bool agent_start() {
   a.n_pending = a.n_batch = a.hb_count = 0;
   a.ops_seen = a.ops_arrived = a.ops_done = 0;
   a.rng = 0x9e3779b97f4a7c15ull ^ uint64_t(getpid());
+  a.delivered = a.unconfirmed = 0;
+  a.told_no_master = false;
   build_register(cuda_current_device());
   ZmqLink::load(g_cfg.libzmq);  // here, not on the agent: see ZmqLink::load
 
@@ -642,17 +679,33 @@ void agent_shutdown() {
   uint64_t nolink = g_counters.dropped_nolink.load(std::memory_order_relaxed);
   char prof[128];
   peer_summary(prof, sizeof prof);
-  C4D_LOG(kInfo, "rank %d pid %d: %llu records sent, %llu dropped (queue full %llu, master busy %llu, no link %llu)%s",
-          g_cfg.rank, int(getpid()), (unsigned long long)g_counters.sent.load(std::memory_order_relaxed),
-          (unsigned long long)(full + send + nolink), (unsigned long long)full, (unsigned long long)send,
-          (unsigned long long)nolink, prof);
+  uint64_t sent = g_counters.sent.load(std::memory_order_relaxed);
+  char delivered[96];
+  if (finished && a.link.monitored())
+    snprintf(delivered, sizeof delivered, ", %llu delivered", (unsigned long long)a.delivered);
+  else
+    snprintf(delivered, sizeof delivered, ", delivery not known");
+  C4D_LOG(kInfo,
+          "rank %d pid %d: %llu records sent, %llu dropped (queue full %llu, master busy %llu, no link %llu)%s%s",
+          g_cfg.rank, int(getpid()), (unsigned long long)sent, (unsigned long long)(full + send + nolink),
+          (unsigned long long)full, (unsigned long long)send, (unsigned long long)nolink, delivered, prof);
+  if (!g_cfg.master_addr[0])
+    C4D_LOG(kWarning, "rank %d pid %d: nothing was delivered: C4D_MASTER_ADDR is not a usable endpoint", g_cfg.rank,
+            int(getpid()));
+  else if (finished && a.link.monitored() && !a.link.ever_connected())
+    C4D_LOG(kWarning,
+            "rank %d pid %d: nothing was delivered: no master ever connected at %s (%llu records queued and lost)",
+            g_cfg.rank, int(getpid()), g_cfg.master_addr, (unsigned long long)sent);
 }
 
 void agent_reset_after_fork() {
   Agent& a = g_agent;
   a.running = false;
   a.link.forget();
+  stage_reset_after_fork();
   a.n_pending = a.n_batch = a.hb_count = 0;
+  a.delivered = a.unconfirmed = 0;
+  a.told_no_master = false;
   for (CommProgress& p : a.progress) p = CommProgress{0, 0, 0, 0, kNone, 0, nullptr};
   init_sync();
 }

@@ -18,6 +18,16 @@ const char* c4d_version(void);
  * may be NULL). */
 void c4d_stats(uint64_t* sent, uint64_t* dropped);
 
+/* Staged hang threshold (c4d.hang_timeout in Python): from now on, a hang in which this
+ * process is the rank the others wait for is diagnosed after `timeout_us` µs instead of
+ * C4D_HANG_TIMEOUT; -1: no hang diagnosis while it lasts; 0: back to the job's value.
+ * Any thread, any time (before NCCL is initialised too): a few atomic stores, no lock,
+ * no allocation; the value reaches the master with the agent's next poll (a STAGE record). */
+void c4d_set_hang_timeout(int64_t timeout_us);
+
+/* The value last set (0 when never set). */
+int64_t c4d_hang_timeout(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -150,8 +150,15 @@ void config_load(Config* c) {
   if (const char* s = env("C4D_MASTER_ADDR")) {
     if (looks_like_endpoint(s))
       copy_trunc(c->master_addr, sizeof c->master_addr, s);
-    else
-      bad("C4D_MASTER_ADDR", s, "is not a ZeroMQ endpoint (tcp://HOST:PORT, ipc://PATH)", kDefaultMasterAddr);
+    else {  // never silently another address: the records would go to whoever listens there
+      char shown[80];
+      printable(s, shown, sizeof shown);
+      log_write(kWarning,
+                "C4D_MASTER_ADDR='%s' is not a ZeroMQ endpoint (tcp://HOST:PORT, ipc://PATH); using none: records "
+                "are counted, not sent",
+                shown);
+      c->master_addr[0] = '\0';
+    }
   }
 
   char host[256] = "unknown";

@@ -17,7 +17,7 @@ struct Config {
   int bw_check_period_s;     // C4D_CONN_BW_CHECK_PERIOD
   int log_level;             // C4D_RUNTIME_LOG_LEVEL, 0 TRACE .. 5 FATAL
   bool stats_output;         // C4D_ENABLE_STATS_OUTPUT
-  char master_addr[256];     // C4D_MASTER_ADDR
+  char master_addr[256];     // C4D_MASTER_ADDR; "" when malformed (nothing is sent)
   bool enable;               // C4D_ENABLE
   char node[40];             // C4D_NODE_NAME, else hostname
   /* the shim's own knobs */

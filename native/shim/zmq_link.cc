@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <atomic>
 
@@ -23,6 +24,11 @@ constexpr int ZMQ_LINGER = 17;
 constexpr int ZMQ_SNDHWM = 23;
 constexpr int ZMQ_DONTWAIT = 1;
 constexpr int ZMQ_BLOCKY = 70;
+constexpr int ZMQ_PAIR = 0;
+constexpr int ZMQ_RCVMORE = 13;
+constexpr int ZMQ_EVENT_CONNECTED = 0x0001;
+constexpr int ZMQ_EVENT_DISCONNECTED = 0x0200;
+constexpr int ZMQ_EVENT_HANDSHAKE_SUCCEEDED = 0x1000;  // libzmq >= 4.3
 
 struct ZmqApi {
   void* (*ctx_new)();
@@ -36,11 +42,16 @@ struct ZmqApi {
   int (*errno_)();
   const char* (*strerror)(int);
   void (*version)(int*, int*, int*);
+  /* optional (delivery monitoring) */
+  int (*socket_monitor)(void*, const char*, int);
+  int (*recv)(void*, void*, size_t, int);
+  int (*getsockopt)(void*, int, void*, size_t*);
 };
 
 constexpr const char* kDropped = "records are dropped and counted";
 
 ZmqApi g_zmq;
+int g_version = 0;  // major * 10000 + minor * 100 + patch
 enum LoadState { kNotTried, kLoaded, kFailed };
 std::atomic<int> g_state{kNotTried};  // written under g_init_mutex (activation)
 char g_path[PATH_MAX];
@@ -67,10 +78,14 @@ bool try_load(const char* path) {
     dlclose(lib);
     return false;
   }
+  sym(lib, &z.socket_monitor, "zmq_socket_monitor");
+  sym(lib, &z.recv, "zmq_recv");
+  sym(lib, &z.getsockopt, "zmq_getsockopt");
   g_zmq = z;
   strncpy(g_path, path, sizeof g_path - 1);
   int a = 0, b = 0, c = 0;
   g_zmq.version(&a, &b, &c);
+  g_version = a * 10000 + b * 100 + c;
   C4D_LOG(kDebug, "libzmq %d.%d.%d from %s", a, b, c, path);
   return true;
 }
@@ -139,17 +154,71 @@ bool ZmqLink::open(const char* endpoint, int send_hwm) {
   g_zmq.ctx_set(ctx_, ZMQ_BLOCKY, 0);  // a forgotten socket must never block zmq_ctx_term
   sock_ = g_zmq.socket(ctx_, ZMQ_PUSH);
   int linger = 0;
-  if (!sock_ || g_zmq.setsockopt(sock_, ZMQ_SNDHWM, &send_hwm, sizeof send_hwm) != 0 ||
-      g_zmq.setsockopt(sock_, ZMQ_LINGER, &linger, sizeof linger) != 0 || g_zmq.connect(sock_, endpoint) != 0) {
+  bool ok = sock_ && g_zmq.setsockopt(sock_, ZMQ_SNDHWM, &send_hwm, sizeof send_hwm) == 0 &&
+            g_zmq.setsockopt(sock_, ZMQ_LINGER, &linger, sizeof linger) == 0;
+  if (ok) open_monitor();  // before connect: the handshake may complete at once
+  if (!ok || g_zmq.connect(sock_, endpoint) != 0) {
     C4D_LOG(kWarning, "cannot connect to C4D_MASTER_ADDR=%s: %s; records are dropped and counted", endpoint,
             g_zmq.strerror(g_zmq.errno_()));
+    if (mon_) {
+      g_zmq.socket_monitor(sock_, nullptr, 0);
+      g_zmq.close(mon_);
+    }
     if (sock_) g_zmq.close(sock_);
     g_zmq.ctx_term(ctx_);
-    ctx_ = sock_ = nullptr;
+    ctx_ = sock_ = mon_ = nullptr;
     return false;
   }
   C4D_LOG(kDebug, "pushing records to %s", endpoint);
   return true;
+}
+
+/* Delivery monitor: failures only cost the "delivered" count (logged at debug level). */
+void ZmqLink::open_monitor() {
+  if (!g_zmq.socket_monitor || !g_zmq.recv || !g_zmq.getsockopt) return;
+  char ep[64];
+  snprintf(ep, sizeof ep, "inproc://c4d-monitor-%d-%p", int(getpid()), sock_);
+  int events = ZMQ_EVENT_DISCONNECTED | (g_version >= 40300 ? ZMQ_EVENT_HANDSHAKE_SUCCEEDED : ZMQ_EVENT_CONNECTED);
+  if (g_zmq.socket_monitor(sock_, ep, events) != 0) {
+    C4D_LOG(kDebug, "zmq_socket_monitor: %s; delivery is not known", g_zmq.strerror(g_zmq.errno_()));
+    return;
+  }
+  mon_ = g_zmq.socket(ctx_, ZMQ_PAIR);
+  int linger = 0;
+  if (!mon_ || g_zmq.setsockopt(mon_, ZMQ_LINGER, &linger, sizeof linger) != 0 || g_zmq.connect(mon_, ep) != 0) {
+    C4D_LOG(kDebug, "monitor socket: %s; delivery is not known", g_zmq.strerror(g_zmq.errno_()));
+    if (mon_) g_zmq.close(mon_);
+    mon_ = nullptr;
+    g_zmq.socket_monitor(sock_, nullptr, 0);
+    return;
+  }
+  monitored_ = true;
+}
+
+bool ZmqLink::poll_events() {
+  if (!mon_) return false;
+  bool joined = false;
+  for (;;) {
+    uint8_t frame[16];  // event id (u16) + value (u32); the second frame is the endpoint
+    int n = g_zmq.recv(mon_, frame, sizeof frame, ZMQ_DONTWAIT);
+    if (n < 0) break;  // EAGAIN: nothing more now
+    int more = 0;
+    size_t len = sizeof more;
+    while (g_zmq.getsockopt(mon_, ZMQ_RCVMORE, &more, &len) == 0 && more) {
+      char skip[8];
+      if (g_zmq.recv(mon_, skip, sizeof skip, ZMQ_DONTWAIT) < 0) break;
+      len = sizeof more;
+    }
+    if (n < 2) continue;
+    uint16_t ev = uint16_t(frame[0] | (frame[1] << 8));
+    if (ev == ZMQ_EVENT_DISCONNECTED) {
+      peer_ = false;
+    } else if (ev == ZMQ_EVENT_HANDSHAKE_SUCCEEDED || ev == ZMQ_EVENT_CONNECTED) {
+      joined |= !peer_;
+      peer_ = ever_ = true;
+    }
+  }
+  return joined;
 }
 
 bool ZmqLink::send(const void* data, size_t n) {
@@ -162,6 +231,11 @@ bool ZmqLink::send(const void* data, size_t n) {
 
 void ZmqLink::close(int linger_ms) {
   if (!ctx_) return;
+  if (mon_) {
+    g_zmq.socket_monitor(sock_, nullptr, 0);
+    g_zmq.close(mon_);
+    mon_ = nullptr;
+  }
   if (sock_) {
     g_zmq.setsockopt(sock_, ZMQ_LINGER, &linger_ms, sizeof linger_ms);
     g_zmq.close(sock_);

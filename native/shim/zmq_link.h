@@ -6,6 +6,12 @@
  * libzmq-*.so*); libzmq.so.5; for a source-tree build, the libzmq of the pyzmq that CMake
  * saw. Not found → logged once; every batch is dropped and counted.
  *
+ * Delivery: ZeroMQ takes a message into its queue whether or not a master is there, so
+ * "handed to ZeroMQ" is not "delivered". A socket monitor (zmq_socket_monitor over inproc)
+ * tells whether a peer completed the ZMTP handshake (CONNECTED on libzmq < 4.3) and is still
+ * connected; the agent counts as delivered what it queued while a peer was connected, and
+ * what was queued before a peer connected (ZeroMQ sends its queue in order on connect).
+ *
  * Agent thread only (ZeroMQ sockets are not thread-safe).
  */
 #ifndef C4D_SHIM_ZMQ_LINK_H
@@ -31,14 +37,26 @@ class ZmqLink {
    * terminates the context (blocks at most ~linger_ms). */
   void close(int linger_ms);
   /* Fork child: forget the parent's context without touching it. */
-  void forget() { ctx_ = sock_ = nullptr; }
+  void forget() {
+    ctx_ = sock_ = mon_ = nullptr;
+    peer_ = ever_ = monitored_ = false;
+  }
   bool connected() const { return sock_ != nullptr; }
+  /* Reads the monitor's events (non-blocking). True when a peer connected since the last
+   * call. No monitor (an old libzmq): never true, and monitored() is false. */
+  bool poll_events();
+  bool peer_connected() const { return peer_; }
+  bool ever_connected() const { return ever_; }
+  bool monitored() const { return monitored_; }  // stays true after close()
   /* Path of the loaded libzmq ("" when none). */
   const char* library() const;
 
  private:
+  void open_monitor();
   void* ctx_ = nullptr;
   void* sock_ = nullptr;
+  void* mon_ = nullptr;  // PAIR socket receiving sock_'s monitor events
+  bool peer_ = false, ever_ = false, monitored_ = false;
 };
 
 }  // namespace c4d

@@ -113,6 +113,12 @@ int device_count() {
   return n;
 }
 
+/* A kernel that never ends (SIM_COMPUTE_FOREVER: the noncomm-hang fault). Its own
+ * never-inlined function, so that a debugger attached to a hung rank names it. */
+[[noreturn]] __attribute__((noinline)) void simnccl_hung_kernel() {
+  for (;;) sleep_until_ns(now_ns() + 3600ull * 1000000000ull);
+}
+
 void run_item(const Item& it) {
   switch (it.kind) {
     case ItemKind::EventRecord: {
@@ -128,9 +134,7 @@ void run_item(const Item& it) {
       break;
     }
     case ItemKind::Compute:
-      if (it.a == SIM_COMPUTE_FOREVER) {
-        for (;;) sleep_until_ns(now_ns() + 3600ull * 1000000000ull); /* a hung kernel */
-      }
+      if (it.a == SIM_COMPUTE_FOREVER) simnccl_hung_kernel();
       sleep_until_ns(now_ns() + it.a);
       break;
     case ItemKind::Memcpy:

@@ -38,8 +38,10 @@ enum c4d_record_kind {
   C4D_REC_HEARTBEAT = 3, /* per communicator (comm_id 0: the process) every heartbeat */
   C4D_REC_COMM = 4,      /* communicator lifecycle: init, split, shrink, finalize, destroy, abort */
   C4D_REC_PEER = 5,      /* per-peer transfer progress from the NCCL profiler plugin API */
-  C4D_REC_TICK = 6       /* written by the master into traces only: "the engine ran at h.time_ns"
+  C4D_REC_TICK = 6,      /* written by the master into traces only: "the engine ran at h.time_ns"
                             (master clock), so an offline replay evaluates exactly when the live run did */
+  C4D_REC_STAGE = 7      /* the training code set this process's hang timeout (c4d.hang_timeout):
+                            sent when it changes, and again with every REGISTER repeat */
 };
 
 /* c4d_heartbeat_record.hb_flags */
@@ -165,7 +167,7 @@ typedef struct c4d_heartbeat_record {
   uint16_t hb_flags;       /* enum c4d_heartbeat_flags */
   uint32_t p2p_in_flight;  /* p2p ops issued and not done */
   int32_t device;
-  uint64_t sent;           /* process total: records handed to ZeroMQ */
+  uint64_t sent;           /* process total: records handed to ZeroMQ (queued, not necessarily delivered) */
 } c4d_heartbeat_record;
 
 typedef struct c4d_comm_record {
@@ -201,6 +203,14 @@ typedef struct c4d_peer_record {
   uint8_t reserved[52];
 } c4d_peer_record;
 
+typedef struct c4d_stage_record {
+  c4d_record_header h;     /* time_ns: when the training code set the value */
+  int64_t hang_timeout_us; /* > 0: hangs this rank causes wait this long; -1: none while it lasts;
+                              0: back to the job's C4D_HANG_TIMEOUT */
+  uint64_t generation;     /* changes so far in this process (a repeat carries the same one) */
+  uint8_t reserved[96];
+} c4d_stage_record;
+
 #ifdef __cplusplus
 static_assert(sizeof(c4d_batch_header) == 16, "batch header size");
 static_assert(sizeof(c4d_record_header) == 16, "record header size");
@@ -209,6 +219,7 @@ static_assert(sizeof(c4d_op_record) == C4D_RECORD_SIZE, "op size");
 static_assert(sizeof(c4d_heartbeat_record) == C4D_RECORD_SIZE, "heartbeat size");
 static_assert(sizeof(c4d_comm_record) == C4D_RECORD_SIZE, "comm size");
 static_assert(sizeof(c4d_peer_record) == C4D_RECORD_SIZE, "peer size");
+static_assert(sizeof(c4d_stage_record) == C4D_RECORD_SIZE, "stage size");
 }
 #endif
 

@@ -1,0 +1,99 @@
+"""Trace framing (format 2): every batch the master writes is a frame that a reader can verify,
+skip when damaged, and find again after damage.
+
+    frame := SYNC (8 bytes) | u32 payload_bytes | u32 crc32c | payload (payload_bytes / 128 records)
+
+All little-endian. The CRC32C (Castagnoli, the iSCSI/ext4 polynomial, through google-crc32c)
+covers the length field and the payload, so a damaged length is caught like damaged records.
+``SYNC`` starts with a non-ASCII byte and holds CR LF and ^Z, like PNG's signature, so text-mode
+mangling is caught too.
+
+Reading follows the lengths; at a frame that does not verify (bad sync, absurd length, CRC
+mismatch) the reader records the damage and searches for the next ``SYNC``, where frames
+verify again: one inserted byte or one flipped bit costs the frame it hit, not the rest of the
+file. A last frame cut by the end of the file (a master killed mid-write) keeps its complete
+records, unverified, and the cut is reported apart from damage. Bytes inside a payload can
+imitate a frame only after damage, while searching; such a frame must still verify, and its
+records still go through the edge validator.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+
+import google_crc32c
+import numpy as np
+
+from c4d import schema
+
+SYNC = b"\x89C4D\r\n\x1a\n"
+_HEAD = struct.Struct("<8sII")
+HEAD_BYTES = _HEAD.size  # 16
+MAX_FRAME_BYTES = 1 << 27  # 1 Mi records: far above any batch the collector accepts
+
+
+def crc32c(length_field: bytes, payload: bytes | np.ndarray) -> int:
+    return google_crc32c.extend(google_crc32c.value(length_field), payload)
+
+
+def encode(payload: bytes) -> bytes:
+    """One frame around ``payload`` (whole records)."""
+    n = struct.pack("<I", len(payload))
+    return SYNC + n + struct.pack("<I", crc32c(n, payload)) + payload
+
+
+@dataclass
+class Scan:
+    """What ``scan`` found in a body of frames."""
+
+    records: np.ndarray  # schema.HEADER rows of every verified frame (and of a cut last frame), in order
+    frames: int = 0  # verified frames
+    damaged: list[tuple[int, int]] = field(default_factory=list)  # (offset in the body, bytes skipped)
+    cut_records: int = 0  # complete records kept from a last frame cut short (not verified)
+    truncated_bytes: int = 0  # bytes at the end that are not a whole record or frame header
+
+    @property
+    def damaged_bytes(self) -> int:
+        return sum(n for _, n in self.damaged)
+
+
+def scan(body: bytes) -> Scan:
+    """Every record of ``body`` (the bytes after the trace header), skipping damaged frames."""
+    data = bytes(body)
+    size = len(data)
+    arr = np.frombuffer(data, dtype=np.uint8)
+    parts: list[np.ndarray] = []
+    out = Scan(records=np.empty(0, schema.HEADER))
+    pos = 0
+    while pos < size:
+        rest = size - pos
+        if rest < HEAD_BYTES:
+            k = min(rest, len(SYNC))
+            if data[pos : pos + k] == SYNC[:k]:
+                out.truncated_bytes = rest  # a frame header cut short
+            else:
+                out.damaged.append((pos, rest))
+            break
+        sync, n, crc = _HEAD.unpack_from(data, pos)
+        if sync == SYNC and n % schema.RECORD_SIZE == 0 and n <= MAX_FRAME_BYTES:
+            start, end = pos + HEAD_BYTES, pos + HEAD_BYTES + n
+            if end <= size:
+                if crc32c(data[pos + 8 : pos + 12], arr[start:end]) == crc:
+                    parts.append(arr[start:end])
+                    out.frames += 1
+                    pos = end
+                    continue
+            elif data.find(SYNC, pos + 8) < 0:  # the file ends inside this frame: a cut, not damage
+                whole = (size - start) // schema.RECORD_SIZE * schema.RECORD_SIZE
+                parts.append(arr[start : start + whole])
+                out.cut_records = whole // schema.RECORD_SIZE
+                out.truncated_bytes = size - start - whole
+                break
+        nxt = data.find(SYNC, pos + 1)
+        skip = (size if nxt < 0 else nxt) - pos
+        out.damaged.append((pos, skip))
+        pos += skip
+    if parts:
+        out.records = np.concatenate(parts).view(schema.HEADER)
+    return out

@@ -1,0 +1,187 @@
+"""Last words: the stacks of a hang's culprit ranks (and, once, of its victims).
+
+On a hang's first WARNING (RankNonCommHang, RankCommHang, RankLost) the master asks the
+culprit's node for evidence; this node's ``c4d run`` dumps the stacks of the culprit ranks
+that run here, and, once per attempt, of up to ``max_victims`` of the ranks waiting for
+them. Dumps run on a worker thread, one at a time (a debugger stops its target while it
+reads it), so the master loop does not wait for a WARNING; every later diagnosis of the
+same hang (the next count, the ERROR) carries them as ``detail["stacks"]``: ``{"<rank>":
+{"role": "culprit"|"victim", "pid": ..., "python": ..., "native": ..., "tools": [...],
+"error": ...}}``. An ERROR that comes before the dumps are done waits for them (bounded):
+the job is stopped right after it, and its evidence must have them.
+
+A rank's pid comes from its registration; it is only dumped if that pid is one of this
+``c4d run``'s job processes (the pid of a rank on another node means nothing here). Without
+registrations (an external master), ranks are found by the ``RANK`` in their environment.
+Today the request is local (the master runs in ``c4d run``); with the per-node aggregator
+it will arrive from the job's master.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from pathlib import Path
+from typing import Any
+
+from c4d.run import proctree, stacks
+
+log = logging.getLogger("c4d.run")
+
+HANG_KINDS = ("RankNonCommHang", "RankCommHang", "RankLost")
+
+
+def as_json(d: Any) -> dict[str, Any]:
+    """A Diagnosis or its JSON object, as the JSON object."""
+    return d.to_json() if hasattr(d, "to_json") else dict(d)
+
+
+def hang_key(d: Mapping[str, Any]) -> tuple:
+    """Which hang a diagnosis is about: every count of one hang has the same key."""
+    if d.get("kind") == "RankLost":
+        return ("RankLost", tuple(d.get("ranks") or ())[:1])
+    return (d.get("kind"), d.get("comm"), d.get("seq"))
+
+
+def ranks_by_environment(pids: Iterable[int]) -> dict[int, int]:
+    """rank → pid for processes whose environment has RANK (the topmost one per rank)."""
+    found: dict[int, int] = {}
+    for pid in sorted(pids):
+        try:
+            env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")  # noqa: SIM115
+        except OSError:
+            continue
+        for item in env:
+            if item.startswith(b"RANK="):
+                try:
+                    r = int(item[5:])
+                except ValueError:
+                    break
+                found.setdefault(r, pid)  # pids ascending: parents usually first
+                break
+    return found
+
+
+class Evidence:
+    def __init__(
+        self,
+        job_pids: Callable[[], set[int]],
+        max_victims: int = 8,
+        timeout_s: float = 15.0,
+        error_wait_s: float = 20.0,
+    ):
+        self.job_pids = job_pids
+        """Every live process of the current attempt (the launcher's process tree)."""
+        self.max_victims = max_victims
+        self.timeout_s = timeout_s
+        self.error_wait_s = error_wait_s
+        # One dump at a time, culprits first: a debugger stops its target while it reads it, and
+        # several at once on a busy node would stop ranks long enough to look silent to the engine.
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="c4d-stacks")
+        self._lock = threading.Lock()
+        self._pending: dict[tuple, tuple[dict[str, Any], dict[str, Future]]] = {}
+        self._victims_dumped = False
+
+    def new_attempt(self) -> None:
+        with self._lock:
+            self._pending.clear()
+            self._victims_dumped = False
+
+    def collected(self) -> list[dict[str, Any]]:
+        """This attempt's hangs whose dumps are complete: the diagnosis that asked, with ``stacks``."""
+        with self._lock:
+            items = list(self._pending.values())
+        out = []
+        for j, futs in items:
+            if futs and all(f.done() for f in futs.values()):
+                out.append({**j, "stacks": {r: f.result() for r, f in futs.items()}})
+        return out
+
+    # -- requests ------------------------------------------------------------------------
+    def on_diagnosis(self, d: Any, pids: Mapping[int, int] | None = None) -> bool:
+        """Dump stacks for a hang's first WARNING/ERROR; True when dumps were started."""
+        j = as_json(d)
+        if j.get("kind") not in HANG_KINDS or j.get("level") not in ("WARNING", "ERROR"):
+            return False
+        key = hang_key(j)
+        with self._lock:
+            if key in self._pending:
+                return False
+            tree = self.job_pids()
+            known = {r: p for r, p in (pids or {}).items() if p > 0}
+            if not known:
+                known = ranks_by_environment(tree)
+            culprits = [int(r) for r in j.get("ranks") or []]
+            victims: list[int] = []
+            if not self._victims_dumped:
+                waiting = (j.get("detail") or {}).get("victims") or []
+                victims = [int(v) for v in waiting if int(v) not in culprits][: self.max_victims]
+                self._victims_dumped = bool(victims)
+            futs: dict[str, Future] = {}
+            for role, ranks in (("culprit", culprits), ("victim", victims)):
+                for r in ranks:
+                    futs[str(r)] = self._pool.submit(self._one, r, role, known.get(r), tree)
+            self._pending[key] = (j, futs)
+        log.warning(
+            "c4d run: dumping the stacks of %s%s",
+            ", ".join(f"rank {r}" for r in culprits) or "no rank",
+            f" and of victim ranks {', '.join(map(str, victims))}" if victims else "",
+        )
+        return True
+
+    def _one(self, rank: int, role: str, pid: int | None, tree: set[int]) -> dict[str, Any]:
+        base: dict[str, Any] = {"role": role, "pid": pid}
+        if pid is None:
+            return {**base, "error": f"rank {rank} has no known process on this node"}
+        if pid not in tree or not proctree.alive(pid):
+            return {
+                **base,
+                "error": f"pid {pid} is not a live process of this node's job (another node's rank?)",
+            }
+        d = stacks.dump(pid, self.timeout_s)
+        if d.error:
+            log.warning("c4d run: stacks of rank %d (pid %d): %s", rank, pid, d.error)
+        return {**base, **d.to_json()}
+
+    # -- results -------------------------------------------------------------------------
+    def stacks_for(self, d: Any, wait_s: float = 0.0) -> dict[str, Any] | None:
+        """The hang's stacks once every dump finished (waiting up to ``wait_s``), else None."""
+        j = as_json(d)
+        with self._lock:
+            _, futs = self._pending.get(hang_key(j), (None, {}))
+        if not futs:
+            return None
+        if wait_s > 0:
+            wait(list(futs.values()), timeout=wait_s)
+        if not all(f.done() for f in futs.values()):
+            return None
+        out = {r: f.result() for r, f in futs.items()}
+        return out
+
+    def enrich(self, d: Any) -> Any:
+        """The diagnosis with ``detail["stacks"]`` when its hang's dumps are complete.
+
+        An ERROR waits for them (at most ``error_wait_s``): it is what ``c4d run`` acts on,
+        it stops the job right after, and every sink (the JSON lines, the live view, the
+        isolation's evidence) should carry its stacks. A WARNING never waits.
+        """
+        j = as_json(d)
+        st = self.stacks_for(j, wait_s=self.error_wait_s if j.get("level") == "ERROR" else 0.0)
+        if st is None or (j.get("detail") or {}).get("stacks"):
+            return d
+        if hasattr(d, "to_json"):
+            return dataclasses.replace(d, detail={**d.detail, "stacks": st})
+        return {**j, "detail": {**(j.get("detail") or {}), "stacks": st}}
+
+    def write_sidecar(self, path: str | Path) -> None:
+        """This attempt's hangs with their stacks, for ``c4d report`` beside its trace."""
+        data = self.collected()
+        if data:
+            Path(path).write_text(json.dumps(data, indent=1))
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,497 @@
+"""Validation at the edge: every record is checked against the schema's domains and the job's
+bounds before any state of the master sees it.
+
+    wire.decode ─► trace (what arrived, byte for byte) ─► Edge.admit ─► Received, Engine, Metrics
+
+The master and ``c4d analyze`` run the same ``Edge`` on the same records at the same master
+times, so a replay drops exactly what the live run dropped. ``admit`` returns the rows that
+pass (node and job names rewritten by ``c4d.names.clean``) and counts the others by reason;
+the reasons are the ``REASONS`` below (Prometheus label values, log classes).
+
+What is checked (vectorised with numpy over a batch; a Python loop runs only per communicator
+of a batch, never per record):
+
+* every record: a kind a rank may send (never TICK), a schema version this master reads, a rank in
+  ``[0, world)`` where ``world`` is the job's registered world size (the largest
+  ``world_size`` of the REGISTER records so far, or the highest registered rank + 1 where a
+  launcher gave none; at most ``Limits.max_ranks``). Before any rank has registered, nothing
+  but a REGISTER is taken: the shim sends REGISTER first and repeats it every 10 heartbeats.
+* times: 0 (unknown) or within ``[t - max_record_age_s - max_clock_skew_s, t +
+  max_clock_skew_s]`` of the master time ``t`` the batch is fed at: no negative (≥ 2⁶³) or
+  far-future time reaches the clock alignment.
+* per kind, every field with a domain: op, dtype, flags, comm event, direction (schema.py's
+  enums), ``1 <= comm_nranks <= world``, ``0 <= comm_rank < comm_nranks``, peers and roots,
+  seq and counts below 2⁵³, REGISTER thresholds in the ranges the shim itself accepts. The
+  reduction operator has no invalid value: NCCL numbers user-defined PreMulSum operators from
+  ``ncclNumOps`` upwards (nccl.h: ``ncclMaxRedOp``), and the shim keeps the low byte.
+* bounds (state): a new communicator is admitted while the communicators' members add up to
+  at most ``min(world × comms_per_rank, max_comm_members)``; when they would not, the least
+  recently named ones that no record named for ``evict_silent_s`` make room (a live
+  communicator is named by every heartbeat: a one-shot flood of forged ones is gone seconds
+  later, and the job's own come in with their next heartbeat); later records must repeat its
+  size; PEER records only attach to an admitted one. Distinct node names are capped at ``2 × world + 64``.
+  ``expire`` frees communicators that every member destroyed (after ``destroyed_grace_s``,
+  so their last slow window is judged) or that no record named for ``comm_idle_s``; the
+  master then frees them in the engine and the bookkeeping. Records of a destroyed
+  communicator that arrive after it was freed are dropped.
+
+Decisions depend only on the rows in order and the feed times, never on how rows are cut
+into batches (the world size is a running maximum over rows; communicators are admitted in
+order of first appearance), so a replay that feeds the trace in other slices agrees.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections import Counter, OrderedDict
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+import numpy as np
+
+from c4d import names, schema
+from c4d.ratelog import RateLimitedLog
+from c4d.schema import Kind, Op, OpFlag
+
+log = logging.getLogger("c4d.validate")
+
+REASONS: tuple[str, ...] = (
+    "ok",
+    "bad kind",
+    "bad version",
+    "no registration yet",
+    "bad rank",
+    "bad time",
+    "bad registration",
+    "too many node names",
+    "bad op",
+    "bad dtype",
+    "bad flags",
+    "bad comm id",
+    "bad comm size",
+    "bad comm rank",
+    "bad peer",
+    "bad seq",
+    "bad count",
+    "bad result",
+    "bad device",
+    "bad heartbeat",
+    "bad comm event",
+    "bad peer record",
+    "bad stage",
+    "unknown communicator",
+    "communicator size changed",
+    "communicator budget",
+    "destroyed communicator",
+)
+_CODE = {r: i for i, r in enumerate(REASONS)}
+
+MAX_SEQ = 1 << 53  # seq numbers and op counters: exact in float64, 285 years at 1 MHz
+MAX_COUNT = 1 << 50  # elements or bytes of one op
+MAX_DEVICE = 4096
+MAX_RESULT = 64  # ncclResult_t: 9 values today (nccl_abi.h), room for new ones
+NO_OP = 255  # heartbeat pend_op: none
+# TICK is the master's own
+WIRE_KINDS = (Kind.REGISTER, Kind.OP, Kind.HEARTBEAT, Kind.COMM, Kind.PEER, Kind.STAGE)
+_GONE = (int(schema.CommEvent.FINALIZE), int(schema.CommEvent.DESTROY), int(schema.CommEvent.ABORT))
+_P2P = int(OpFlag.P2P)
+_ALL_FLAGS = sum(int(f) for f in OpFlag)
+_TOMBSTONES = 65536  # destroyed communicators remembered after they were freed
+_WIRE = np.array([int(k) for k in WIRE_KINDS], np.uint16)
+_REGISTER, _OP, _COMM, _PEER = int(Kind.REGISTER), int(Kind.OP), int(Kind.COMM), int(Kind.PEER)
+_WITH_COMM = np.array([_OP, int(Kind.HEARTBEAT), _COMM, _PEER], np.uint16)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds on what one job may make the master hold (``C4D_<FIELD>`` in the master's environment)."""
+
+    max_ranks: int = 1 << 17
+    """C4D_MAX_RANKS: the largest world size accepted (registered world sizes above it are refused)."""
+    comms_per_rank: int = 64
+    """C4D_COMMS_PER_RANK: live communicators' members may add up to world size x this."""
+    max_comm_members: int = 1 << 18
+    """C4D_MAX_COMM_MEMBERS: and to at most this many, whatever world size is registered (a
+    forged REGISTER can claim C4D_MAX_RANKS): ~26 KiB each, so ~6.5 GiB at worst. Enough for a
+    16,384-rank job whose ranks are in 16 communicators each; raise it for larger jobs."""
+    max_clock_skew_s: float = 3600.0
+    """C4D_MAX_CLOCK_SKEW_S: a rank's clock may be this far from the master's."""
+    max_record_age_s: float = 7 * 86400.0
+    """C4D_MAX_RECORD_AGE_S: how old a time in a record may be (an op issued long before it ended)."""
+    comm_idle_s: float = 900.0
+    """C4D_COMM_IDLE_S: a communicator no record named for this long is freed (a live one
+    is named by every heartbeat, a hung one too; keep it above T x C4D_HANG_TIMES)."""
+    destroyed_grace_s: float = 30.0
+    """C4D_DESTROYED_GRACE_S: a communicator every member destroyed is freed this long after its
+    last record (its last slow-detection window is judged first)."""
+    evict_silent_s: float = 5.0
+    """C4D_EVICT_SILENT_S: when the budget is full, the communicators no record named for this
+    long (least recently named first) make room for a new one. A live communicator is named by
+    every heartbeat (C4D_HEARTBEAT_MS, 1 s), so only dead or one-shot (forged) ones go."""
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> Limits:
+        """Read C4D_<FIELD> values; a malformed one logs a line and keeps the default."""
+        env = dict(os.environ if env is None else env)
+        lim = cls()
+        changes: dict[str, Any] = {}
+        for f in fields(cls):
+            var = "C4D_" + f.name.upper()
+            if var not in env:
+                continue
+            kind = int if isinstance(getattr(lim, f.name), int) else float
+            try:
+                v = kind(env[var])
+                if not v > 0:
+                    raise ValueError
+            except ValueError:
+                log.warning(
+                    "c4d: %s=%r is not a positive number; using %s", var, env[var], getattr(lim, f.name)
+                )
+                continue
+            changes[f.name] = v
+        return replace(lim, **changes)
+
+
+@dataclass
+class _Comm:
+    n: int
+    last_ns: int  # master time of the latest record that named it
+    gone: np.ndarray  # per comm rank: its latest COMM event was finalize/destroy/abort
+
+
+class Edge:
+    """The validator and admission control of one job. Called from the master thread only."""
+
+    def __init__(self, limits: Limits | None = None, logger: logging.Logger | None = None) -> None:
+        self.limits = limits or Limits()
+        self.world = 0
+        self.node_names: set[str] = set()
+        self.comms: OrderedDict[int, _Comm] = OrderedDict()  # least recently named first
+        self.slots = 0  # members of the admitted communicators, summed
+        self._evicted: dict[int, None] = {}  # made room for others; freed at the next expire()
+        self.tombstones: OrderedDict[int, None] = OrderedDict()
+        self.accepted = 0
+        self.rejected: Counter[str] = Counter()
+        self.ratelog = RateLimitedLog(logger or log)
+
+    # -- the batch ----------------------------------------------------------------------
+    def admit(self, raw: np.ndarray, recv_ns: int) -> np.ndarray:
+        """The rows of ``raw`` (HEADER rows, in arrival order) that may reach the master's state."""
+        n = len(raw)
+        if not n:
+            return raw
+        code = np.zeros(n, np.uint8)
+        kind = raw["kind"]
+        _flag(code, ~np.isin(kind, _WIRE), "bad kind")
+        ver = raw["version"]
+        _flag(code, (ver < 1) | (ver > schema.SCHEMA_VERSION), "bad version")
+        lo, hi = self._window(recv_ns)
+        _flag(code, ~_time_ok(raw["time_ns"], lo, hi), "bad time")
+
+        reg = np.flatnonzero((code == 0) & (kind == _REGISTER))
+        world_row = self._world_rows(raw, code, reg)
+        rank = raw["rank"].astype(np.int64)
+        _flag(code, world_row == 0, "no registration yet")
+        _flag(code, (rank < 0) | (rank >= world_row), "bad rank")
+
+        for k, dt, check in _CHECKS:
+            idx = np.flatnonzero((code == 0) & (kind == k))
+            if len(idx):
+                code[idx] = check(raw[idx].view(dt), world_row[idx], lo, hi)
+        self._admit_comms(raw, code, world_row, int(recv_ns))
+
+        keep = code == 0
+        counts = np.bincount(code, minlength=len(REASONS))
+        self.accepted += int(counts[0])
+        for c in np.flatnonzero(counts[1:]).tolist():
+            reason, k = REASONS[c + 1], int(counts[c + 1])
+            self.rejected[reason] += k
+            self.ratelog(reason, "c4d: dropped %d record(s): %s", k, reason, n=k)
+        if keep.all() and not (kind == _REGISTER).any():
+            return raw  # nothing to drop or rewrite: no copy
+        out = raw[keep] if not keep.all() else raw.copy()  # a copy: names are rewritten in place
+        self._sanitize(out)
+        return out
+
+    def expire(self, now_ns: int) -> list[int]:
+        """Communicator ids to free at master time ``now_ns`` (forgotten here already)."""
+        lim = self.limits
+        idle = now_ns - int(lim.comm_idle_s * 1e9)
+        grace = now_ns - int(lim.destroyed_grace_s * 1e9)
+        out = []
+        for cid, c in self.comms.items():
+            destroyed = bool(c.gone.all())
+            if c.last_ns < idle or (destroyed and c.last_ns < grace):
+                out.append(cid)
+                if destroyed:
+                    self.tombstones[cid] = None
+        for cid in out:
+            self.slots -= self.comms.pop(cid).n
+        out += list(self._evicted)  # forgotten here already
+        self._evicted = {}
+        while len(self.tombstones) > _TOMBSTONES:
+            self.tombstones.popitem(last=False)
+        return out
+
+    @property
+    def dropped(self) -> int:
+        return sum(self.rejected.values())
+
+    # -- pieces -------------------------------------------------------------------------
+    def _window(self, recv_ns: int) -> tuple[int, int]:
+        if recv_ns <= 0:  # no master time known: only the domain of the type
+            return 1, (1 << 63) - 1
+        lim = self.limits
+        lo = int(recv_ns) - int((lim.max_clock_skew_s + lim.max_record_age_s) * 1e9)
+        hi = int(recv_ns) + int(lim.max_clock_skew_s * 1e9)
+        return max(lo, 1), min(hi, (1 << 63) - 1)
+
+    def _world_rows(self, raw: np.ndarray, code: np.ndarray, reg: np.ndarray) -> np.ndarray:
+        """Per row: the job's world size once the rows before it (and it) were seen."""
+        lim = self.limits
+        contrib = np.zeros(len(raw), np.int64)
+        if len(reg):
+            r = raw[reg].view(schema.REGISTER)
+            bad = _register_bad(r, lim.max_ranks)
+            code[reg[bad]] = _CODE["bad registration"]
+            good = reg[~bad]
+            r = r[~bad]
+            ws = r["world_size"].astype(np.int64)
+            contrib[good] = np.where(ws > 0, ws, r["rank"].astype(np.int64) + 1)
+            contrib[good] = np.minimum(contrib[good], lim.max_ranks)
+        world = np.maximum.accumulate(np.maximum(contrib, self.world))
+        if len(reg):
+            self._cap_node_names(raw, code, reg, world)
+        self.world = int(world[-1])
+        return world
+
+    def _cap_node_names(self, raw: np.ndarray, code: np.ndarray, reg: np.ndarray, world: np.ndarray) -> None:
+        reg = reg[code[reg] == 0]
+        if not len(reg):
+            return
+        nodes = raw[reg].view(schema.REGISTER)["node"]
+        uniq, first, inv = np.unique(nodes, return_index=True, return_inverse=True)
+        for j in np.argsort(first, kind="stable").tolist():
+            name = names.clean(bytes(uniq[j]))
+            if name in self.node_names:
+                continue
+            if len(self.node_names) >= 2 * int(world[reg[first[j]]]) + 64:
+                code[reg[inv.ravel() == j]] = _CODE["too many node names"]
+                continue
+            self.node_names.add(name)
+
+    def _admit_comms(self, raw: np.ndarray, code: np.ndarray, world_row: np.ndarray, recv_ns: int) -> None:
+        kind = raw["kind"]
+        cand = np.flatnonzero((code == 0) & np.isin(kind, _WITH_COMM))  # the kinds with a comm_id
+        if not len(cand):
+            return
+        body = raw[cand]
+        cid = body.view(schema.OP)["comm_id"]  # comm_id is the first body field of all four kinds
+        sel = cid != 0  # process heartbeats name no communicator
+        cand, body, cid = cand[sel], body[sel], cid[sel]
+        if not len(cand):
+            return
+        k = body["kind"]
+        peer_row = k == _PEER
+        # comm_nranks sits at another offset per kind; PEER records carry none (-1 here)
+        nr = np.full(len(cand), -1, np.int64)
+        cr = np.zeros(len(cand), np.int64)
+        pr = np.full(len(cand), -1, np.int64)
+        for kk, dt, _check in _CHECKS:
+            m = k == kk
+            if m.any():
+                v = body[m].view(dt)
+                cr[m] = v["comm_rank"]
+                if kk == _PEER:
+                    pr[m] = v["peer"]
+                else:
+                    nr[m] = v["comm_nranks"]
+        ev = np.zeros(len(cand), np.int64)
+        is_comm = k == _COMM
+        if is_comm.any():
+            ev[is_comm] = body[is_comm].view(schema.COMM)["event"]
+        uniq, first, inv = np.unique(cid, return_index=True, return_inverse=True)
+        inv = inv.ravel()
+        order = np.argsort(inv, kind="stable")
+        cuts = np.flatnonzero(np.diff(inv[order])) + 1
+        groups = np.split(order, cuts)
+        lim = self.limits
+        for j in np.argsort(first, kind="stable").tolist():
+            rows = groups[j]  # positions in cand, in arrival order
+            c_id = int(uniq[j])
+            if c_id in self.tombstones:
+                code[cand[rows]] = _CODE["destroyed communicator"]
+                continue
+            c = self.comms.get(c_id)
+            if c is None:
+                sized = rows[~peer_row[rows]]
+                if not len(sized):
+                    code[cand[rows]] = _CODE["unknown communicator"]
+                    continue
+                n0 = int(nr[sized[0]])
+                budget = min(int(world_row[cand[sized[0]]]) * lim.comms_per_rank, lim.max_comm_members)
+                if not self._room(n0, budget, recv_ns):
+                    code[cand[rows]] = _CODE["communicator budget"]
+                    continue
+                c = self.comms[c_id] = _Comm(n=n0, last_ns=recv_ns, gone=np.zeros(n0, bool))
+                self._evicted.pop(c_id, None)  # back before the engine forgot it: keep it there
+                self.slots += n0
+            changed = ~peer_row[rows] & (nr[rows] != c.n)
+            code[cand[rows[changed]]] = _CODE["communicator size changed"]
+            out_of = peer_row[rows] & ((cr[rows] >= c.n) | (pr[rows] >= c.n))
+            code[cand[rows[out_of]]] = _CODE["bad peer record"]
+            ok = rows[~changed & ~out_of]
+            if not len(ok):
+                continue
+            c.last_ns = max(c.last_ns, recv_ns)
+            self.comms.move_to_end(c_id)
+            ce = ok[is_comm[ok]]
+            if len(ce):
+                gone = np.isin(ev[ce], _GONE)
+                c.gone[cr[ce[gone]]] = True
+                c.gone[cr[ce[~gone]]] = False
+
+    def _room(self, n: int, budget: int, recv_ns: int) -> bool:
+        """Whether ``n`` more members fit, evicting communicators silent for ``evict_silent_s``."""
+        silent = recv_ns - int(self.limits.evict_silent_s * 1e9)
+        while self.slots + n > budget and self.comms:
+            cid, c = next(iter(self.comms.items()))
+            if c.last_ns > silent:
+                return False
+            del self.comms[cid]
+            self.slots -= c.n
+            self._evicted[cid] = None
+        return self.slots + n <= budget
+
+    def _sanitize(self, out: np.ndarray) -> None:
+        """Node and job names of the REGISTER rows become ``names.clean`` of themselves."""
+        reg = np.flatnonzero(out["kind"] == Kind.REGISTER)
+        if not len(reg):
+            return
+        v = out.view(schema.REGISTER)
+        for field in ("node", "job"):
+            col = v[field][reg]
+            uniq, inv = np.unique(col, return_inverse=True)
+            limit = schema.REGISTER[field].itemsize
+            clean = np.array([names.clean(bytes(u)).encode()[:limit] for u in uniq], dtype=col.dtype)
+            v[field][reg] = clean[inv.ravel()]
+
+
+# -- domain checks, one function per kind: rows in, reason code per row out ---------------
+def _flag(code: np.ndarray, bad: np.ndarray, reason: str) -> None:
+    """Give ``reason`` to the rows that are ``bad`` and have no reason yet (the first one wins)."""
+    code[bad & (code == 0)] = _CODE[reason]
+
+
+def _time_ok(t: np.ndarray, lo: int, hi: int) -> np.ndarray:
+    return (t == 0) | ((t >= np.uint64(lo)) & (t <= np.uint64(hi)))
+
+
+def _register_bad(r: np.ndarray, max_ranks: int) -> np.ndarray:
+    ws = r["world_size"].astype(np.int64)
+    rank = r["rank"].astype(np.int64)
+    ok = (ws >= -1) & (ws <= max_ranks) & (rank >= 0) & (rank < max_ranks) & ((ws <= 0) | (rank < ws))
+    ok &= (r["hang_timeout_us"] >= 1) & (r["hang_timeout_us"] <= np.uint64(1 << 50))
+    ok &= (r["hang_times"] >= 1) & (r["hang_times"] <= 1_000_000)
+    ok &= (r["bw_check_period_s"] >= 1) & (r["bw_check_period_s"] <= 86400)
+    ok &= (r["heartbeat_ms"] >= 1) & (r["heartbeat_ms"] <= 86_400_000)
+    ok &= (r["log_level"] < len(schema.LOG_LEVELS)) & (r["stats_output"] <= 1) & (r["device_timing"] <= 1)
+    ok &= (
+        (r["pid"] >= 0) & (r["local_rank"] >= -1) & (r["cuda_device"] >= -1) & (r["cuda_device"] < MAX_DEVICE)
+    )
+    return ~ok
+
+
+def _comm_fields(code: np.ndarray, a: np.ndarray, world: np.ndarray) -> None:
+    nr = a["comm_nranks"].astype(np.int64)
+    _flag(code, a["comm_id"] == 0, "bad comm id")
+    _flag(code, (nr < 1) | (nr > world), "bad comm size")
+    _flag(code, (a["comm_rank"] < 0) | (a["comm_rank"] >= nr), "bad comm rank")
+
+
+def _check_op(a: np.ndarray, world: np.ndarray, lo: int, hi: int) -> np.ndarray:
+    code = np.zeros(len(a), np.uint8)
+    op = a["op"]
+    _flag(code, op >= len(Op), "bad op")
+    _flag(code, a["dtype"] >= len(schema.DTYPE_NAMES), "bad dtype")
+    flags = a["flags"].astype(np.int64)
+    p2p = (flags & _P2P) != 0
+    _flag(code, ((flags & ~_ALL_FLAGS) != 0) | (p2p != np.isin(op, [Op.Send, Op.Recv])), "bad flags")
+    _comm_fields(code, a, world)
+    nr = a["comm_nranks"].astype(np.int64)
+    peer = a["peer"].astype(np.int64)
+    in_comm = (peer >= 0) & (peer < nr)
+    _flag(code, np.where(p2p, ~in_comm, ~(in_comm | (peer == -1))), "bad peer")
+    _flag(code, a["seq"] >= MAX_SEQ, "bad seq")
+    _flag(code, (a["count"] > MAX_COUNT) | (a["bytes"] > MAX_COUNT), "bad count")
+    _flag(code, (a["result"] < 0) | (a["result"] >= MAX_RESULT), "bad result")
+    _flag(code, (a["device"] < -1) | (a["device"] >= MAX_DEVICE), "bad device")
+    t_ok = np.ones(len(a), bool)
+    for f in ("issue_ns", "start_ns", "end_ns", "return_ns"):
+        t_ok &= _time_ok(a[f], lo, hi)
+    _flag(code, ~t_ok, "bad time")
+    return code
+
+
+def _check_heartbeat(a: np.ndarray, world: np.ndarray, lo: int, hi: int) -> np.ndarray:
+    code = np.zeros(len(a), np.uint8)
+    proc = a["comm_id"] == 0  # the process: comm_rank = rank, comm_nranks = world size (-1 unknown)
+    comm = np.zeros(len(a), np.uint8)
+    _comm_fields(comm, a, world)
+    code[~proc] = comm[~proc]
+    nr = np.where(proc, world, a["comm_nranks"].astype(np.int64))
+    pp = a["pend_peer"].astype(np.int64)
+    bad = (a["hb_flags"] & ~np.uint16(schema.HBF_FINAL)) != 0
+    bad |= (a["pend_op"] >= len(Op)) & (a["pend_op"] != NO_OP)
+    bad |= (pp < -1) | (pp >= nr)
+    bad |= (a["pend_seq"] >= MAX_SEQ) & (a["pend_seq"] != schema.UINT64_MAX)
+    for f in ("n_issued", "n_arrived", "n_done", "dropped", "sent"):
+        bad |= a[f] >= MAX_SEQ
+    bad |= (a["pend_flags"].astype(np.int64) & ~_ALL_FLAGS) != 0
+    _flag(code, bad, "bad heartbeat")
+    _flag(code, (a["device"] < -1) | (a["device"] >= MAX_DEVICE), "bad device")
+    t_ok = np.ones(len(a), bool)
+    for f in ("last_arrive_ns", "last_done_ns", "pend_issue_ns", "pend_start_ns"):
+        t_ok &= _time_ok(a[f], lo, hi)
+    _flag(code, ~t_ok, "bad time")
+    return code
+
+
+def _check_comm(a: np.ndarray, world: np.ndarray, lo: int, hi: int) -> np.ndarray:
+    code = np.zeros(len(a), np.uint8)
+    _comm_fields(code, a, world)
+    ev = a["event"]
+    _flag(code, (ev < min(schema.CommEvent)) | (ev > max(schema.CommEvent)), "bad comm event")
+    _flag(code, (a["result"] < 0) | (a["result"] >= MAX_RESULT), "bad result")
+    _flag(code, (a["device"] < -1) | (a["device"] >= MAX_DEVICE), "bad device")
+    return code
+
+
+def _check_peer(a: np.ndarray, world: np.ndarray, lo: int, hi: int) -> np.ndarray:
+    code = np.zeros(len(a), np.uint8)
+    _flag(code, a["comm_id"] == 0, "bad comm id")
+    bad = (a["comm_rank"] < 0) | (a["comm_rank"] >= world) | (a["peer"] < 0) | (a["peer"] >= world)
+    bad |= (a["direction"] > 1) | (a["done"] > 1) | (a["op"] >= len(Op)) | (a["seq"] >= MAX_SEQ)
+    bad |= a["bytes_done"] > MAX_COUNT
+    _flag(code, bad, "bad peer record")
+    _flag(code, ~(_time_ok(a["first_ns"], lo, hi) & _time_ok(a["last_ns"], lo, hi)), "bad time")
+    return code
+
+
+def _check_stage(a: np.ndarray, world: np.ndarray, lo: int, hi: int) -> np.ndarray:
+    """c4d.hang_timeout: -1 disables, 0 ends the stage, else a timeout in µs; generations count up."""
+    code = np.zeros(len(a), np.uint8)
+    us = a["hang_timeout_us"]
+    _flag(code, (us < -1) | (us > MAX_COUNT) | (a["generation"] >= MAX_SEQ), "bad stage")
+    return code
+
+
+_CHECKS = (
+    (int(Kind.OP), schema.OP, _check_op),
+    (int(Kind.HEARTBEAT), schema.HEARTBEAT, _check_heartbeat),
+    (int(Kind.COMM), schema.COMM, _check_comm),
+    (int(Kind.PEER), schema.PEER, _check_peer),
+    (int(Kind.STAGE), schema.STAGE, _check_stage),
+)

@@ -1,0 +1,292 @@
+"""Issue 14 at the ingest path (c4d/validate.py + c4d/ingest.py + the real engine, as the master
+and `c4d analyze` drive them): each hostile input is dropped and counted by reason, memory
+grows by less than a stated bound (tracemalloc: Python objects and numpy buffers), and the
+good records around it all reach the engine."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+
+import numpy as np
+
+from c4d import schema, trace
+from c4d.engine import Engine, EngineConfig
+from c4d.ingest import Ingest
+from c4d.schema import Kind
+from c4d.validate import Edge, Limits
+from tests import hostile as H
+from tests.conftest import c4d_cmd
+
+WORLD = 8
+
+
+def _job(t: int, limits: Limits | None = None) -> tuple[Engine, Ingest]:
+    """An 8-rank job that registered and initialised its world communicator at master time t."""
+    eng = Engine(EngineConfig())
+    ing = Ingest(eng, Edge(limits or Limits()))
+    assert ing.feed(H.as_header(H.registers(WORLD, t), H.comm_init(range(WORLD), H.WORLD_COMM, WORLD, t)), t)
+    ing.tick(t)
+    return eng, ing
+
+
+def _world(eng: Engine):
+    return eng.comms[eng._comm_index[H.WORLD_COMM]]
+
+
+def test_an_op_200_record_is_dropped_and_the_batches_around_it_are_kept():
+    t = H.now_ns()
+    eng, ing = _job(t)
+    ing.feed(H.as_header(H.allreduces(WORLD, range(0, 10), t)), t)
+    bad = H.allreduces(WORLD, range(10, 20), t)
+    bad["op"][37] = 200  # the record that used to end in IndexError in Engine._gaps
+    ing.feed(H.as_header(bad), t)
+    ing.feed(H.as_header(H.allreduces(WORLD, range(20, 30), t)), t)
+    ing.tick(t + 100_000_000)
+    assert ing.edge.rejected == {"bad op": 1} and not ing.failures
+    op_done = _world(eng).op_done
+    assert op_done.tolist() == [30] * WORLD  # every good record of all three batches arrived
+    assert eng.stats["invalid"] == 0  # the engine never saw the bad one
+
+
+def test_an_op_200_record_in_a_trace_does_not_stop_analyze(tmp_path):
+    t = H.now_ns()
+    w = trace.TraceWriter(tmp_path / "t.c4d", {"created_ns": t})
+    w.tick(t)
+    w.write(H.as_header(H.registers(WORLD, t), H.comm_init(range(WORLD), H.WORLD_COMM, WORLD, t)))
+    bad = H.allreduces(WORLD, range(0, 4), t)
+    bad["op"][:] = 200
+    w.write(H.as_header(bad))
+    w.write(H.as_header(H.allreduces(WORLD, range(4, 8), t)))
+    w.tick(t + 200_000_000)
+    w.close()
+    r = subprocess.run(c4d_cmd("analyze", tmp_path / "t.c4d"), capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stderr and "dropped 32 records (bad op: 32)" in r.stderr
+
+
+def test_a_heartbeat_of_rank_2_20_minus_1_costs_no_memory():
+    t = H.now_ns()
+    eng, ing = _job(t)
+    with H.traced_growth() as g:
+        hb = H.heartbeats(1, t)
+        hb["rank"] = (1 << 20) - 1
+        for _ in range(100):
+            ing.feed(H.as_header(hb), t)
+        ing.tick(t + 100_000_000)
+    assert ing.edge.rejected == {"bad rank": 100}
+    assert g["mib"] < 1.0, g  # was +162 MiB of RSS (issue 14)
+    assert eng.ranks.n <= 16
+
+
+def test_twenty_thousand_new_communicators_stay_within_the_budget():
+    t = H.now_ns()
+    eng, ing = _job(t)
+    with H.traced_growth() as g:
+        for m in range(40):  # 40 messages of 500 one-rank communicators each (issue 14's probe)
+            cids = 0x5000_0000 + m * 500 + np.arange(500)
+            recs = H.comm_init(np.zeros(500, int), 0, 1, t)
+            recs["comm_id"], recs["comm_rank"] = cids, 0
+            ing.feed(H.as_header(recs), t)
+        ing.tick(t + 100_000_000)
+    budget = WORLD * Limits().comms_per_rank  # members of live communicators, summed
+    assert len(eng.comms) == 1 + budget - WORLD  # the world communicator (8 members) + 504 one-rank ones
+    assert ing.edge.rejected == {"communicator budget": 20_000 - (budget - WORLD)}
+    assert g["mib"] < 48.0, g  # 512 communicators' rings (~26 KiB a member); was +627 MiB
+    # and the job's own communicator still works
+    ing.feed(H.as_header(H.allreduces(WORLD, range(0, 3), t)), t)
+    ing.tick(t + 200_000_000)
+    assert _world(eng).op_done.tolist() == [3] * WORLD
+
+
+def test_a_communicator_larger_than_the_world_is_refused():
+    t = H.now_ns()
+    eng, ing = _job(t)
+    with H.traced_growth() as g:
+        for k in range(20):
+            recs = H.comm_init([0], 0x7000 + k, 131_072, t)
+            ing.feed(H.as_header(recs), t)
+        ing.tick(t + 100_000_000)
+    assert ing.edge.rejected == {"bad comm size": 20} and len(eng.comms) == 1
+    assert g["mib"] < 1.0, g  # was +68 MiB per record
+
+
+def test_two_hundred_thousand_random_ranks_cost_nothing():
+    t = H.now_ns()
+    _eng, ing = _job(t)
+    rng = np.random.default_rng(0)
+    with H.traced_growth() as g:
+        for _ in range(400):
+            hb = H.heartbeats(500, t, cid=0)
+            hb["rank"] = rng.integers(WORLD, 1 << 31, 500)
+            ing.feed(H.as_header(hb), t)
+        ing.tick(t + 100_000_000)
+    assert ing.edge.rejected == {"bad rank": 200_000}
+    assert g["mib"] < 1.0, g  # was +280 MiB
+
+
+def test_nothing_but_registration_before_the_job_registered():
+    t = H.now_ns()
+    ing = Ingest(Engine(EngineConfig()), Edge())
+    ing.feed(H.as_header(H.allreduces(WORLD, range(3), t)), t)
+    assert ing.edge.rejected == {"no registration yet": 3 * WORLD}
+    # one rank's REGISTER sets the world; the others' records are taken from then on, in order
+    ing.feed(H.as_header(H.registers(WORLD, t)[:1], H.comm_init(range(WORLD), H.WORLD_COMM, WORLD, t)), t)
+    assert ing.edge.accepted == 1 + WORLD
+
+
+def test_times_and_fields_out_of_their_domains_are_each_counted():
+    t = H.now_ns()
+    _eng, ing = _job(t)
+    cases = {
+        "bad time": lambda a: a["end_ns"].__setitem__(0, np.uint64(1 << 63)),  # negative as int64
+        "bad dtype": lambda a: a["dtype"].__setitem__(0, 99),
+        "bad flags": lambda a: a["flags"].__setitem__(0, 0x80),
+        "bad comm rank": lambda a: a["comm_rank"].__setitem__(0, WORLD),
+        "bad seq": lambda a: a["seq"].__setitem__(0, np.uint64(1 << 60)),
+        "bad count": lambda a: a["bytes"].__setitem__(0, np.uint64(1 << 62)),
+        "bad peer": lambda a: a["peer"].__setitem__(0, 1000),
+        "communicator size changed": lambda a: a["comm_nranks"].__setitem__(0, 4),
+    }
+    for i, (reason, spoil) in enumerate(cases.items()):
+        a = H.allreduces(WORLD, [i], t)
+        spoil(a)
+        ing.feed(H.as_header(a), t)
+        assert ing.edge.rejected[reason] == 1, reason
+    far = H.heartbeats(WORLD, t + 10 * 3600 * 10**9)  # ten hours ahead of the master's clock
+    ing.feed(H.as_header(far), t)
+    assert ing.edge.rejected["bad time"] == 1 + WORLD
+    assert sum(ing.edge.rejected.values()) == len(cases) + WORLD
+
+
+def test_destroyed_and_silent_communicators_are_freed():
+    t = H.now_ns()
+    lim = Limits(comm_idle_s=60, destroyed_grace_s=5)
+    eng, ing = _job(t, lim)
+    half = [0, 1, 2, 3]
+    ing.feed(H.as_header(H.comm_init(half, 0xAA, 4, t), H.comm_init(half[::-1], 0xBB, 4, t)), t)
+    ing.feed(H.as_header(H.allreduces(4, range(5), t, cid=0xAA), H.allreduces(4, range(5), t, cid=0xBB)), t)
+    ing.tick(t)
+    assert len(eng.comms) == 3
+    s = 10**9
+    gone = H.comm_init(half, 0xAA, 4, t + s, event=schema.CommEvent.DESTROY)
+    ing.feed(H.as_header(gone, H.heartbeats(WORLD, t + s)), t + s)
+    ing.tick(t + 2 * s)  # within the grace: the last slow window of 0xAA is still judged
+    assert 0xAA in eng._comm_index
+    ing.feed(H.as_header(H.heartbeats(WORLD, t + 7 * s)), t + 7 * s)
+    ing.tick(t + 7 * s)
+    assert 0xAA not in eng._comm_index and 0xBB in eng._comm_index
+    late = H.allreduces(4, [5], t + 8 * s, cid=0xAA)
+    ing.feed(H.as_header(late), t + 8 * s)
+    assert ing.edge.rejected == {"destroyed communicator": 4}
+    ing.feed(H.as_header(H.heartbeats(WORLD, t + 70 * s)), t + 70 * s)  # 0xBB silent for 70 s
+    ing.tick(t + 70 * s)
+    assert list(eng._comm_index) == [H.WORLD_COMM]
+    assert ing.edge.slots == WORLD
+
+
+def test_memory_per_rank_is_what_the_docs_say():
+    """docs/untrusted-input.md: ~26 KiB per rank per communicator it is in (the op ring), plus
+    ~1 KiB per rank. A 256-rank TP=8 x DP=32 job: every rank in 3 communicators."""
+    world, t = 256, H.now_ns()
+    with H.traced_growth() as g:
+        eng = Engine(EngineConfig())
+        ing = Ingest(eng, Edge())
+        parts = [H.registers(world, t), H.comm_init(range(world), H.WORLD_COMM, world, t)]
+        for d in range(world // 8):
+            parts.append(H.comm_init(range(d * 8, d * 8 + 8), 0x100 + d, 8, t))
+        for k in range(8):
+            parts.append(H.comm_init(range(k, world, 8), 0x200 + k, world // 8, t))
+        ing.feed(H.as_header(*parts), t)
+        for step in range(20):
+            ing.feed(H.as_header(H.allreduces(world, [step], t), H.heartbeats(world, t, done=step + 1)), t)
+        ing.tick(t + 100_000_000)
+    per_rank_kib = g["mib"] * 1024 / world
+    assert not ing.edge.rejected and len(eng.comms) == 1 + 32 + 8
+    assert per_rank_kib < 3 * 32 + 4, per_rank_kib  # 3 memberships x (26 KiB ring + slack) + per-rank
+
+
+def test_an_exception_in_one_batch_drops_that_batch_only(caplog):
+    t = H.now_ns()
+    eng, ing = _job(t)
+    real_feed = eng.feed
+    calls = {"n": 0}
+
+    def flaky(raw, recv_ns):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise IndexError("index 0 is out of bounds")
+        real_feed(raw, recv_ns)
+
+    eng.feed = flaky  # the real engine, with one ingest failing the way issue 14's did
+    with caplog.at_level(logging.WARNING, logger="c4d.ingest"):
+        for k in range(3):
+            ing.feed(H.as_header(H.allreduces(WORLD, range(10 * k, 10 * k + 10), t)), t)
+    ing.tick(t + 100_000_000)
+    assert ing.failures == {"ingest: IndexError": 1} and ing.failed_records == 10 * WORLD
+    assert sorted(set(_world(eng).op_done.tolist())) == [30]  # batches 1 and 3 are in
+    assert sum("ingest failed" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_the_edge_kinds_match_the_schema():
+    assert {int(k) for k in Kind} - {int(k) for k in schema.DTYPES} == {int(Kind.TICK)}
+
+
+def test_a_one_shot_flood_gives_way_to_the_jobs_own_communicators():
+    """The budget is full of forged communicators; once they have been silent for
+    evict_silent_s, a communicator the job really uses (named by its heartbeats) gets in."""
+    t = H.now_ns()
+    eng, ing = _job(t, Limits(evict_silent_s=5))
+    for m in range(40):
+        recs = H.comm_init(np.zeros(500, int), 0, 1, t)
+        recs["comm_id"], recs["comm_rank"] = 0x5000_0000 + m * 500 + np.arange(500), 0
+        ing.feed(H.as_header(recs), t)
+    ing.tick(t)
+    s = 10**9
+    tp = [4, 5]  # a new TP communicator, created after the flood
+    for k in range(1, 9):  # its heartbeats every second; the world's too
+        now = t + k * s
+        hb = H.heartbeats(2, now, cid=0x7777)
+        hb["rank"] = tp
+        ing.feed(H.as_header(H.heartbeats(WORLD, now), hb), now)
+        ing.tick(now)
+        assert (0x7777 in eng._comm_index) == (k >= 5), k  # refused while the flood is fresh
+    assert H.WORLD_COMM in eng._comm_index and not ing.failures  # named every second: never evicted
+    assert ing.edge.slots <= WORLD * Limits().comms_per_rank
+    assert len(eng.comms) <= 1 + WORLD * Limits().comms_per_rank
+
+
+def test_a_poll_whose_validation_raises_loses_only_the_batch_that_raises():
+    """Ingest.feed_many (what the master does with one poll): validation raising for the poll
+    falls back to batch by batch, so only the batch that raises is lost."""
+    t = H.now_ns()
+    eng, ing = _job(t)
+    real = ing.edge.admit
+
+    def admit(raw, t_ns):
+        if (raw["time_ns"] == 12345).any():
+            raise ValueError("boom")
+        return real(raw, t_ns)
+
+    ing.edge.admit = admit
+    batches = [H.allreduces(WORLD, range(10 * k, 10 * k + 10), t) for k in range(3)]
+    batches[1]["time_ns"][0] = 12345
+    got = ing.feed_many([H.as_header(b) for b in batches], t)
+    ing.tick(t + 100_000_000)
+    assert got == 2 * 10 * WORLD
+    assert ing.failures == {"ingest: ValueError": 1} and ing.failed_records == 10 * WORLD
+    assert _world(eng).ops_seen == 2 * 10 * WORLD
+
+
+def test_a_forged_world_size_still_meets_the_absolute_member_cap():
+    t = H.now_ns()
+    eng, ing = _job(t, Limits(max_comm_members=100))
+    forged = H.registers(1, t)
+    forged["world_size"] = Limits().max_ranks  # one REGISTER claiming the largest world accepted
+    recs = H.comm_init(np.zeros(5000, int), 0, 1, t)
+    recs["comm_id"], recs["comm_rank"] = 0x9000_0000 + np.arange(5000), 0
+    ing.feed(H.as_header(forged, recs), t)
+    ing.tick(t)
+    assert ing.edge.world == Limits().max_ranks
+    assert ing.edge.slots <= 100 and len(eng.comms) <= 100
+    assert ing.edge.rejected == {"communicator budget": 5000 - (100 - WORLD)}

@@ -1,0 +1,208 @@
+"""Property tests over the whole ingest path (issue 14, and issue 13's "master under bad input").
+
+``Ingest`` swallows and counts exceptions so that the master survives them; here an exception
+anywhere (decoder, validator, Received, engine feed or tick) fails the property, because
+``ingest.failures`` must stay empty. The last test runs the real master over real ZeroMQ.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import zmq
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from c4d import schema, wire
+from c4d.engine import Engine, EngineConfig
+from c4d.ingest import Ingest
+from c4d.master import Master, MasterConfig
+from c4d.received import Received
+from c4d.validate import Edge
+from tests import hostile as H
+from tests.conftest import wait_for
+
+WORLD = 8
+T = 1_800_000_000_000_000_000  # master time the fuzzed batches are fed at
+INTERESTING = [0, 1, 2, 7, 8, 9, 255, 256, 2**15, 2**31 - 1, 2**31, 2**32 - 1, 2**53, 2**63, 2**64 - 1]
+
+
+def _valid_pool() -> np.ndarray:
+    """Records of every kind as a correct shim would send them (the raw material to mutate)."""
+    t = T
+    peers = np.zeros(4, schema.PEER)
+    peers["kind"], peers["version"], peers["rank"], peers["time_ns"] = schema.Kind.PEER, 1, np.arange(4), t
+    peers["comm_id"], peers["comm_rank"], peers["peer"] = H.WORLD_COMM, np.arange(4), (np.arange(4) + 1) % 4
+    peers["first_ns"], peers["last_ns"], peers["bytes_done"] = t - 5000, t - 100, 4096
+    sends = H.allreduces(2, [0, 1], t)
+    sends["op"] = np.where(sends["rank"] == 0, schema.Op.Send, schema.Op.Recv)
+    sends["flags"] = schema.OpFlag.P2P | schema.OpFlag.IN_GROUP
+    sends["peer"] = 1 - sends["comm_rank"]
+    return H.as_header(
+        H.registers(WORLD, t),
+        H.comm_init(range(WORLD), H.WORLD_COMM, WORLD, t),
+        H.allreduces(WORLD, range(4), t),
+        H.heartbeats(WORLD, t, done=4),
+        H.heartbeats(WORLD, t, cid=0),
+        peers,
+        sends,
+        H.comm_init(range(WORLD), H.WORLD_COMM, WORLD, t, event=schema.CommEvent.DESTROY),
+    )
+
+
+POOL = _valid_pool()
+
+
+@st.composite
+def records(draw) -> np.ndarray:
+    """A batch of 128-byte records: valid ones with a few fields (or bytes) set to arbitrary or
+    edge values, in any order, duplicates included."""
+    n = draw(st.integers(1, 40))
+    idx = draw(st.lists(st.integers(0, len(POOL) - 1), min_size=n, max_size=n))
+    out = POOL[idx].copy()
+    buf = out.view(np.uint8).reshape(n, schema.RECORD_SIZE)
+    for i in range(n):
+        k = int(out["kind"][i])
+        dt = schema.DTYPES.get(schema.Kind(k)) if k in {int(x) for x in schema.DTYPES} else None
+        for _ in range(draw(st.integers(0, 3))):
+            if dt is not None and draw(st.booleans()):
+                name = draw(st.sampled_from([f for f in dt.names if not f.startswith("reserved")]))
+                if dt[name].kind in "iu":
+                    v = draw(st.sampled_from(INTERESTING) | st.integers(-(2**63), 2**64 - 1))
+                    info = np.iinfo(dt[name])
+                    view = out[i : i + 1].view(dt)
+                    view[name] = np.array(v % (int(info.max) - int(info.min) + 1) + int(info.min)).astype(
+                        dt[name]
+                    )
+                else:
+                    view = out[i : i + 1].view(dt)
+                    view[name] = draw(st.binary(max_size=dt[name].itemsize))
+            else:
+                buf[i, draw(st.integers(0, schema.RECORD_SIZE - 1))] = draw(st.integers(0, 255))
+    return out
+
+
+def _ingest() -> tuple[Ingest, Received]:
+    rec = Received()
+    eng = Engine(EngineConfig(hang_timeout_us=100_000, hang_times=2))
+    ing = Ingest(eng, Edge(), sinks=[lambda ok, kinds: rec.add(ok, T, kinds)], on_free=[rec.forget])
+    ing.feed(H.as_header(H.registers(WORLD, T), H.comm_init(range(WORLD), H.WORLD_COMM, WORLD, T)), T)
+    return ing, rec
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(records(), min_size=1, max_size=6), st.lists(st.integers(0, 3_000_000_000), max_size=6))
+def test_any_well_framed_records_never_raise_anywhere_in_ingest(batches, tick_steps):
+    ing, rec = _ingest()
+    now = T
+    for i, b in enumerate(batches):
+        raw = wire.decode(wire.encode(b))  # well framed: the decoder takes it
+        ing.feed(raw, now)
+        if i < len(tick_steps):
+            now += tick_steps[i]
+            ing.tick(now)
+    ing.tick(now + 10**10)
+    ing.engine.state()
+    assert not ing.failures, ing.failures
+    assert ing.edge.accepted + ing.edge.dropped == 2 * WORLD + sum(len(b) for b in batches)
+    assert set(rec.ranks) <= set(range(ing.edge.world))  # a REGISTER may grow the world, no rank passes it
+    assert ing.edge.world <= ing.edge.limits.max_ranks
+
+
+BAD_BATCHES = {
+    "short message": lambda good: good[:10],
+    "bad magic": lambda good: b"XXXX" + good[4:],
+    "unsupported schema version": lambda good: good[:4] + (7).to_bytes(2, "little") + good[6:],
+    "length mismatch": lambda good: good[:8] + (2**32 - 1).to_bytes(4, "little") + good[12:],  # absurd count
+    "truncated": lambda good: good[:-57],
+}
+
+
+def _bad_records(kind: str) -> np.ndarray:
+    a = H.allreduces(WORLD, [900], T)
+    if kind == "bad kind":
+        a.view(schema.HEADER)["kind"] = 99
+    elif kind == "bad version":
+        a["version"] = 9
+    elif kind == "bad time":
+        a["end_ns"] = np.uint64(2**63 + 5)  # negative when read as int64
+        a["time_ns"] = T + 10**15  # days ahead
+    elif kind == "bad rank":
+        a["rank"] = WORLD + 3
+    elif kind == "bad comm rank":
+        a["comm_rank"] = WORLD
+    return a
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.sampled_from(["good", *BAD_BATCHES, "bad kind", "bad version", "bad time", "bad rank",
+                                 "bad comm rank", "hostile name"]), min_size=1, max_size=25))  # fmt: skip
+def test_bad_batches_are_rejected_with_a_reason_and_good_ones_are_all_kept(plan):
+    ing, rec = _ingest()
+    good_seq = 0
+    bad_msgs: dict[str, int] = {}
+    expect_rejected: dict[str, int] = {}
+    for step in plan:
+        if step == "good":
+            msg = wire.encode(H.allreduces(WORLD, [good_seq], T))
+            good_seq += 1
+        elif step in BAD_BATCHES:
+            msg = BAD_BATCHES[step](wire.encode(H.allreduces(WORLD, [0], T)))
+        elif step == "hostile name":
+            r = H.registers(WORLD, T, node_of=lambda r: b"../\x1b[2J$(reboot)\n`id`")
+            msg = wire.encode(r[:1])
+        else:
+            msg = wire.encode(_bad_records(step))
+            expect_rejected[step] = expect_rejected.get(step, 0) + WORLD
+        try:
+            raw = wire.decode(msg)
+        except wire.BadBatch as e:
+            reason = e.reason if step != "truncated" else "length mismatch"
+            bad_msgs[reason] = bad_msgs.get(reason, 0) + 1
+            continue
+        ing.feed(raw, T)
+    ing.tick(T + 10**8)
+    assert not ing.failures
+    assert dict(ing.edge.rejected) == expect_rejected
+    world = ing.engine.comms[ing.engine._comm_index[H.WORLD_COMM]]
+    assert world.op_done.tolist() == [good_seq] * WORLD  # every good batch is in
+    assert not any(set(r.node) & set("/\x1b$()\n`") for r in rec.ranks.values())
+    assert sum(bad_msgs.values()) == sum(1 for s in plan if s in BAD_BATCHES)
+
+
+def test_the_real_master_over_zeromq_survives_a_stream_of_garbage_and_keeps_the_good(caplog):
+    """A live Master: 20,000 garbage messages and hostile batches interleaved with a good job;
+    bounded log lines, bounded memory, every good record in."""
+    m = Master(MasterConfig(bind="tcp://127.0.0.1:0", tick_s=0.05))
+    ctx = zmq.Context.instance()
+    push = ctx.socket(zmq.PUSH)
+    push.setsockopt(zmq.SNDHWM, 0)
+    push.connect(m.endpoint)
+    t = H.now_ns()
+    try:
+        push.send(
+            wire.encode(H.as_header(H.registers(WORLD, t), H.comm_init(range(WORLD), H.WORLD_COMM, WORLD, t)))
+        )
+        rng = np.random.default_rng(4)
+        with H.traced_growth() as g:
+            seq = 0
+            for i in range(20_000):
+                push.send(rng.bytes(16))  # issue 14: 20,000 16-byte garbage messages -> 20,032 log lines
+                if i % 1000 == 0:
+                    push.send(wire.encode(H.allreduces(WORLD, [seq], t)))
+                    bad = H.allreduces(WORLD, [seq], t)
+                    bad["op"] = 200
+                    push.send(wire.encode(bad))
+                    seq += 1
+            wait_for(
+                lambda: (m.step(0.01), m.collector.messages >= 20_000 + 2 * seq + 1)[1], 120, "all messages"
+            )
+            m.tick(H.now_ns())
+        assert m.collector.bad_messages == 20_000
+        assert m.edge.rejected == {"bad op": WORLD * seq}
+        assert m.engine.comms[m.engine._comm_index[H.WORLD_COMM]].op_done.tolist() == [seq] * WORLD
+        assert g["mib"] < 16, g
+        lines = [r for r in caplog.records if r.name.startswith("c4d")]
+        assert len(lines) <= 10, [r.getMessage() for r in lines]
+    finally:
+        push.close(linger=0)
+        m.close()
