@@ -60,6 +60,7 @@ class FaultResult:
     info_s: float | None = None
     errors: int = 0  # ERROR diagnoses about it
     blacklisted: bool = False
+    effect: float = math.inf  # comm-slow: how much it slows the most affected communicator
 
 
 @dataclass
@@ -95,7 +96,9 @@ def score(o: scenarios.Outcome) -> JobResult:
         if hang and onset is not None and o.status == 2:
             ran = True  # stopped on an ERROR: hung for good
         short = (f.secs is not None and f.secs < 1.5 * T_S) or f.until is not None
-        frs.append(FaultResult(e, onset, bool(ran) and not short, transient))
+        effect = scenarios.slow_effect(sc, spec)
+        hidden = effect < 1.5  # the slowed link never paces a communicator (see slow_effect)
+        frs.append(FaultResult(e, onset, bool(ran) and not short and not hidden, transient, effect=effect))
     labels = []
     for d in o.diagnoses:
         idx, exact = -1, False
@@ -206,6 +209,17 @@ def report(results: list[JobResult], con: Console, title: str) -> dict:
         summary["kinds"][kind] = dict(faults=len(frs), observable=len(obs), recall=recall,
                                       diagnoses=len(said), precision=precision, localization=loc)  # fmt: skip
     con.print(t)
+    rows = []
+    for kind in ("RankNonCommSlow", "RankCommSlow"):
+        for lo, hi in ((1.5, 2.0), (2.0, 4.0), (4.0, math.inf)):
+            fs = [f for r in results for f in r.faults if f.observable and f.expect.kind == kind
+                  and lo <= min(f.expect.fault.factor or 0, f.effect) < hi]  # fmt: skip
+            if fs:
+                rows.append(f"{kind} ×{lo:g}–{hi:g}: {sum(f.found for f in fs)}/{len(fs)}")
+    hidden = sum(1 for r in results for f in r.faults if f.effect < 1.5)
+    con.print("slow recall by factor (comm-slow: its effect on the slowest communicator it touches): "
+              + "; ".join(rows))  # fmt: skip
+    con.print(f"comm-slow faults that pace no communicator (not counted as observable): {hidden}")
     clean = [r for r in results if not r.faults]
     fa = sum(len(r.diagnoses) for r in clean)
     fa_jobs = sum(1 for r in clean if r.diagnoses)

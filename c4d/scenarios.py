@@ -310,8 +310,8 @@ def issue9_cases() -> list[Scenario]:
             Scenario(ranks, 1, 1, 1, f"comm-hang@link={a}-{r},step=20"),
             # one communicator: its own earlier windows are the reference, so the fault starts
             # after a few clean ones
-            Scenario(ranks, 1, 1, 1, f"comm-slow@rank={r},step=80,factor=4", steps=SLOW_STEPS + 60),
-            Scenario(ranks, 1, 1, 1, f"comm-slow@link={a}-{r},step=80,factor=4", steps=SLOW_STEPS + 60),
+            Scenario(ranks, 1, 1, 1, f"comm-slow@rank={r},step=120,factor=4", steps=SLOW_STEPS + 100),
+            Scenario(ranks, 1, 1, 1, f"comm-slow@link={a}-{r},step=120,factor=4", steps=SLOW_STEPS + 100),
         ]
     return out
 
@@ -385,6 +385,48 @@ def _links(ranks: int, tp: int, pp: int) -> list[tuple[int, int]]:
         if p + 1 < pp:
             out.add((r, r + dp * tp))
     return sorted(out)  # type: ignore[arg-type]
+
+
+def _comm_groups(ranks: int, tp: int, pp: int) -> list[list[int]]:
+    """Each communicator's members in ring order (simtrain's layout): TP groups, DP groups and
+    the pipeline pairs of adjacent stages."""
+    dp = ranks // (tp * pp)
+    out = []
+    for p in range(pp):
+        for d in range(dp):
+            out.append([p * dp * tp + d * tp + t for t in range(tp)])
+        for t in range(tp):
+            out.append([p * dp * tp + d * tp + t for d in range(dp)])
+    for r in range(ranks - dp * tp):
+        out.append([r, r + dp * tp])
+    return [g for g in out if len(g) > 1]
+
+
+def slow_effect(sc: Scenario, spec: str) -> float:
+    """How much a comm-slow fault slows the most affected communicator of the simulated job:
+    its slowest link before / after (simnccl's links: SCENARIO_ENV's bandwidths, a ring
+    over its members in order, two-rank groups both ways). A link inside a node slowed less
+    than the network links of its ring stays hidden: effect 1."""
+    f = sc.expect(spec).fault
+    if f.kind != "comm-slow" or f.factor is None:
+        return math.inf
+    intra, inter = float(SCENARIO_ENV["SIMNCCL_INTRA_GBPS"]), float(SCENARIO_ENV["SIMNCCL_INTER_GBPS"])
+    node = [r // sc.ranks_per_node for r in range(sc.ranks)]
+
+    def hit(a: int, b: int) -> bool:
+        if f.link is None:
+            return f.rank in (a, b)
+        x, y = f.link
+        return ((a, b) == (x, y) and f.dir != "rev") or ((a, b) == (y, x) and f.dir != "fwd")
+
+    best = 1.0
+    for g in _comm_groups(sc.ranks, sc.tp, sc.pp):
+        n = len(g)
+        edges = [(g[0], g[1]), (g[1], g[0])] if n == 2 else [(g[i], g[(i + 1) % n]) for i in range(n)]
+        base = [intra if node[a] == node[b] else inter for a, b in edges]
+        after = [bw / f.factor if hit(a, b) else bw for (a, b), bw in zip(edges, base, strict=True)]
+        best = max(best, min(base) / min(after))
+    return best
 
 
 def _fault(

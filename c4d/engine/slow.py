@@ -281,9 +281,14 @@ class SlowJudge:
     def _comm_slow(self, ranks, comms, sel, sel_p2p, w: int, win: dict) -> list[SlowFinding]:
         cfg = self.cfg
         # A unit's first window is start-up (processes still launching, a partial window): it
-        # is neither judged nor a baseline.
-        units = self._units(ranks, comms, sel, sel_p2p)
-        units = [u for u in units if self.first_seen.setdefault(u.key, w) < w]
+        # is not judged, only remembered as a baseline (a single communicator has nothing else
+        # to be compared with).
+        units = []
+        for u in self._units(ranks, comms, sel, sel_p2p):
+            if self.first_seen.setdefault(u.key, w) < w:
+                units.append(u)
+            else:
+                self.baseline.setdefault(u.base_key, deque(maxlen=cfg.slow_baseline_windows)).append(u.bw)
         for u in units:
             self.last_judged[u.key] = w
             self.unit_members[u.key] = u.members
