@@ -350,6 +350,9 @@ class Engine:
     def tick(self, now_ns: int) -> list[Diagnosis]:
         """Evaluate at master time ``now_ns``; return the diagnoses that are new at this tick."""
         now = int(now_ns)
+        # records fed since the last tick are stamped with its time; when ticks come late (a
+        # master that falls behind) a rank that reported in that interval is not silent
+        self.ranks.prev_tick_ns = self._now or now
         self._now = now
         self.stats["ticks"] += 1
         self._flush()
@@ -462,11 +465,11 @@ class Engine:
             if d.kind is not DiagKind.RankLost:
                 for g in d.ranks if d.localized else ():
                     states[g] = RankState.hung
-        silence = now - R.last_recv
+        silence = R.prev_tick_ns - R.last_recv  # see tick
         for g in seen:
             if R.final[g]:
                 states[g] = RankState.done
-            elif silence[g] > th.lost_after_ns:
+            elif silence[g] > th.lost_after_ns + R.delivery_lag_ns:
                 states[g] = RankState.lost
         return EngineSnapshot(
             time_ns=now,

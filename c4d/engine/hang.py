@@ -169,11 +169,16 @@ class WaitGraph:
         T = th.hang_timeout_ns
         self.T = T
         seen = ranks.seen
-        silence = np.where(seen, now - ranks.last_recv, 0)
+        # silence until the previous tick: what was fed since then is stamped with its time
+        # (Engine.tick), so a late tick does not make every rank look silent
+        ref = ranks.prev_tick_ns or now
+        silence = np.where(seen, ref - ranks.last_recv, 0)
         running = seen & ~ranks.final
-        alive = running & (silence <= th.lost_after_ns)
-        self.stale = running & (silence > th.stale_after_ns)
-        self.lost = running & (silence > th.lost_after_ns) & (alive.sum() > 0)
+        # records waiting in a backlog are not silence: the limits grow by the delivery lag
+        lag = ranks.delivery_lag_ns
+        alive = running & (silence <= th.lost_after_ns + lag)
+        self.stale = running & (silence > th.stale_after_ns + lag)
+        self.lost = running & (silence > th.lost_after_ns + lag) & (alive.sum() > 0)
         self.silence = silence
         self.nodes: dict[NodeKey, _Node] = {}
         self.blocks_of: dict[int, list[NodeKey]] = {}

@@ -39,6 +39,7 @@ from c4d.schema import Op
 CLEAR_SLOW_OPS = 0.2  # a unit with more of its ops this slow is not evidence that a rank is fine
 SLOW_OPS_SHARE = 0.6  # a slow unit has at least this share of its ops below slow_bw_ratio x reference
 P2P_MIN_OPS_FACTOR = 2  # a p2p link needs this many times slow_min_ops measured transfers (noisier)
+P2P_STRONG = 0.8  # a p2p link this far below the line (x slow_bw_ratio) is slow in its first window
 
 
 @dataclass
@@ -64,13 +65,15 @@ class SlowJudge:
         self.unit_shapes: dict[tuple, blame.UnitShape] = {}  # unit key -> its latest shape and state
         self.deferred: dict[tuple, int] = {}  # unit key -> window its verdict last waited in
         self.first_seen: dict[tuple, int] = {}  # unit key -> the first window it had enough ops in
+        self.p2p_low: dict[tuple, tuple[int, int]] = {}  # p2p link -> last two windows it was below the line
         self.late_ops = 0  # ops that completed after their window was judged
 
     def forget(self, comm_idx: list[int]) -> None:
         """Drop the state of freed communicators (unit keys carry the comm index second)."""
         gone = set(comm_idx)
         dicts: tuple[dict, ...] = (self.baseline, self.slow_units, self.last_judged, self.unit_members,
-                                   self.unit_shapes, self.deferred, self.first_seen)  # fmt: skip
+                                   self.unit_shapes, self.deferred, self.first_seen,
+                                   self.p2p_low)  # fmt: skip
         for d in dicts:
             for key in [k for k in d if len(k) > 1 and k[1] in gone]:
                 del d[key]
@@ -79,7 +82,9 @@ class SlowJudge:
         self, ranks: RankTable, comms: dict[int, Comm], th: ResolvedThresholds, now: int
     ) -> list[SlowFinding]:
         P = th.period_ns
-        closed = (now - int(self.cfg.slow_grace_ms * 1e6)) // P - 1  # last window that may be judged
+        # last window that may be judged: records of its last ops must be in, later by the
+        # delivery lag when the master falls behind
+        closed = (now - int(self.cfg.slow_grace_ms * 1e6) - ranks.delivery_lag_ns) // P - 1
         per_comm: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         per_p2p: dict[int, np.ndarray] = {}
         for c in comms.values():
@@ -316,10 +321,19 @@ class SlowJudge:
                 u.ratio, u.compared = u.bw / u.sib_ref, "siblings"
             elif u.own_ref:
                 u.ratio, u.compared = u.bw / u.own_ref / max(shared, 1e-9), "own baseline"
+            if u.link is not None and u.ratio is not None and u.ratio < cfg.slow_degraded_ratio:
+                self._p2p_low_now(u.key, w)
             if u.ratio is not None and u.ratio < cfg.slow_bw_ratio:
                 # most of its ops are slow, not a median a few outliers pulled down (a busy host
                 # stretches single transfers)
                 most = u.slow_share(cfg.slow_bw_ratio) >= SLOW_OPS_SHARE
+                if most and u.link is not None:
+                    # a p2p link's few measured transfers are noisy on a busy host: it is slow
+                    # when it was below the degraded line in the window before too, or when
+                    # nearly all its transfers are well below the line now
+                    far = u.ratio < P2P_STRONG * cfg.slow_bw_ratio
+                    strong = far and u.slow_share(cfg.slow_bw_ratio) >= 0.8
+                    most = strong or self._p2p_low_before(u.key, w)
                 if most and (u.key not in slow or u.ratio < (slow[u.key].ratio or 0)):
                     slow[u.key] = u
             else:
@@ -384,6 +398,16 @@ class SlowJudge:
                 self.slow_ranks[g] = w
             out.append(SlowFinding(DiagKind.RankCommSlow, c, u.op, u.seq, loc.ranks, loc, d))
         return out
+
+    def _p2p_low_now(self, key: tuple, w: int) -> None:
+        latest = self.p2p_low.get(key, (-9, -9))[0]
+        if latest != w:  # (its other direction may have been seen in this window already)
+            self.p2p_low[key] = (w, latest)
+
+    def _p2p_low_before(self, key: tuple, w: int) -> bool:
+        """Was this p2p link below the degraded line in the window before ``w``?"""
+        latest, before = self.p2p_low.get(key, (-9, -9))
+        return (latest if latest != w else before) == w - 1
 
     def _localize(
         self,

@@ -21,6 +21,7 @@ ranks or compares with the master's clock.
 from __future__ import annotations
 
 import logging
+from collections import deque
 
 import numpy as np
 
@@ -158,6 +159,9 @@ class RankTable:
         self.anc_rank = np.zeros(0, np.float64)
         self.last_end = np.zeros(0, np.int64)  # latest op end seen (rank clock), for compute gaps
         self.compute_ns = np.zeros(0, np.int64)  # running sum of its compute gaps
+        self.lag_hist: deque[tuple[int, int]] = deque()  # (master ns, delivery lag ns) per tick
+        self.delivery_lag_ns = 0  # how late records reach the engine now, beyond usual (clock.py)
+        self.prev_tick_ns = 0  # the engine's tick before the current one (what fed rows are stamped with)
         self.node_names: list[str] = []
         self._node_index: dict[str, int] = {}
         self.comms_of: list[list[tuple[int, int]]] = []  # rank -> [(comm idx, comm rank)]
