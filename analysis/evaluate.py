@@ -97,7 +97,7 @@ def score(o: scenarios.Outcome) -> JobResult:
             ran = True  # stopped on an ERROR: hung for good
         short = (f.secs is not None and f.secs < 1.5 * T_S) or f.until is not None
         effect = scenarios.slow_effect(sc, spec)
-        hidden = effect < 1.5  # the slowed link never paces a communicator (see slow_effect)
+        hidden = effect < 1.5  # the faulty link never paces a communicator (see slow_effect)
         frs.append(FaultResult(e, onset, bool(ran) and not short and not hidden, transient, effect=effect))
     labels = []
     for d in o.diagnoses:
@@ -219,7 +219,7 @@ def report(results: list[JobResult], con: Console, title: str) -> dict:
     hidden = sum(1 for r in results for f in r.faults if f.effect < 1.5)
     con.print("slow recall by factor (comm-slow: its effect on the slowest communicator it touches): "
               + "; ".join(rows))  # fmt: skip
-    con.print(f"comm-slow faults that pace no communicator (not counted as observable): {hidden}")
+    con.print(f"comm faults on links that pace no communicator (not counted as observable): {hidden}")
     clean = [r for r in results if not r.faults]
     fa = sum(len(r.diagnoses) for r in clean)
     fa_jobs = sum(1 for r in clean if r.diagnoses)

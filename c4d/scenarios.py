@@ -403,13 +403,15 @@ def _comm_groups(ranks: int, tp: int, pp: int) -> list[list[int]]:
 
 
 def slow_effect(sc: Scenario, spec: str) -> float:
-    """How much a comm-slow fault slows the most affected communicator of the simulated job:
-    its slowest link before / after (simnccl's links: SCENARIO_ENV's bandwidths, a ring
-    over its members in order, two-rank groups both ways). A link inside a node slowed less
-    than the network links of its ring stays hidden: effect 1."""
+    """How much a comm fault slows the most affected communicator of the simulated job: its
+    slowest link before / after (simnccl's links: SCENARIO_ENV's bandwidths, a ring over its
+    members in order, two-rank groups both ways). A link inside a node slowed less than the
+    network links of its ring stays hidden (effect 1), and so does a direction (dir=) no
+    communicator uses, even hung; a used hung link is infinitely slow."""
     f = sc.expect(spec).fault
-    if f.kind != "comm-slow" or f.factor is None:
+    if f.kind not in ("comm-slow", "comm-hang"):
         return math.inf
+    factor = f.factor if f.kind == "comm-slow" and f.factor else math.inf  # a hung link: infinitely slow
     intra, inter = float(SCENARIO_ENV["SIMNCCL_INTRA_GBPS"]), float(SCENARIO_ENV["SIMNCCL_INTER_GBPS"])
     node = [r // sc.ranks_per_node for r in range(sc.ranks)]
 
@@ -424,8 +426,8 @@ def slow_effect(sc: Scenario, spec: str) -> float:
         n = len(g)
         edges = [(g[0], g[1]), (g[1], g[0])] if n == 2 else [(g[i], g[(i + 1) % n]) for i in range(n)]
         base = [intra if node[a] == node[b] else inter for a, b in edges]
-        after = [bw / f.factor if hit(a, b) else bw for (a, b), bw in zip(edges, base, strict=True)]
-        best = max(best, min(base) / min(after))
+        after = [bw / factor if hit(a, b) else bw for (a, b), bw in zip(edges, base, strict=True)]
+        best = max(best, min(base) / min(after) if min(after) > 0 else math.inf)
     return best
 
 

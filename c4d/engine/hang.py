@@ -43,6 +43,7 @@ from c4d.schema import Op, OpFlag, op_name
 
 SEND, RECV = int(Op.Send), int(Op.Recv)
 IN_GROUP = int(OpFlag.IN_GROUP)
+MOST = 0.5  # fewer than this share of the running ranks still reporting: no RankLost
 
 
 # -- graph nodes and what explains them -------------------------------------------------
@@ -178,7 +179,9 @@ class WaitGraph:
         lag = ranks.delivery_lag_ns
         alive = running & (silence <= th.lost_after_ns + lag)
         self.stale = running & (silence > th.stale_after_ns + lag)
-        self.lost = running & (silence > th.lost_after_ns + lag) & (alive.sum() > 0)
+        # More than half the job silent at once is the master's problem (its backlog, its
+        # network) or the job's end, as when every rank is: not ranks that died.
+        self.lost = running & (silence > th.lost_after_ns + lag) & (alive.sum() >= MOST * running.sum())
         self.silence = silence
         self.nodes: dict[NodeKey, _Node] = {}
         self.blocks_of: dict[int, list[NodeKey]] = {}

@@ -66,6 +66,7 @@ class SlowJudge:
         self.deferred: dict[tuple, int] = {}  # unit key -> window its verdict last waited in
         self.first_seen: dict[tuple, int] = {}  # unit key -> the first window it had enough ops in
         self.p2p_low: dict[tuple, tuple[int, int]] = {}  # p2p link -> last two windows it was below the line
+        self.noncomm_low: dict[int, tuple[int, int]] = {}  # rank -> last two windows its compute stood out
         self.late_ops = 0  # ops that completed after their window was judged
 
     def forget(self, comm_idx: list[int]) -> None:
@@ -203,6 +204,17 @@ class SlowJudge:
                     continue
                 share = float(np.mean(col[valid] - op_med[valid] >= need[r] / 2))
                 if share < cfg.slow_last_frac or c.grank[r] < 0:
+                    continue
+                # One window can make one of many members look slow by chance on a busy host:
+                # a finding holds in two windows running, unless it is strong (nearly every op,
+                # twice the margin).
+                g = int(c.grank[r])
+                seen_before = self.noncomm_low.get(g, (-9, -9))
+                if seen_before[0] != w:
+                    self.noncomm_low[g] = (w, seen_before[0])
+                before = self.noncomm_low[g][1]
+                strong = share >= 0.9 and excess[r] >= 2 * need[r]
+                if not strong and before != w - 1:
                     continue
                 last = o["last"] == r
                 d: dict[str, Any] = {

@@ -42,16 +42,8 @@ T0_NS = 1_700_000_000_000_000_000  # where synthetic nccl-tests timelines start 
 _GAP_NS = 1_000  # between synthetic ops
 
 Op = schema.Op
-_NT_OPS = {
-    "AllReduce": Op.AllReduce,
-    "AllGather": Op.AllGather,
-    "ReduceScatter": Op.ReduceScatter,
-    "Broadcast": Op.Broadcast,
-    "Reduce": Op.Reduce,
-    "AllToAll": Op.AlltoAll,
-    "Gather": Op.Gather,
-    "Scatter": Op.Scatter,
-}
+# nccl-tests' collective names (nccl_tests.COLLECTIVES) are ours, but for its "AllToAll"
+_NT_OPS = {**{o.name: o for o in Op if o not in (Op.Send, Op.Recv)}, "AllToAll": Op.AlltoAll}
 _NT_NAMES = {  # nccl-tests type names → ncclDataType_t (bytes per element: schema.DTYPE_SIZE)
     "int8": schema.DType.int8,
     "char": schema.DType.int8,
