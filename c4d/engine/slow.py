@@ -40,6 +40,7 @@ CLEAR_SLOW_OPS = 0.2  # a unit with more of its ops this slow is not evidence th
 SLOW_OPS_SHARE = 0.6  # a slow unit has at least this share of its ops below slow_bw_ratio x reference
 P2P_MIN_OPS_FACTOR = 2  # a p2p link needs this many times slow_min_ops measured transfers (noisier)
 P2P_STRONG = 0.8  # a p2p link this far below the line (x slow_bw_ratio) is slow in its first window
+STOOD_OUT = 0.3  # share of a window's ops in which a rank's compute stood out, for the next window
 
 
 @dataclass
@@ -65,8 +66,9 @@ class SlowJudge:
         self.unit_shapes: dict[tuple, blame.UnitShape] = {}  # unit key -> its latest shape and state
         self.deferred: dict[tuple, int] = {}  # unit key -> window its verdict last waited in
         self.first_seen: dict[tuple, int] = {}  # unit key -> the first window it had enough ops in
-        self.p2p_low: dict[tuple, tuple[int, int]] = {}  # p2p link -> last two windows it was below the line
-        self.noncomm_low: dict[int, tuple[int, int]] = {}  # rank -> last two windows its compute stood out
+        # the last two windows a p2p link was below the line / a rank's compute stood out in
+        self.p2p_low: dict[tuple, tuple[int, int]] = {}
+        self.noncomm_low: dict[int, tuple[int, int]] = {}
         self.late_ops = 0  # ops that completed after their window was judged
 
     def forget(self, comm_idx: list[int]) -> None:
@@ -193,26 +195,29 @@ class SlowJudge:
                 spread = 1.4826 * float(np.median(np.abs(fin - np.median(fin))))
                 need = np.maximum(need, 4 * spread)
             excess = med - others
-            cand = np.flatnonzero((excess >= need) & np.isfinite(med) & np.isfinite(others))
-            if not len(cand):
-                continue
             op_med = _row_nanmedian(G)
+            # Each member's share of ops in which it computes clearly longer than that op's
+            # median. One window can make one of many members look slow by chance on a busy
+            # host, so a finding needs the rank to have stood out in the window before too
+            # (in a third of its ops at least: the window the fault began in counts), unless
+            # it is strong now (nearly every op, twice the margin).
+            valid = np.isfinite(G) & np.isfinite(op_med)[:, None]
+            above = np.where(valid, G - op_med[:, None] >= need[None, :] / 2, False)
+            nvalid = valid.sum(axis=0)
+            shares = np.where(nvalid > 0, above.sum(axis=0) / np.maximum(nvalid, 1), 0.0)
+            for r in np.flatnonzero(shares >= STOOD_OUT).tolist():
+                if c.grank[r] >= 0:
+                    g = int(c.grank[r])
+                    latest = self.noncomm_low.get(g, (-9, -9))[0]
+                    if latest != w:
+                        self.noncomm_low[g] = (w, latest)
+            cand = np.flatnonzero((excess >= need) & np.isfinite(med) & np.isfinite(others))
             for r in cand.tolist():
-                col = G[:, r]
-                valid = np.isfinite(col) & np.isfinite(op_med)
-                if valid.sum() < cfg.slow_min_ops:
+                share = float(shares[r])
+                if nvalid[r] < cfg.slow_min_ops or share < cfg.slow_last_frac or c.grank[r] < 0:
                     continue
-                share = float(np.mean(col[valid] - op_med[valid] >= need[r] / 2))
-                if share < cfg.slow_last_frac or c.grank[r] < 0:
-                    continue
-                # One window can make one of many members look slow by chance on a busy host:
-                # a finding holds in two windows running, unless it is strong (nearly every op,
-                # twice the margin).
                 g = int(c.grank[r])
-                seen_before = self.noncomm_low.get(g, (-9, -9))
-                if seen_before[0] != w:
-                    self.noncomm_low[g] = (w, seen_before[0])
-                before = self.noncomm_low[g][1]
+                before = self.noncomm_low.get(g, (-9, -9))[1]
                 strong = share >= 0.9 and excess[r] >= 2 * need[r]
                 if not strong and before != w - 1:
                     continue
