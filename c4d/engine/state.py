@@ -75,6 +75,7 @@ OP_SPLIT = np.dtype(
         ("wait_ns", "<f8"),  # L - own arrival (from own durations across hosts, see _reduce)
         ("transfer_ns", "<f8"),  # the op's: last arrival -> done
         ("lateness_ns", "<f8"),  # own arrival - the op's median arrival
+        ("compute_ns", "<f8"),  # own compute since its previous op of this communicator
         ("algbw_gbs", "<f8"),
         ("busbw_gbs", "<f8"),
     ]
@@ -350,6 +351,11 @@ class Comm:
         self.peer_rows: list[np.ndarray] = []
         self.peer_n = 0
         self.split: list[np.ndarray] | None = None  # OP_SPLIT rows, when the engine hands them out
+        # live view: OP rows per ingested chunk (master time) for a rate that falls to 0 in a
+        # hang; p2p transfers done and the latest measured ones
+        self.done_log: deque[tuple[int, int]] = deque(maxlen=4096)
+        self.p2p_rows = 0
+        self.p2p_recent: deque[np.ndarray] = deque(maxlen=64)
 
     # -- derived views -----------------------------------------------------------------
     def done_eff(self) -> np.ndarray:
@@ -535,6 +541,7 @@ class Comm:
             sp["wait_ns"] = wait
             sp["transfer_ns"] = transfer[:, None]
             sp["lateness_ns"] = K - np.median(K, axis=1)[:, None]
+            sp["compute_ns"] = np.where(G >= 0, G, np.nan)
             with np.errstate(divide="ignore", invalid="ignore"):
                 alg = np.where(transfer > 0, size / transfer, np.nan)
             sp["algbw_gbs"] = alg[:, None]
@@ -582,7 +589,7 @@ def _p2p_split(c: Comm, done: np.ndarray, gs: np.ndarray, gr: np.ndarray) -> np.
     sp["peer"] = np.r_[done["dst"], done["src"]]
     sp["op"] = np.r_[np.full(m, SEND), np.full(m, RECV)]
     sp["bytes"] = np.tile(done["bytes"], 2)
-    for k in ("arrive_ns", "wait_ns", "lateness_ns"):
+    for k in ("arrive_ns", "wait_ns", "lateness_ns", "compute_ns"):
         sp[k] = np.nan
     sp["last_arrive_ns"] = np.tile(done["last_arrive"], 2)
     sp["transfer_ns"] = np.tile(done["transfer"], 2)
@@ -698,6 +705,7 @@ class P2PPairs:
         for part in np.split(np.arange(len(S)), cuts):
             c = comms[int(cidx[part[0]])]
             c.p2p_pending.append(out[part])
+            c.p2p_recent.append(out[part])
             if c.split is not None:
                 c.split.append(_p2p_split(c, out[part], gs[part], gr[part]))
 
