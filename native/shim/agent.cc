@@ -228,7 +228,8 @@ void fill_pending(c4d_heartbeat_record& h, uint32_t i) {
   const OpSlot& s = g_ops.at(i);
   h.pend_seq = s.seq;
   h.pend_issue_ns = s.issue_ns;
-  h.pend_start_ns = s.arrived ? (s.start_ns ? s.start_ns : s.issue_ns) : 0;
+  const AgentOp& x = g_ops.agent_of(s);
+  h.pend_start_ns = x.arrived ? (x.start_ns ? x.start_ns : s.issue_ns) : 0;
   h.pend_peer = s.peer;
   h.pend_op = s.op;
   h.pend_flags = s.flags;
@@ -335,7 +336,8 @@ void note_stats(CommProgress& p, const OpSlot& s) {
   if (!p.stats) p.stats = static_cast<OpStats*>(calloc(C4D_OP_COUNT, sizeof(OpStats)));
   if (!p.stats || s.op >= C4D_OP_COUNT) return;
   OpStats& st = p.stats[s.op];
-  uint64_t ns = (s.start_ns && s.end_ns) ? s.end_ns - s.start_ns : s.return_ns - s.issue_ns;
+  const AgentOp& x = g_ops.agent_of(s);
+  uint64_t ns = (x.start_ns && x.end_ns) ? x.end_ns - x.start_ns : s.return_ns - s.issue_ns;
   float us = float(double(ns) / 1e3);
   if (st.n < kReservoir) {
     st.sample_us[st.n] = us;
@@ -354,24 +356,28 @@ void note_stats(CommProgress& p, const OpSlot& s) {
 
 void on_arrived(OpSlot& s) {
   Agent& a = g_agent;
-  s.arrived = 1;
+  AgentOp& x = g_ops.agent_of(s);
+  x.arrived = 1;
   ++a.ops_arrived;
   if (s.flags & C4D_OPF_P2P) return;
   CommProgress& p = a.progress[s.comm];
   if (s.seq + 1 > p.arrived_mark) p.arrived_mark = s.seq + 1;
-  uint64_t t = s.start_ns ? s.start_ns : s.issue_ns;
+  uint64_t t = x.start_ns ? x.start_ns : s.issue_ns;
   if (t > p.last_arrive_ns) p.last_arrive_ns = t;
 }
 
 void finish_op(uint32_t i) {
   Agent& a = g_agent;
   OpSlot& s = g_ops.at(i);
+  const AgentOp& x = g_ops.agent_of(s);
   const CommSlot* c = comm_at(s.comm);
   CommProgress& p = a.progress[s.comm];
   ++a.ops_done;
+  s.return_ns = stamp_to_ns(s.return_ns);
+  if (s.return_ns < s.issue_ns) s.return_ns = s.issue_ns;  // two conversions, a rate refined between
   if (!(s.flags & C4D_OPF_P2P)) {
     if (s.seq + 1 > p.done_mark) p.done_mark = s.seq + 1;
-    uint64_t t = s.end_ns ? s.end_ns : s.return_ns;
+    uint64_t t = x.end_ns ? x.end_ns : s.return_ns;
     if (t > p.last_done_ns) p.last_done_ns = t;
   }
   c4d_op_record r;
@@ -380,8 +386,8 @@ void finish_op(uint32_t i) {
   r.comm_id = c->id;
   r.seq = s.seq;
   r.issue_ns = s.issue_ns;
-  r.start_ns = s.start_ns;
-  r.end_ns = s.end_ns;
+  r.start_ns = x.start_ns;
+  r.end_ns = x.end_ns;
   r.count = s.count;
   r.bytes = s.bytes;
   r.stream = s.stream;
@@ -395,7 +401,7 @@ void finish_op(uint32_t i) {
   r.op = s.op;
   r.dtype = s.dtype;
   r.redop = s.redop;
-  r.flags = uint8_t(s.flags | s.late_flags | s.agent_flags | ((s.start_ns && s.end_ns) ? C4D_OPF_DEVICE_TIMING : 0));
+  r.flags = uint8_t(s.flags | s.late_flags | x.agent_flags | ((x.start_ns && x.end_ns) ? C4D_OPF_DEVICE_TIMING : 0));
   append(&r);
   if (g_cfg.stats_output) note_stats(p, s);
   if (EventPool* pool = event_pool_for(s.device)) {
@@ -443,21 +449,22 @@ bool advance(OpSlot& s, uint64_t* blocked, uint32_t* n_blocked) {
   auto block = [&](uint64_t st) {
     if (*n_blocked < 64) blocked[(*n_blocked)++] = st;
   };
+  AgentOp& x = g_ops.agent_of(s);
   uint32_t state = s.state.load(std::memory_order_acquire);
-  if (!s.arrived) {
+  if (!x.arrived) {
     if (state < kLaunched) return false;
     if (s.ev_start == kNone) {
       on_arrived(s);  // no device timing: arrival = issue
     } else {
       if (is_blocked(s.stream)) return false;
-      switch (probe(s, s.ev_start, s.issue_ns, &s.start_ns)) {
+      switch (probe(s, s.ev_start, s.issue_ns, &x.start_ns)) {
         case kWait:
           block(s.stream);
           return false;
         case kFailed:
-          s.agent_flags |= C4D_OPF_EVENT_ERROR;
+          x.agent_flags |= C4D_OPF_EVENT_ERROR;
           count(g_counters.event_errors);
-          s.start_ns = 0;
+          x.start_ns = 0;
           break;
         case kFired:
           break;
@@ -466,20 +473,20 @@ bool advance(OpSlot& s, uint64_t* blocked, uint32_t* n_blocked) {
     }
   }
   if (state != kReturned) return false;
-  if (s.ev_end == kNone || ((s.late_flags | s.agent_flags) & C4D_OPF_EVENT_ERROR)) {
-    s.end_ns = 0;
-    if (s.agent_flags & C4D_OPF_EVENT_ERROR) s.start_ns = 0;
+  if (s.ev_end == kNone || ((s.late_flags | x.agent_flags) & C4D_OPF_EVENT_ERROR)) {
+    x.end_ns = 0;
+    if (x.agent_flags & C4D_OPF_EVENT_ERROR) x.start_ns = 0;
     return true;
   }
   if (is_blocked(s.stream)) return false;
-  switch (probe(s, s.ev_end, s.start_ns ? s.start_ns : s.issue_ns, &s.end_ns)) {
+  switch (probe(s, s.ev_end, x.start_ns ? x.start_ns : s.issue_ns, &x.end_ns)) {
     case kWait:
       block(s.stream);
       return false;
     case kFailed:
-      s.agent_flags |= C4D_OPF_EVENT_ERROR;
+      x.agent_flags |= C4D_OPF_EVENT_ERROR;
       count(g_counters.event_errors);
-      s.start_ns = s.end_ns = 0;
+      x.start_ns = x.end_ns = 0;
       return true;
     case kFired:
       return true;
@@ -501,6 +508,8 @@ bool drain() {
       continue;
     }
     ++a.ops_seen;
+    s.issue_ns = stamp_to_ns(s.issue_ns);  // the app wrote it before submit and never again
+    g_ops.agent_of(s) = AgentOp{};
     peer_note_op(s);
     a.pending[a.n_pending++] = i;  // never overflows: pending holds at most every slot
   }

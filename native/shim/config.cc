@@ -182,6 +182,7 @@ void config_load(Config* c) {
   c->exit_flush_ms = int(env_int("C4D_EXIT_FLUSH_MS", 500, 0, 60000));
   c->clock_offset_ns = env_int("C4D_CLOCK_OFFSET_NS", 0, -(int64_t(1) << 62), int64_t(1) << 62);
   c->peer_track = uint32_t(env_int("C4D_PEER_TRACK", 4096, 16, 1 << 20));
+  c->tsc = env_bool("C4D_TSC", true);
 
   if (const char* s = env("C4D_LIBZMQ")) {
     if (access(s, R_OK) == 0 && strlen(s) < sizeof c->libzmq)

@@ -28,6 +28,7 @@ struct Config {
   int exit_flush_ms;         // C4D_EXIT_FLUSH_MS
   int64_t clock_offset_ns;   // C4D_CLOCK_OFFSET_NS (simulated clock skew)
   uint32_t peer_track;       // C4D_PEER_TRACK: transfers the profiler plugin tracks at once
+  bool tsc;                  // C4D_TSC: hot-path times from the TSC where the kernel keeps time with it
   char libzmq[1024];         // C4D_LIBZMQ; empty = search
   /* identity, from the launcher's variables */
   char job[24];              // C4D_JOB_ID / TORCHELASTIC_RUN_ID / SLURM_JOB_ID

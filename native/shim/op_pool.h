@@ -32,7 +32,9 @@ enum SlotState : uint32_t {
 /* kSlotComm entries (lifecycle records) reuse the op fields: op = c4d_comm_event,
  * seq = comm id, count = parent id, stream = handle, peer = color, group_id = key,
  * bytes = rank << 32 | nranks, device, result, issue_ns = time of the call's return. */
-struct OpSlot {
+/* What the application thread writes, in two cache lines (alignas 64, 128 bytes): an
+ * op touches only these, and the agent only reads them (AgentOp holds what it writes). */
+struct alignas(64) OpSlot {
   std::atomic<uint32_t> state;
   /* set before submit(), then read-only */
   uint8_t kind;   // SlotKind
@@ -40,11 +42,13 @@ struct OpSlot {
   uint8_t dtype;
   uint8_t redop;
   uint8_t flags;  // c4d_op_flags known at issue
+  /* set before state = kReturned */
+  uint8_t late_flags;  // NO_EVENT / EVENT_ERROR found after submit
   uint32_t comm;  // comm slot index
   int32_t peer;
   int32_t device;
   uint64_t seq;
-  uint64_t issue_ns;
+  uint64_t issue_ns;  // a stamp (timing.h) until the agent's drain converts it
   uint64_t count;
   uint64_t bytes;
   uint64_t stream;
@@ -52,13 +56,17 @@ struct OpSlot {
   /* set before state = kLaunched */
   uint32_t ev_start, ev_end;  // EventPool indices, kNone without
   /* set before state = kReturned */
-  uint8_t late_flags;  // NO_EVENT / EVENT_ERROR found after submit
   int32_t result;
-  uint64_t return_ns;
+  uint64_t return_ns;  // a stamp until the agent's finish_op converts it
   /* the issuing thread only, before submit: its group's chain and event pair */
   uint32_t next;
   uint32_t pair;
-  /* agent only */
+};
+static_assert(sizeof(OpSlot) == 128, "an op slot is two cache lines");
+
+/* The agent's own per-slot state, beside the slots (reset by the agent when it takes a
+ * slot from the ready ring): the app thread never touches these lines. */
+struct AgentOp {
   uint8_t arrived;
   uint8_t agent_flags;
   uint64_t start_ns, end_ns;
@@ -83,10 +91,13 @@ class OpPool {
     free_.push(i);
   }
   OpSlot& at(uint32_t i) { return slots_[i]; }
+  /* Agent only. */
+  AgentOp& agent_of(const OpSlot& s) { return agent_[&s - slots_]; }
   uint32_t capacity() const { return cap_; }
 
  private:
   OpSlot* slots_ = nullptr;
+  AgentOp* agent_ = nullptr;
   uint32_t cap_ = 0;
   IndexStack free_;
   IndexRing ready_;

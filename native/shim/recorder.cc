@@ -61,7 +61,7 @@ static void number_group(ThreadState* t) {
 
 OpTicket op_begin(ThreadState* t, const OpDesc& d) {
   OpTicket k{kNone, kNone, nullptr, d.stream, false};
-  uint64_t issue_ns = host_now_ns();
+  uint64_t issue_ns = host_stamp();  // a stamp until the agent converts it (timing.h)
   CommSlot* c = comm_lookup(d.comm);
   if (!c) {
     count(g_counters.untracked);
@@ -102,8 +102,6 @@ OpTicket op_begin(ThreadState* t, const OpDesc& d) {
   s.late_flags = 0;
   s.result = ncclSuccess;
   s.return_ns = 0;
-  s.arrived = s.agent_flags = 0;
-  s.start_ns = s.end_ns = 0;
   k.slot = i;
 
   if (grouped) {  // chained; numbered, given events and handed over at the outermost ncclGroupEnd
@@ -156,7 +154,7 @@ void op_end(const OpTicket& k, ncclResult_t r) {
       count(g_counters.event_errors);
     }
   }
-  s.return_ns = host_now_ns();
+  s.return_ns = host_stamp();
   s.result = r;
   s.state.store(kReturned, std::memory_order_release);
 }
@@ -175,7 +173,7 @@ static void defer(ThreadState* t, uint32_t i) {
 void op_deferred(ThreadState* t, const OpTicket& k) {
   if (k.slot == kNone) return;
   OpSlot& s = g_ops.at(k.slot);
-  s.return_ns = host_now_ns();
+  s.return_ns = host_stamp();
   s.result = ncclInProgress;
   defer(t, k.slot);
 }
@@ -337,7 +335,7 @@ ncclResult_t group_end(ThreadState* t, ncclResult_t (*real)()) {
   ncclResult_t r = real();
 
   if (r == ncclInProgress) {  // nonblocking: launched later by NCCL; end events once it settles
-    uint64_t now = host_now_ns();
+    uint64_t now = host_stamp();
     for (uint32_t i = first; i != kNone;) {
       OpSlot& s = g_ops.at(i);
       uint32_t next = i == last ? kNone : s.next;
@@ -355,7 +353,7 @@ ncclResult_t group_end(ThreadState* t, ncclResult_t (*real)()) {
       count(g_counters.event_errors);
     }
   }
-  uint64_t now = host_now_ns();
+  uint64_t now = host_stamp();
   for (uint32_t i = first; i != kNone;) {
     OpSlot& s = g_ops.at(i);
     uint32_t next = i == last ? kNone : s.next;  // read before the slot may go back to the pool

@@ -78,6 +78,7 @@ bool shim_activate() {
       g_atfork_registered = true;
     }
     cuda_rt_resolve();
+    stamp_clock_init(g_cfg.tsc);
     if (!g_ops.init(g_cfg.queue_capacity)) {
       shim_disable("out of memory for the op queue");
     } else if (!agent_start()) {

@@ -1,5 +1,8 @@
 #include "timing.h"
 
+#include <stdio.h>
+#include <string.h>
+
 #include "cuda_rt.h"
 #include "event_pool.h"
 #include "log.h"
@@ -7,6 +10,7 @@
 namespace c4d {
 
 std::atomic<int64_t> g_clock_offset_ns{0};
+bool g_stamp_tsc = false;
 
 namespace {
 
@@ -31,6 +35,58 @@ struct DeviceClock {
 };
 
 DeviceClock g_clocks[kMaxDevices];
+
+/* ---- stamps: TSC → host ns (agent thread, after stamp_clock_init) ---- */
+
+struct TscPair {
+  uint64_t tsc, mono, real;  // taken together: real includes C4D_CLOCK_OFFSET_NS
+};
+
+constexpr uint64_t kTscCalibrateNs = 10000000ull;  // first rate measured over 10 ms
+constexpr uint64_t kTscPairPeriodNs = 1000000000ull;
+
+struct StampClock {
+  TscPair first, last;  // ticks per ns measured from `first` (monotonic: never steps) ...
+  double ns_per_tick;   // ... to the newest pair; 0 until measured
+};
+StampClock g_stamp;
+
+uint64_t read_tsc() {
+#if defined(__x86_64__)
+  return __rdtsc();
+#else
+  return 0;
+#endif
+}
+
+TscPair take_pair() {
+  uint64_t a = read_tsc();
+  TscPair p{0, mono_now_ns(), host_now_ns()};
+  uint64_t b = read_tsc();
+  p.tsc = a + (b - a) / 2;
+  return p;
+}
+
+void measure_rate() {
+  TscPair p = take_pair();
+  if (p.tsc <= g_stamp.first.tsc || p.mono <= g_stamp.first.mono) return;
+  g_stamp.last = p;
+  g_stamp.ns_per_tick = double(p.mono - g_stamp.first.mono) / double(p.tsc - g_stamp.first.tsc);
+}
+
+/* The kernel keeps time with the TSC: it found it invariant and in sync across CPUs. */
+bool kernel_clock_is_tsc() {
+#if defined(__x86_64__)
+  FILE* f = fopen("/sys/devices/system/clocksource/clocksource0/current_clocksource", "r");
+  if (!f) return false;
+  char buf[32] = {0};
+  bool tsc = fgets(buf, sizeof buf, f) && !strcmp(buf, "tsc\n");
+  fclose(f);
+  return tsc;
+#else
+  return false;
+#endif
+}
 
 bool record_anchor(DeviceClock& c, uint64_t mono_now) {
   Anchor& a = c.ring[c.next];
@@ -67,7 +123,31 @@ bool timing_device_init(int device) {
   return true;
 }
 
+void stamp_clock_init(bool allow_tsc) {
+  if (g_stamp_tsc || !allow_tsc || !kernel_clock_is_tsc()) return;  // a fork child keeps its parent's pairs
+  g_stamp.first = g_stamp.last = take_pair();
+  g_stamp.ns_per_tick = 0;
+  g_stamp_tsc = true;
+  C4D_LOG(kDebug, "host times on the hot path from the TSC");
+}
+
+uint64_t stamp_to_ns(uint64_t stamp) {
+  if (!g_stamp_tsc) return stamp;
+  while (g_stamp.ns_per_tick == 0) {  // once: the rate over the first 10 ms
+    uint64_t age = mono_now_ns() - g_stamp.first.mono;
+    if (age >= kTscCalibrateNs) {
+      measure_rate();
+    } else {
+      timespec ts{0, long(kTscCalibrateNs - age)};
+      nanosleep(&ts, nullptr);
+    }
+  }
+  const TscPair& p = g_stamp.last;
+  return uint64_t(int64_t(p.real) + int64_t(double(int64_t(stamp - p.tsc)) * g_stamp.ns_per_tick));
+}
+
 void timing_tick(uint64_t mono_now) {
+  if (g_stamp_tsc && g_stamp.ns_per_tick != 0 && mono_now - g_stamp.last.mono >= kTscPairPeriodNs) measure_rate();
   for (int d = 0; d < kMaxDevices; ++d) {
     DeviceClock& c = g_clocks[d];
     if (!c.ready.load(std::memory_order_acquire) || !cuda_agent_device(d)) continue;

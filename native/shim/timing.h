@@ -16,6 +16,9 @@
 
 #include <stdint.h>
 #include <time.h>
+#if defined(__x86_64__)
+#include <x86intrin.h>
+#endif
 
 #include <atomic>
 
@@ -32,6 +35,32 @@ inline uint64_t host_now_ns() {
   return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec) +
          uint64_t(g_clock_offset_ns.load(std::memory_order_relaxed));
 }
+
+/* Hot-path timestamps ("stamps"). An NCCL call takes two host times (issue, return), and
+ * clock_gettime costs 20 ns on bare metal but ~55 ns in a VM (measured on the CI box;
+ * analysis/bench_shim.py): most of what the shim adds. Where the kernel itself keeps time
+ * with the TSC (clocksource "tsc": invariant and synchronised across cores, else the
+ * kernel would not use it), a stamp is the raw TSC, which costs half of that, and the agent
+ * turns it into host ns (stamp_to_ns) against (TSC, clock) pairs it takes every second.
+ * Elsewhere (another clocksource, not x86-64, C4D_TSC=0) a stamp is host_now_ns() and the
+ * conversion is the identity. Only op slots' issue_ns/return_ns hold stamps, from the
+ * application's write until the agent converts them (drain / finish_op). */
+extern bool g_stamp_tsc;  // set at activation, before kActive is published; read-only after
+
+inline uint64_t host_stamp() {
+#if defined(__x86_64__)
+  if (g_stamp_tsc) return __rdtsc();
+#endif
+  return host_now_ns();
+}
+
+/* At activation (init mutex held): decides whether stamps are TSC ticks and takes the
+ * first (TSC, clock) pair. Reads a sysfs file: never on the hot path. */
+void stamp_clock_init(bool allow_tsc);
+
+/* Agent thread only: host ns of a stamp. The first call after init waits until the first
+ * pair is 10 ms old, to measure the TSC rate (once per process). */
+uint64_t stamp_to_ns(uint64_t stamp);
 
 /* Monotonic ns, for the agent's own schedule (never written into records). */
 inline uint64_t mono_now_ns() {

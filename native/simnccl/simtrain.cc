@@ -6,7 +6,9 @@
  *   c4d-simtrain --steps S --tp T --pp P --job-dir DIR [--compute-us U]
  *                [--tp-bytes B] [--dp-bytes B] [--pp-bytes B] [--progress] [--nonblocking]
  *   c4d-simtrain --job-dir DIR --verify     every collective, results checked exactly
- *   c4d-simtrain --bench N                  N x ncclAllReduce(count=0), host ns per call
+ *   c4d-simtrain --bench N [--bench-threads T] [--bench-group G]
+ *                                           T threads on T comms, N x ncclAllReduce(count=0)
+ *                                           each (G per ncclGroupStart/End), host ns per call
  *   c4d-simtrain --bench-cuda N             cudaEventRecord/Query host cost
  *
  * Env: RANK, WORLD_SIZE, LOCAL_RANK; SIMNCCL_FAULTS (crash / noncomm-* / mismatch of this
@@ -30,6 +32,7 @@
  * PyTorch's C10D_NCCL_CHECK_TIMEOUT does, and prints ncclGetLastError at the end.
  */
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -124,7 +127,7 @@ uint64_t mono_ns() {
 struct Args {
   long steps = 10, tp = 1, pp = 1, compute_us = 2000;
   long tp_bytes = 256 << 10, dp_bytes = 1 << 20, pp_bytes = 128 << 10;
-  long bench = 0, bench_cuda = 0, init_timeout_s = 120;
+  long bench = 0, bench_cuda = 0, bench_threads = 1, bench_group = 1, init_timeout_s = 120;
   bool verify = false, progress = false, nonblocking = false;
   std::string job_dir;
 };
@@ -133,7 +136,7 @@ const char* kUsage =
     "usage: c4d-simtrain --steps S --tp T --pp P --job-dir DIR [--compute-us U] [--tp-bytes B]\n"
     "                    [--dp-bytes B] [--pp-bytes B] [--progress] [--init-timeout S] [--nonblocking]\n"
     "       c4d-simtrain --job-dir DIR --verify\n"
-    "       c4d-simtrain --bench N | --bench-cuda N\n";
+    "       c4d-simtrain --bench N [--bench-threads T] [--bench-group G] | --bench-cuda N\n";
 
 [[noreturn]] void usage_error(const char* fmt, const char* a) {
   fprintf(stderr, "c4d-simtrain: ");
@@ -173,6 +176,8 @@ Args parse_args(int argc, char** argv) {
     else if (!strcmp(f, "--pp-bytes")) a.pp_bytes = num(4, 1L << 32);
     else if (!strcmp(f, "--bench")) a.bench = num(1, 1L << 40);
     else if (!strcmp(f, "--bench-cuda")) a.bench_cuda = num(1, 1L << 30);
+    else if (!strcmp(f, "--bench-threads")) a.bench_threads = num(1, 256);
+    else if (!strcmp(f, "--bench-group")) a.bench_group = num(1, 4096);
     else if (!strcmp(f, "--init-timeout")) a.init_timeout_s = num(1, 1L << 30);
     else if (!strcmp(f, "--job-dir")) {
       if (!v) usage_error("%s needs a value", f);
@@ -245,20 +250,70 @@ ncclUniqueId wait_id(const std::string& dir, long timeout_s) {
 
 /* ---- --bench ---- */
 
-int run_bench(long n) {
-  ncclUniqueId id;
-  NCCL_OK(ncclGetUniqueId(&id));
-  ncclComm_t comm;
-  NCCL_OK(ncclCommInitRank(&comm, 1, id, 0));
-  cudaStream_t s;
-  CUDA_OK(cudaStreamCreate(&s));
-  for (long i = 0; i < 1000; ++i) NCCL_OK(ncclAllReduce(nullptr, nullptr, 0, ncclFloat32, ncclSum, comm, s));
-  uint64_t t0 = mono_ns();
-  for (long i = 0; i < n; ++i) NCCL_OK(ncclAllReduce(nullptr, nullptr, 0, ncclFloat32, ncclSum, comm, s));
-  uint64_t t1 = mono_ns();
-  CUDA_OK(cudaStreamSynchronize(s));
-  printf("bench ns_per_call=%.2f\n", double(t1 - t0) / double(n));
-  NCCL_OK(ncclCommDestroy(comm));
+uint64_t thread_cpu_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
+}
+
+/* One bench thread: its own 1-rank communicator and stream, `n` ncclAllReduce(count=0)
+ * calls, `group` at a time inside ncclGroupStart/End when group > 1. Wall time and the
+ * thread's own CPU time: the latter does not count time other processes took the core. */
+struct BenchThread {
+  long n = 0, group = 1;
+  ncclComm_t comm = nullptr;
+  cudaStream_t stream = nullptr;
+  uint64_t wall_ns = 0, cpu_ns = 0;
+  pthread_t tid{};
+
+  void calls(long count) {
+    for (long i = 0; i < count; i += group) {
+      if (group > 1) NCCL_OK(ncclGroupStart());
+      for (long j = 0; j < group; ++j) NCCL_OK(ncclAllReduce(nullptr, nullptr, 0, ncclFloat32, ncclSum, comm, stream));
+      if (group > 1) NCCL_OK(ncclGroupEnd());
+    }
+  }
+  static void* main(void* self) {
+    auto* t = static_cast<BenchThread*>(self);
+    // Warm-up to the steady state: lookups done, and the shim's op slots and events in
+    // circulation (its agent hands them back every few ms), not touched for the first time.
+    t->calls(t->n < 50000 ? t->n : 50000);
+    uint64_t c0 = thread_cpu_ns(), w0 = mono_ns();
+    t->calls(t->n);
+    t->wall_ns = mono_ns() - w0;
+    t->cpu_ns = thread_cpu_ns() - c0;
+    CUDA_OK(cudaStreamSynchronize(t->stream));
+    return nullptr;
+  }
+};
+
+/* --bench N [--bench-threads T] [--bench-group G]: T threads, each on its own communicator,
+ * N calls each. Prints ns per call: wall (mean over threads) and the threads' own CPU. */
+int run_bench(long n, long threads, long group) {
+  n = (n + group - 1) / group * group;
+  std::vector<BenchThread> ts(static_cast<size_t>(threads));
+  for (BenchThread& t : ts) {  // comms made one after the other: a 1-rank init does not wait
+    ncclUniqueId id;
+    NCCL_OK(ncclGetUniqueId(&id));
+    NCCL_OK(ncclCommInitRank(&t.comm, 1, id, 0));
+    CUDA_OK(cudaStreamCreate(&t.stream));
+    t.n = n;
+    t.group = group;
+  }
+  for (BenchThread& t : ts)
+    if (pthread_create(&t.tid, nullptr, &BenchThread::main, &t) != 0) die("pthread_create failed");
+  double wall = 0, cpu = 0;
+  for (BenchThread& t : ts) {
+    pthread_join(t.tid, nullptr);
+    wall += double(t.wall_ns) / double(n);
+    cpu += double(t.cpu_ns) / double(n);
+  }
+  printf("bench ns_per_call=%.2f cpu_ns_per_call=%.2f threads=%ld group=%ld\n", wall / double(threads),
+         cpu / double(threads), threads, group);
+  for (BenchThread& t : ts) {
+    NCCL_OK(ncclCommDestroy(t.comm));
+    CUDA_OK(cudaStreamDestroy(t.stream));
+  }
   return 0;
 }
 
@@ -268,8 +323,9 @@ int run_bench_cuda(long n) {
   cudaEvent_t e;
   CUDA_OK(cudaEventCreateWithFlags(&e, 0));
   uint64_t t0 = mono_ns();
+  uint64_t c0 = thread_cpu_ns();
   for (long i = 0; i < n; ++i) CUDA_OK(cudaEventRecord(e, s)); /* idle stream: fast path */
-  uint64_t t1 = mono_ns();
+  uint64_t t1 = mono_ns(), c1 = thread_cpu_ns();
   for (long i = 0; i < n; ++i) (void)cudaEventQuery(e);
   uint64_t t2 = mono_ns();
   CUDA_OK(simLaunchCompute(s, 200000000ull)); /* keep the stream busy: records queue up */
@@ -277,8 +333,9 @@ int run_bench_cuda(long n) {
   for (long i = 0; i < n; ++i) CUDA_OK(cudaEventRecord(e, s));
   uint64_t t4 = mono_ns();
   CUDA_OK(cudaStreamSynchronize(s));
-  printf("bench event_record_idle_ns=%.2f event_query_ns=%.2f event_record_busy_ns=%.2f\n",
-         double(t1 - t0) / double(n), double(t2 - t1) / double(n), double(t4 - t3) / double(n));
+  printf("bench event_record_idle_ns=%.2f event_query_ns=%.2f event_record_busy_ns=%.2f event_record_idle_cpu_ns=%.2f\n",
+         double(t1 - t0) / double(n), double(t2 - t1) / double(n), double(t4 - t3) / double(n),
+         double(c1 - c0) / double(n));
   CUDA_OK(cudaEventDestroy(e));
   CUDA_OK(cudaStreamDestroy(s));
   return 0;
@@ -721,7 +778,7 @@ int run_training(const Args& a, ncclComm_t world, cudaStream_t s, int rank, int 
 
 int main(int argc, char** argv) {
   Args a = parse_args(argc, argv);
-  if (a.bench) return run_bench(a.bench);
+  if (a.bench) return run_bench(a.bench, a.bench_threads, a.bench_group);
   if (a.bench_cuda) return run_bench_cuda(a.bench_cuda);
   g_rank = int(env_int("RANK", 0, true));
   const int world_size = int(env_int("WORLD_SIZE", 1, true));
