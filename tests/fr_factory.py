@@ -74,6 +74,7 @@ class Job:
     step_ns: int = 120_000_000
     buffer: int = 2000  # TORCH_FR_BUFFER_SIZE: entries kept per rank (oldest dropped)
     elem: tuple[int, ...] = (1024, 1024)
+    tensors: int = 1  # tensors per entry (a list of ``tensors`` shapes in input_sizes/output_sizes)
     timeout_ms: int = 600_000
 
     @property
@@ -107,11 +108,13 @@ def groups(job: Job) -> tuple[dict[str, list[int]], dict[str, str], dict[int, di
 
 def _sizes(op: str, job: Job, gsize: int) -> tuple[list[list[int]], list[list[int]]]:
     shape = list(job.elem)
+    big = [gsize * shape[0], *shape[1:]]
+    k = job.tensors
     if op == "all_gather":
-        return [shape], [[gsize * shape[0], *shape[1:]]]
+        return [shape] * k, [big] * k
     if op == "_reduce_scatter_base":
-        return [[gsize * shape[0], *shape[1:]]], [shape]
-    return [shape], [shape]
+        return [big] * k, [shape] * k
+    return [shape] * k, [shape] * k
 
 
 def build(job: Job) -> dict[int, dict]:
