@@ -18,8 +18,9 @@ and below the master, the CLI and the report; it imports no networking.
 
 from __future__ import annotations
 
+import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -61,22 +62,41 @@ def replay(
     ``ingest`` (made here when not given) holds what the edge dropped and what failed;
     ``on_tick(engine)`` runs after each evaluation (to drain what the engine hands out).
     """
+    return replay_chunks([rt.raw], engine, int(rt.meta.get("created_ns", 0)), ingest, on_tick)
+
+
+def replay_chunks(
+    chunks: Iterable[np.ndarray],
+    engine: Any,
+    created_ns: int = 0,
+    ingest: Ingest | None = None,
+    on_tick: Callable[[Any], None] | None = None,
+) -> list[Diagnosis]:
+    """``replay`` over records that come in pieces (``TraceStream.chunks()``): the same feeds and
+    ticks as over the whole array, so the same diagnoses. Holds at most the records between
+    two ticks (one master tick period) besides the piece being read."""
     ing = ingest or Ingest(engine, Edge(Limits.from_env()))
-    raw = rt.raw
     out: list[Diagnosis] = []
-    ticks = np.flatnonzero(raw["kind"] == schema.Kind.TICK)
-    last_tick = int(rt.meta.get("created_ns", 0))
-    prev = 0
-    for i in ticks.tolist():
-        if i > prev:
-            ing.feed(raw[prev:i], last_tick)
-        last_tick = int(raw["time_ns"][i])
-        out.extend(ing.tick(last_tick))
-        if on_tick is not None:
-            on_tick(engine)
-        prev = i + 1
-    if prev < len(raw):
-        ing.feed(raw[prev:], last_tick)
+    last_tick = created_ns
+    pending: list[np.ndarray] = []  # records since the last tick, fed as one batch at the next
+    for raw in chunks:
+        ticks = np.flatnonzero(raw["kind"] == schema.Kind.TICK)
+        prev = 0
+        for i in ticks.tolist():
+            if i > prev:
+                pending.append(raw[prev:i])
+            if pending:
+                ing.feed(pending[0] if len(pending) == 1 else np.concatenate(pending), last_tick)
+                pending = []
+            last_tick = int(raw["time_ns"][i])
+            out.extend(ing.tick(last_tick))
+            if on_tick is not None:
+                on_tick(engine)
+            prev = i + 1
+        if prev < len(raw):
+            pending.append(raw[prev:])
+    if pending:
+        ing.feed(pending[0] if len(pending) == 1 else np.concatenate(pending), last_tick)
         if on_tick is not None:
             engine.flush()  # ingest the records after the last TICK (never evaluated live either)
             on_tick(engine)
@@ -214,6 +234,99 @@ def incidents(rt: RawTrace, diagnoses: list[Any]) -> list[Any]:
     from c4d.incidents import Incidents
 
     return Incidents.fold(diagnoses, end_ns(rt))
+
+
+class StreamSummary:
+    """``summary`` of a trace read in pieces (``add`` each piece's records), in bounded memory.
+
+    Ranks, ops and bytes per (communicator, op kind) are exact. Median and p99 are exact while
+    at most ``keep`` op durations have been seen; past that every group switches to a log
+    histogram (64 bins per decade: within 2% of the exact value) and ``approximate`` is set. Also
+    keeps what the text report needs besides: each rank's node, the op count, the last TICK."""
+
+    BINS_PER_DECADE = 64
+    LO_US, DECADES = 1e-3, 12  # 1 ns .. 1000 s
+
+    def __init__(self, keep: int = 2_000_000):
+        self.keep = keep
+        self.kept = 0
+        self.approximate = False
+        self.n_ops = 0
+        self.nodes: dict[int, str] = {}
+        self.end_ns: int | None = None
+        self._g: dict[tuple[int, int], dict[str, Any]] = {}
+
+    def add(self, raw: np.ndarray) -> None:
+        kind = raw["kind"]
+        ticks = raw["time_ns"][kind == schema.Kind.TICK]
+        if len(ticks):
+            self.end_ns = max(self.end_ns or 0, int(ticks.max()))
+        regs = raw[kind == schema.Kind.REGISTER].view(schema.DTYPES[schema.Kind.REGISTER])
+        if len(regs):
+            from c4d import names
+
+            for r, node in zip(regs["rank"].tolist(), regs["node"].tolist(), strict=True):
+                self.nodes[int(r)] = names.clean(bytes(node))
+        ops = raw[kind == schema.Kind.OP].view(schema.DTYPES[schema.Kind.OP])
+        if not len(ops):
+            return
+        self.n_ops += len(ops)
+        start, end = ops["start_ns"].astype(np.int64), ops["end_ns"].astype(np.int64)
+        dur_us = np.where((end > 0) & (start > 0), (end - start) / 1e3, np.nan)
+        order = np.lexsort((ops["op"], ops["comm_id"]))
+        cid, op = ops["comm_id"][order], ops["op"][order]
+        cut = np.flatnonzero((cid[1:] != cid[:-1]) | (op[1:] != op[:-1])) + 1
+        for lo, hi in zip([0, *cut.tolist()], [*cut.tolist(), len(order)], strict=True):
+            idx = order[lo:hi]
+            g = self._g.setdefault(
+                (int(cid[lo]), int(op[lo])), {"ranks": set(), "ops": 0, "bytes": 0, "d": []}
+            )
+            g["ranks"].update(np.unique(ops["rank"][idx]).tolist())
+            g["ops"] += len(idx)
+            g["bytes"] += int(ops["bytes"][idx].sum())
+            d = dur_us[idx]
+            if self.approximate:
+                g["d"] += self._hist(d)
+            else:
+                g["d"].append(d)
+                self.kept += len(d)
+        if not self.approximate and self.kept > self.keep:
+            self.approximate = True
+            for g in self._g.values():
+                g["d"] = self._hist(np.concatenate(g["d"]))
+
+    def _hist(self, d_us: np.ndarray) -> np.ndarray:
+        """Counts per log bin; the last cell counts the ops without a duration."""
+        nb = self.DECADES * self.BINS_PER_DECADE
+        ok = ~np.isnan(d_us)
+        b = np.floor(np.log10(np.maximum(d_us[ok], self.LO_US) / self.LO_US) * self.BINS_PER_DECADE)
+        h = np.bincount(np.clip(b, 0, nb - 1).astype(np.int64), minlength=nb)
+        return np.append(h, np.count_nonzero(~ok))
+
+    def _quantiles(self, d: Any) -> tuple[float, float]:
+        if not self.approximate:
+            v = np.concatenate(d)
+            v = v[~np.isnan(v)]
+            return (float(np.median(v)), float(np.quantile(v, 0.99))) if len(v) else (math.nan, math.nan)
+        h = d[:-1]
+        n = int(h.sum())
+        if not n:
+            return math.nan, math.nan
+        mid = self.LO_US * 10 ** ((np.arange(len(h)) + 0.5) / self.BINS_PER_DECADE)
+        cum = np.cumsum(h)
+        return tuple(float(mid[np.searchsorted(cum, q * (n - 1) + 1)]) for q in (0.5, 0.99))  # type: ignore[return-value]
+
+    def frame(self) -> pd.DataFrame:
+        """The same columns and order as ``summary``."""
+        cols = ["comm", "op", "ranks", "ops", "bytes", "median_us", "p99_us"]
+        rows = []
+        for (cid, op), g in self._g.items():
+            med, p99 = self._quantiles(g["d"])
+            rows.append(
+                [f"{cid:016x}", str(schema.OP_NAMES[op]), len(g["ranks"]), g["ops"], g["bytes"], med, p99]
+            )
+        df = pd.DataFrame(rows, columns=cols)
+        return df.sort_values(["comm", "op"], kind="stable").reset_index(drop=True)
 
 
 def summary(tr: Trace) -> pd.DataFrame:

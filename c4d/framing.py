@@ -60,40 +60,92 @@ class Scan:
 
 def scan(body: bytes) -> Scan:
     """Every record of ``body`` (the bytes after the trace header), skipping damaged frames."""
-    data = bytes(body)
-    size = len(data)
-    arr = np.frombuffer(data, dtype=np.uint8)
-    parts: list[np.ndarray] = []
-    out = Scan(records=np.empty(0, schema.HEADER))
-    pos = 0
-    while pos < size:
-        rest = size - pos
-        if rest < HEAD_BYTES:
-            k = min(rest, len(SYNC))
-            if data[pos : pos + k] == SYNC[:k]:
-                out.truncated_bytes = rest  # a frame header cut short
-            else:
-                out.damaged.append((pos, rest))
-            break
-        sync, n, crc = _HEAD.unpack_from(data, pos)
-        if sync == SYNC and n % schema.RECORD_SIZE == 0 and n <= MAX_FRAME_BYTES:
-            start, end = pos + HEAD_BYTES, pos + HEAD_BYTES + n
-            if end <= size:
-                if crc32c(data[pos + 8 : pos + 12], arr[start:end]) == crc:
-                    parts.append(arr[start:end])
-                    out.frames += 1
-                    pos = end
-                    continue
-            elif data.find(SYNC, pos + 8) < 0:  # the file ends inside this frame: a cut, not damage
-                whole = (size - start) // schema.RECORD_SIZE * schema.RECORD_SIZE
-                parts.append(arr[start : start + whole])
-                out.cut_records = whole // schema.RECORD_SIZE
-                out.truncated_bytes = size - start - whole
+    sc = Scanner()
+    parts = sc.feed(bytes(body), final=True)
+    return sc.result(np.concatenate(parts).view(schema.HEADER) if parts else np.empty(0, schema.HEADER))
+
+
+class Scanner:
+    """``scan`` in pieces: feed the body as it is read, get each piece's verified records back.
+
+    What it found so far (frames, damage, a cut at the end) accumulates; the last ``feed`` must
+    say ``final=True``, and then the result equals ``scan`` of the whole body. A frame that runs
+    past the bytes fed so far waits for the next piece (at most MAX_FRAME_BYTES are held)."""
+
+    def __init__(self) -> None:
+        self._buf = b""  # bytes not consumed yet
+        self._base = 0  # body offset of _buf[0]
+        self._open = False  # the last damage reached the end of a piece: a search still under way
+        self.frames = 0
+        self.damaged: list[tuple[int, int]] = []
+        self.cut_records = 0
+        self.truncated_bytes = 0
+
+    def _damage(self, pos: int, n: int, open_: bool) -> None:
+        at = self._base + pos
+        if self._open and self.damaged and sum(self.damaged[-1]) == at:
+            off, k = self.damaged[-1]
+            self.damaged[-1] = (off, k + n)  # the same search, across two pieces
+        else:
+            self.damaged.append((at, n))
+        self._open = open_
+
+    def feed(self, piece: bytes, final: bool = False) -> list[np.ndarray]:
+        """Record arrays (``schema.HEADER`` views, read-only) of the frames completed by ``piece``."""
+        data = self._buf + piece if self._buf else piece
+        size = len(data)
+        arr = np.frombuffer(data, dtype=np.uint8)
+        parts: list[np.ndarray] = []
+        pos = 0
+        while pos < size:
+            rest = size - pos
+            if rest < HEAD_BYTES:
+                if not final:
+                    break
+                k = min(rest, len(SYNC))
+                if data[pos : pos + k] == SYNC[:k]:
+                    self.truncated_bytes = rest  # a frame header cut short
+                else:
+                    self._damage(pos, rest, False)
+                pos = size
                 break
-        nxt = data.find(SYNC, pos + 1)
-        skip = (size if nxt < 0 else nxt) - pos
-        out.damaged.append((pos, skip))
-        pos += skip
-    if parts:
-        out.records = np.concatenate(parts).view(schema.HEADER)
-    return out
+            sync, n, crc = _HEAD.unpack_from(data, pos)
+            if sync == SYNC and n % schema.RECORD_SIZE == 0 and n <= MAX_FRAME_BYTES:
+                start, end = pos + HEAD_BYTES, pos + HEAD_BYTES + n
+                if end <= size:
+                    if crc32c(data[pos + 8 : pos + 12], arr[start:end]) == crc:
+                        parts.append(arr[start:end].view(schema.HEADER))
+                        self.frames += 1
+                        self._open = False
+                        pos = end
+                        continue
+                elif not final:
+                    break  # the rest of this frame is in the next piece
+                elif data.find(SYNC, pos + 8) < 0:  # the file ends inside this frame: a cut, not damage
+                    whole = (size - start) // schema.RECORD_SIZE * schema.RECORD_SIZE
+                    parts.append(arr[start : start + whole].view(schema.HEADER))
+                    self.cut_records = whole // schema.RECORD_SIZE
+                    self.truncated_bytes = size - start - whole
+                    pos = size
+                    break
+            nxt = data.find(SYNC, pos + 1)
+            if nxt < 0 and not final:  # keep a tail that may hold the start of the next SYNC
+                upto = max(pos + 1, size - (len(SYNC) - 1))
+                self._damage(pos, upto - pos, True)
+                pos = upto
+                break
+            skip = (size if nxt < 0 else nxt) - pos
+            self._damage(pos, skip, False)
+            pos += skip
+        self._buf = data[pos:]
+        self._base += pos
+        return parts
+
+    def result(self, records: np.ndarray) -> Scan:
+        return Scan(
+            records=records,
+            frames=self.frames,
+            damaged=list(self.damaged),
+            cut_records=self.cut_records,
+            truncated_bytes=self.truncated_bytes,
+        )

@@ -26,6 +26,7 @@ import os
 import socket
 import struct
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -110,53 +111,117 @@ class RawTrace:
         return self.damaged_bytes // schema.RECORD_SIZE
 
 
+CHUNK_BYTES = 16 << 20  # what a streaming reader holds of the file at a time
+
+
+class TraceStream:
+    """A trace read piece by piece: ``chunks()`` yields its records (``schema.HEADER`` rows,
+    unknown kinds and newer versions dropped, older ones upgraded) a few MiB at a time, so a
+    trace of any size is read in bounded memory. What ``read_raw`` reports (cut, skipped,
+    damaged) is complete once ``chunks()`` is exhausted.
+    """
+
+    def __init__(self, path: str | os.PathLike, chunk_bytes: int = CHUNK_BYTES):
+        self.path = Path(path)
+        self.chunk_bytes = max(int(chunk_bytes), schema.RECORD_SIZE)
+        self.truncated_bytes = 0
+        self.skipped = 0
+        self.records = 0
+        self.damaged: list[tuple[int, int]] = []
+        p = self.path
+        try:
+            self.size = p.stat().st_size
+            with open(p, "rb") as f:
+                head = f.read(_PREFIX.size)
+                if len(head) < _PREFIX.size:
+                    raise TraceError(f"{p}: not a c4d trace (only {len(head)} bytes)")
+                magic, fmt, meta_len = _PREFIX.unpack(head)
+                if magic != MAGIC:
+                    raise TraceError(f"{p}: not a c4d trace (magic {magic!r})")
+                if fmt < 1 or fmt > FORMAT_VERSION:
+                    raise TraceError(
+                        f"{p}: trace format {fmt} is newer than this c4d reads ({FORMAT_VERSION})"
+                    )
+                blob = f.read(meta_len)
+                if len(blob) < meta_len:
+                    raise TraceError(f"{p}: trace header cut short ({len(blob)} of {meta_len} bytes)")
+        except OSError as e:
+            raise TraceError(f"{p}: {e.strerror or e}") from None
+        try:
+            self.meta: dict[str, Any] = json.loads(blob)
+        except ValueError as e:
+            raise TraceError(f"{p}: trace header is not valid JSON: {e}") from None
+        self.format_version = fmt
+        self.body_offset = _PREFIX.size + meta_len
+
+    @property
+    def damaged_bytes(self) -> int:
+        return sum(n for _, n in self.damaged)
+
+    @property
+    def lost_records(self) -> int:
+        """Records lost to damage (at most: damaged bytes / record size)."""
+        return self.damaged_bytes // schema.RECORD_SIZE
+
+    def chunks(self) -> Iterator[np.ndarray]:
+        """The records, in file order, one array per piece read (writable, typed ``schema.HEADER``)."""
+        p = self.path
+        try:
+            with open(p, "rb") as f:
+                f.seek(self.body_offset)
+                if self.format_version >= 2:
+                    sc = framing.Scanner()
+                    while True:
+                        piece = f.read(self.chunk_bytes)
+                        parts = sc.feed(piece, final=not piece)
+                        if parts:
+                            yield self._admit(np.concatenate(parts))
+                        if not piece:
+                            break
+                    self.truncated_bytes = sc.truncated_bytes
+                    self.damaged = [(self.body_offset + off, k) for off, k in sc.damaged]
+                else:
+                    step = self.chunk_bytes // schema.RECORD_SIZE * schema.RECORD_SIZE
+                    tail = b""
+                    while piece := f.read(step):
+                        data = tail + piece
+                        whole = len(data) // schema.RECORD_SIZE * schema.RECORD_SIZE
+                        tail = data[whole:]
+                        if whole:
+                            yield self._admit(
+                                np.frombuffer(data, dtype=schema.HEADER, count=whole // schema.RECORD_SIZE)
+                            )
+                    self.truncated_bytes = len(tail)
+        except OSError as e:
+            raise TraceError(f"{p}: {e.strerror or e}") from None
+
+    def _admit(self, raw: np.ndarray) -> np.ndarray:
+        ok = np.isin(raw["kind"], _KINDS) & (raw["version"] >= 1)
+        ok &= raw["version"] <= schema.SCHEMA_VERSION
+        bad = int(len(ok) - np.count_nonzero(ok))
+        self.skipped += bad
+        raw = raw[ok] if bad else raw.copy()  # a copy either way: the piece's buffer can go
+        self.records += len(raw)
+        return schema.upgrade(raw)
+
+
+_KINDS = np.array([int(k) for k in schema.Kind])
+
+
 def read_raw(path: str | os.PathLike) -> RawTrace:
-    """Load every complete record of a trace file (fast: one ``numpy.fromfile``)."""
-    p = Path(path)
-    try:
-        size = p.stat().st_size
-        with open(p, "rb") as f:
-            head = f.read(_PREFIX.size)
-            if len(head) < _PREFIX.size:
-                raise TraceError(f"{p}: not a c4d trace (only {len(head)} bytes)")
-            magic, fmt, meta_len = _PREFIX.unpack(head)
-            if magic != MAGIC:
-                raise TraceError(f"{p}: not a c4d trace (magic {magic!r})")
-            if fmt < 1 or fmt > FORMAT_VERSION:
-                raise TraceError(f"{p}: trace format {fmt} is newer than this c4d reads ({FORMAT_VERSION})")
-            blob = f.read(meta_len)
-            if len(blob) < meta_len:
-                raise TraceError(f"{p}: trace header cut short ({len(blob)} of {meta_len} bytes)")
-            try:
-                meta = json.loads(blob)
-            except ValueError as e:
-                raise TraceError(f"{p}: trace header is not valid JSON: {e}") from None
-            body = size - _PREFIX.size - meta_len
-            damaged: list[tuple[int, int]] = []
-            if fmt >= 2:
-                sc = framing.scan(f.read())
-                raw = sc.records
-                truncated = sc.truncated_bytes
-                damaged = [(_PREFIX.size + meta_len + off, k) for off, k in sc.damaged]
-            else:
-                n = max(body, 0) // schema.RECORD_SIZE
-                raw = np.fromfile(f, dtype=schema.HEADER, count=n)
-                truncated = max(body, 0) - n * schema.RECORD_SIZE
-    except OSError as e:
-        raise TraceError(f"{p}: {e.strerror or e}") from None
-    ok = np.isin(raw["kind"], [int(k) for k in schema.Kind]) & (raw["version"] >= 1)
-    ok &= raw["version"] <= schema.SCHEMA_VERSION
-    skipped = int((~ok).sum())
-    raw = schema.upgrade(raw[ok] if skipped else raw)
+    """Load every complete record of a trace file (read in pieces, then joined once)."""
+    st = TraceStream(path)
+    parts = list(st.chunks())
+    raw = np.concatenate(parts) if parts else np.empty(0, schema.HEADER)
     return RawTrace(
-        meta=meta,
+        meta=st.meta,
         raw=raw,
-        truncated_bytes=truncated,
-        skipped=skipped,
-        path=str(p),
+        truncated_bytes=st.truncated_bytes,
+        skipped=st.skipped,
+        path=str(st.path),
         kinds=schema.by_kind(raw),
-        format_version=fmt,
-        damaged=damaged,
+        format_version=st.format_version,
+        damaged=st.damaged,
     )
 
 
