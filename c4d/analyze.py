@@ -247,7 +247,7 @@ class StreamSummary:
     BINS_PER_DECADE = 64
     LO_US, DECADES = 1e-3, 12  # 1 ns .. 1000 s
 
-    def __init__(self, keep: int = 2_000_000):
+    def __init__(self, keep: int = 1_000_000):
         self.keep = keep
         self.kept = 0
         self.approximate = False
@@ -286,7 +286,8 @@ class StreamSummary:
             g["bytes"] += int(ops["bytes"][idx].sum())
             d = dur_us[idx]
             if self.approximate:
-                g["d"] += self._hist(d)
+                h = self._hist(d)
+                g["d"] = h if isinstance(g["d"], list) else g["d"] + h
             else:
                 g["d"].append(d)
                 self.kept += len(d)
@@ -314,7 +315,17 @@ class StreamSummary:
             return math.nan, math.nan
         mid = self.LO_US * 10 ** ((np.arange(len(h)) + 0.5) / self.BINS_PER_DECADE)
         cum = np.cumsum(h)
-        return tuple(float(mid[np.searchsorted(cum, q * (n - 1) + 1)]) for q in (0.5, 0.99))  # type: ignore[return-value]
+
+        def order_stat(k: int) -> float:  # the k-th smallest (0-based), as its bin's middle
+            return float(mid[np.searchsorted(cum, k + 1)])
+
+        def quantile(q: float) -> float:  # numpy's linear interpolation between order statistics
+            pos = q * (n - 1)
+            lo = math.floor(pos)
+            a = order_stat(lo)
+            return a + (pos - lo) * (order_stat(min(lo + 1, n - 1)) - a)
+
+        return quantile(0.5), quantile(0.99)
 
     def frame(self) -> pd.DataFrame:
         """The same columns and order as ``summary``."""
