@@ -29,9 +29,10 @@ Variants with the shim:
 
 "Beyond the event records", two ways:
   * full path minus what the two cudaEventRecord calls of an op cost (simnccl's, measured in
-    the same run with ``c4d-simtrain --bench-cuda`` on one warm event; a grouped op shares
-    its stream's pair with the group, 2/8 records per op). An upper bound: in the shim the
-    events are cold and the agent queries them meanwhile, so a record costs more there;
+    the same run with ``c4d-simtrain --bench-cuda``: records of a different event each time
+    from a pool of 65536, as the shim's pool hands them out; a grouped op shares its stream's
+    pair with the group, 2/8 records per op). An upper bound: in the shim the agent queries
+    the same events meanwhile, so a record costs a little more there;
   * ``no events``: C4D_EVENT_POOL=2, so (after the first) ops find the pool empty and record
     none; everything else is the full path. A lower bound (the pool's take/release skipped).
 The target is < 100 ns added per call beyond the event records (the first, in every shape).
@@ -57,7 +58,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from c4d import native
 
 BENCH = re.compile(r"bench ns_per_call=([0-9.]+) cpu_ns_per_call=([0-9.]+)")
-EVENT = re.compile(r"event_record_idle_cpu_ns=([0-9.]+)")
+EVENT = re.compile(r"event_record_pool_cpu_ns=([0-9.]+)")
 SUMMARY = re.compile(r"(\d+) records sent, (\d+) dropped \(queue full (\d+)")
 TARGET_NS = 100.0
 THREADS, GROUP = 8, 8
@@ -101,11 +102,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--calls", type=int, default=200_000, help="NCCL calls per bench thread")
     ap.add_argument("--repeats", type=int, default=5, help="interleaved runs of each variant")
     ap.add_argument("--baseline", type=Path, help="another libc4d.so, measured side by side (full path)")
-    ap.add_argument("--quick", action="store_true", help="20000 calls, 2 repeats: a smoke run")
+    ap.add_argument("--quick", action="store_true", help="10000 calls, 1 repeat: a smoke run")
     ap.add_argument("--json", action="store_true", help="figures as one JSON object, last line")
     args = ap.parse_args(argv)
     if args.quick:
-        args.calls, args.repeats = 20_000, 2
+        args.calls, args.repeats = 10_000, 1
     if args.calls < GROUP or args.repeats < 1:
         ap.error(f"--calls must be at least {GROUP} and --repeats at least 1")
 
