@@ -27,14 +27,14 @@ Variants with the shim:
     real NCCL call returns and the agent (which drains every 5 ms) falls behind, so part of
     the calls take the cheaper drop-and-count path; the table says how many.
 
-"Beyond the event records", two ways:
-  * full path minus what the two cudaEventRecord calls of an op cost (simnccl's, measured in
-    the same run with ``c4d-simtrain --bench-cuda``: records of a different event each time
-    from a pool of 65536, as the shim's pool hands them out; a grouped op shares its stream's
-    pair with the group, 2/8 records per op). An upper bound: in the shim the agent queries
-    the same events meanwhile, so a record costs a little more there;
+"Beyond the event records", two ways, both side by side in the same run:
+  * ``full path`` against ``without shim, + its event records``: the plain run recording, itself,
+    the two events per call the shim records (a different event each time from a pool of
+    65536 per thread, as the shim's pool hands them out; one pair per group for grouped ops).
+    The difference is the shim's own work. Slightly high: in the shim the agent queries the
+    same events meanwhile;
   * ``no events``: C4D_EVENT_POOL=2, so (after the first) ops find the pool empty and record
-    none; everything else is the full path. A lower bound (the pool's take/release skipped).
+    none; everything else is the full path. Slightly low (the pool's take is skipped).
 The target is < 100 ns added per call beyond the event records (the first, in every shape).
 """
 
@@ -58,7 +58,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from c4d import native
 
 BENCH = re.compile(r"bench ns_per_call=([0-9.]+) cpu_ns_per_call=([0-9.]+)")
-EVENT = re.compile(r"event_record_pool_cpu_ns=([0-9.]+)")
 SUMMARY = re.compile(r"(\d+) records sent, (\d+) dropped \(queue full (\d+)")
 TARGET_NS = 100.0
 THREADS, GROUP = 8, 8
@@ -87,16 +86,6 @@ def run_once(simtrain: Path, args: list[str], env: dict[str, str]) -> tuple[floa
     return float(m[1]), float(m[2]), int(s[3]) if s else 0
 
 
-def event_record_ns(simtrain: Path, calls: int, env: dict[str, str]) -> float:
-    p = subprocess.run(
-        [str(simtrain), "--bench-cuda", str(calls)], env=env, capture_output=True, text=True, timeout=600
-    )
-    m = EVENT.search(p.stdout)
-    if p.returncode != 0 or not m:
-        raise SystemExit(f"c4d-simtrain --bench-cuda failed ({p.returncode}):\n{p.stdout}{p.stderr}")
-    return float(m[1])
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calls", type=int, default=200_000, help="NCCL calls per bench thread")
@@ -120,66 +109,68 @@ def main(argv: list[str] | None = None) -> int:
     if z := libzmq():
         shim["C4D_LIBZMQ"] = z
     # Every slot and event of a run fits: nothing takes the drop path.
-    pow2 = 1 << (max(args.calls, 1) * THREADS).bit_length()
+    pow2 = 1 << (2 * max(args.calls, 1)).bit_length()  # calls and their warm-up
     full = dict(shim, C4D_QUEUE_CAPACITY=str(min(pow2, 1 << 20)), C4D_EVENT_POOL=str(min(2 * pow2, 1 << 20)))
     no_events = dict(full, C4D_EVENT_POOL="2")  # one op holds both events: the others go without
-    variants = {
-        "without shim": base,
-        "shim, full path": full,
-        "shim, no events": no_events,
-        "shim, default config": shim,
+    variants: dict[str, tuple[dict[str, str], list[str]]] = {
+        "without shim": (base, []),
+        "without shim, + its event records": (base, ["--bench-events"]),
+        "shim, full path": (full, []),
+        "shim, no events": (no_events, []),
+        "shim, default config": (shim, []),
     }
     if args.baseline:
-        variants["baseline, full path"] = dict(full, LD_PRELOAD=str(args.baseline))
+        variants["baseline, full path"] = (dict(full, LD_PRELOAD=str(args.baseline)), [])
+    per_thread = max(GROUP, args.calls // THREADS)  # 8 threads make as many calls as 1: all fit the pool
     shapes = {
         "1 thread": ["--bench", str(args.calls)],
-        f"{THREADS} threads": ["--bench", str(args.calls), "--bench-threads", str(THREADS)],
+        f"{THREADS} threads": ["--bench", str(per_thread), "--bench-threads", str(THREADS)],
         "grouped": ["--bench", str(args.calls), "--bench-group", str(GROUP)],
     }
-    events_per_call = {"1 thread": 2.0, f"{THREADS} threads": 2.0, "grouped": 2.0 / GROUP}
+    keys = {"1 thread": "", f"{THREADS} threads": f"_{THREADS}_threads", "grouped": "_grouped"}
 
     wall: dict[tuple[str, str], list[float]] = {(s, v): [] for s in shapes for v in variants}
     cpu: dict[tuple[str, str], list[float]] = {(s, v): [] for s in shapes for v in variants}
     dropped: dict[tuple[str, str], list[int]] = {(s, v): [] for s in shapes for v in variants}
-    ev: list[float] = []
     for _ in range(args.repeats):
-        ev.append(event_record_ns(simtrain, args.calls, base))
         for shape, sargs in shapes.items():
-            for name, env in variants.items():
-                w, c, d = run_once(simtrain, sargs, env)
+            for name, (env, extra) in variants.items():
+                w, c, d = run_once(simtrain, [*sargs, *extra], env)
                 wall[shape, name].append(w)
                 cpu[shape, name].append(c)
                 dropped[shape, name].append(d)
 
-    ev_ns = statistics.median(ev)
     table = Table(
-        title=f"CPU ns per ncclAllReduce(count=0) on the calling thread: median of {args.repeats}, "
-        f"{args.calls} calls per thread; cudaEventRecord = {ev_ns:.1f} ns"
+        title=f"CPU ns per ncclAllReduce(count=0) on the calling thread: median of {args.repeats}; "
+        f"{args.calls} calls (1 thread, grouped), {per_thread} per thread ({THREADS} threads)"
     )
     for col in ("shape", "variant", "ns/call", "added", "beyond events", "wall ns/call", "drop path"):
         table.add_column(col, justify="left" if col in ("shape", "variant") else "right")
-    fig: dict[str, float] = {"event_record_ns": round(ev_ns, 1)}
+    fig: dict[str, float] = {}
     worst = 0.0
     for shape in shapes:
         plain = statistics.median(cpu[shape, "without shim"])
+        with_events = statistics.median(cpu[shape, "without shim, + its event records"])
+        fig[f"event_records_ns{keys[shape]}"] = round(with_events - plain, 1)
         for name in variants:
             med = statistics.median(cpu[shape, name])
             added = med - plain
-            beyond = added if name == "shim, no events" else added - events_per_call[shape] * ev_ns
-            shimmed = name != "without shim"
+            shimmed = name.startswith(("shim", "baseline"))
+            beyond = added if name == "shim, no events" else med - with_events
             table.add_row(
                 shape,
                 name,
                 f"{med:.1f}",
-                f"{added:.1f}" if shimmed else "",
+                f"{added:.1f}" if name != "without shim" else "",
                 f"{beyond:.1f}" if shimmed else "",
                 f"{statistics.median(wall[shape, name]):.1f}",
                 f"{statistics.median(dropped[shape, name]):.0f}" if shimmed else "",
             )
-            key = {"1 thread": "", f"{THREADS} threads": f"_{THREADS}_threads", "grouped": "_grouped"}[shape]
+            key = keys[shape]
             if name == "shim, full path":
                 fig[f"ns_per_call_added{key}"] = round(beyond, 1)
                 fig[f"ns_per_call_added_with_events{key}"] = round(added, 1)
+                fig[f"drop_path_calls{key}"] = statistics.median(dropped[shape, name])
                 worst = max(worst, beyond)
             elif name == "shim, no events":
                 fig[f"ns_per_call_added_no_events{key}"] = round(beyond, 1)

@@ -8,7 +8,8 @@
  *   c4d-simtrain --job-dir DIR --verify     every collective, results checked exactly
  *   c4d-simtrain --bench N [--bench-threads T] [--bench-group G]
  *                                           T threads on T comms, N x ncclAllReduce(count=0)
- *                                           each (G per ncclGroupStart/End), host ns per call
+ *                                           each (G per ncclGroupStart/End), host ns per call;
+ *                                           --bench-events: + the shim's 2 event records per call
  *   c4d-simtrain --bench-cuda N             cudaEventRecord/Query host cost
  *
  * Env: RANK, WORLD_SIZE, LOCAL_RANK; SIMNCCL_FAULTS (crash / noncomm-* / mismatch of this
@@ -128,7 +129,7 @@ struct Args {
   long steps = 10, tp = 1, pp = 1, compute_us = 2000;
   long tp_bytes = 256 << 10, dp_bytes = 1 << 20, pp_bytes = 128 << 10;
   long bench = 0, bench_cuda = 0, bench_threads = 1, bench_group = 1, init_timeout_s = 120;
-  bool verify = false, progress = false, nonblocking = false;
+  bool verify = false, progress = false, nonblocking = false, bench_events = false;
   std::string job_dir;
 };
 
@@ -136,7 +137,7 @@ const char* kUsage =
     "usage: c4d-simtrain --steps S --tp T --pp P --job-dir DIR [--compute-us U] [--tp-bytes B]\n"
     "                    [--dp-bytes B] [--pp-bytes B] [--progress] [--init-timeout S] [--nonblocking]\n"
     "       c4d-simtrain --job-dir DIR --verify\n"
-    "       c4d-simtrain --bench N [--bench-threads T] [--bench-group G] | --bench-cuda N\n";
+    "       c4d-simtrain --bench N [--bench-threads T] [--bench-group G] [--bench-events] | --bench-cuda N\n";
 
 [[noreturn]] void usage_error(const char* fmt, const char* a) {
   fprintf(stderr, "c4d-simtrain: ");
@@ -186,6 +187,7 @@ Args parse_args(int argc, char** argv) {
     } else if (!strcmp(f, "--verify")) a.verify = true;
     else if (!strcmp(f, "--progress")) a.progress = true;
     else if (!strcmp(f, "--nonblocking")) a.nonblocking = true;
+    else if (!strcmp(f, "--bench-events")) a.bench_events = true;
     else if (!strcmp(f, "-h") || !strcmp(f, "--help")) {
       fputs(kUsage, stdout);
       exit(0);
@@ -265,19 +267,33 @@ struct BenchThread {
   cudaStream_t stream = nullptr;
   uint64_t wall_ns = 0, cpu_ns = 0;
   pthread_t tid{};
+  std::vector<cudaEvent_t> events;  // --bench-events: the records the shim would make, made here
+  size_t next_event = 0;
 
+  void record() {
+    CUDA_OK(cudaEventRecord(events[next_event], stream));
+    next_event = (next_event + 1) % events.size();
+  }
   void calls(long count) {
+    const bool ev = !events.empty();
     for (long i = 0; i < count; i += group) {
       if (group > 1) NCCL_OK(ncclGroupStart());
-      for (long j = 0; j < group; ++j) NCCL_OK(ncclAllReduce(nullptr, nullptr, 0, ncclFloat32, ncclSum, comm, stream));
+      if (ev && group > 1) record();  // a group: one pair of events for the stream
+      for (long j = 0; j < group; ++j) {
+        if (ev && group == 1) record();
+        NCCL_OK(ncclAllReduce(nullptr, nullptr, 0, ncclFloat32, ncclSum, comm, stream));
+        if (ev && group == 1) record();
+      }
       if (group > 1) NCCL_OK(ncclGroupEnd());
+      if (ev && group > 1) record();
     }
   }
   static void* main(void* self) {
     auto* t = static_cast<BenchThread*>(self);
-    // Warm-up to the steady state: lookups done, and the shim's op slots and events in
-    // circulation (its agent hands them back every few ms), not touched for the first time.
-    t->calls(t->n < 50000 ? t->n : 50000);
+    // Warm-up to the steady state, as many calls as measured: lookups done, and the shim's op
+    // slots and events in circulation (its agent hands them back every few ms), their pages
+    // touched before (a slot's first use costs a page fault, once in a process's life).
+    t->calls(t->n);
     uint64_t c0 = thread_cpu_ns(), w0 = mono_ns();
     t->calls(t->n);
     t->wall_ns = mono_ns() - w0;
@@ -287,9 +303,11 @@ struct BenchThread {
   }
 };
 
-/* --bench N [--bench-threads T] [--bench-group G]: T threads, each on its own communicator,
- * N calls each. Prints ns per call: wall (mean over threads) and the threads' own CPU. */
-int run_bench(long n, long threads, long group) {
+/* --bench N [--bench-threads T] [--bench-group G] [--bench-events]: T threads, each on its own
+ * communicator, N calls each. Prints ns per call: wall (mean over threads) and the threads' own
+ * CPU. --bench-events records two events per call (per group) from a pool of 65536 per thread,
+ * as the shim does: a run without the shim that pays what the shim's event records cost. */
+int run_bench(long n, long threads, long group, bool events) {
   n = (n + group - 1) / group * group;
   std::vector<BenchThread> ts(static_cast<size_t>(threads));
   for (BenchThread& t : ts) {  // comms made one after the other: a 1-rank init does not wait
@@ -299,6 +317,10 @@ int run_bench(long n, long threads, long group) {
     CUDA_OK(cudaStreamCreate(&t.stream));
     t.n = n;
     t.group = group;
+    if (events) {
+      t.events.resize(65536);
+      for (cudaEvent_t& e : t.events) CUDA_OK(cudaEventCreateWithFlags(&e, 0));
+    }
   }
   for (BenchThread& t : ts)
     if (pthread_create(&t.tid, nullptr, &BenchThread::main, &t) != 0) die("pthread_create failed");
@@ -311,6 +333,7 @@ int run_bench(long n, long threads, long group) {
   printf("bench ns_per_call=%.2f cpu_ns_per_call=%.2f threads=%ld group=%ld\n", wall / double(threads),
          cpu / double(threads), threads, group);
   for (BenchThread& t : ts) {
+    for (cudaEvent_t e : t.events) CUDA_OK(cudaEventDestroy(e));
     NCCL_OK(ncclCommDestroy(t.comm));
     CUDA_OK(cudaStreamDestroy(t.stream));
   }
@@ -788,7 +811,7 @@ int run_training(const Args& a, ncclComm_t world, cudaStream_t s, int rank, int 
 
 int main(int argc, char** argv) {
   Args a = parse_args(argc, argv);
-  if (a.bench) return run_bench(a.bench, a.bench_threads, a.bench_group);
+  if (a.bench) return run_bench(a.bench, a.bench_threads, a.bench_group, a.bench_events);
   if (a.bench_cuda) return run_bench_cuda(a.bench_cuda);
   g_rank = int(env_int("RANK", 0, true));
   const int world_size = int(env_int("WORLD_SIZE", 1, true));
