@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
                 fig[f"ns_per_call_added_no_events{key}"] = round(beyond, 1)
             elif name == "baseline, full path":
                 fig[f"baseline_ns_per_call_added{key}"] = round(beyond, 1)
-    Console().print(table)
+    Console(width=150).print(table)
     ok = worst < TARGET_NS
     print(
         f"added per call beyond the event records, worst shape: {worst:.0f} ns "
