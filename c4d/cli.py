@@ -110,16 +110,20 @@ def _make_master(args, meta: dict, bind: str):
         blacklist=args.blacklist,
         meta=meta,
         engine_overrides=_engine_overrides(args),
+        curve=getattr(args, "curve", None),
+        job=getattr(args, "job", None),
     )
     return Master(cfg)
 
 
 def cmd_master(args) -> int:
+    from c4d.curve import CurveKeyError
+
     _setup_logging(args.log_level)
     _signals_raise()
     try:
         m = _make_master(args, {"command": "master"}, args.bind)
-    except OSError as e:
+    except (OSError, CurveKeyError) as e:
         print(f"c4d: {e}", file=sys.stderr)
         return 1
     logging.getLogger("c4d").info("master listening on %s", m.endpoint)
@@ -130,6 +134,19 @@ def cmd_master(args) -> int:
         pass
     finally:
         m.close()
+    return 0
+
+
+def cmd_keygen(args) -> int:
+    from c4d import curve
+
+    try:
+        pub, sec = curve.generate(args.dir)
+    except (curve.CurveKeyError, OSError) as e:
+        print(f"c4d keygen: {e}", file=sys.stderr)
+        return 1
+    print(f"wrote {sec} (the master's: c4d master --curve {args.dir})")
+    print(f"wrote {pub} (the job's: C4D_CURVE_SERVER_KEY={pub})")
     return 0
 
 
@@ -382,8 +399,23 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("master", help="collect records from the ranks, diagnose, act")
     p.add_argument("--bind", default=os.environ.get("C4D_MASTER_ADDR", "tcp://127.0.0.1:5555"), metavar="EP")
+    p.add_argument(
+        "--curve",
+        metavar="KEYDIR",
+        help="ZeroMQ CURVE: only senders with the public key of KEYDIR (c4d keygen) get in; encrypted",
+    )
+    p.add_argument(
+        "--job",
+        metavar="JOB",
+        help="serve only this job id (the ranks' C4D_JOB_ID, TORCHELASTIC_RUN_ID or SLURM_JOB_ID); "
+        "default: the first job heard",
+    )
     _add_master_opts(p)
     p.set_defaults(func=cmd_master)
+
+    p = sub.add_parser("keygen", help="write a CURVE key pair for c4d master --curve (files of mode 0600)")
+    p.add_argument("dir", help="key directory (created 0700 when missing)")
+    p.set_defaults(func=cmd_keygen)
 
     p = sub.add_parser("sim", help="run a simulated job on simnccl with the shim preloaded")
     p.add_argument("--ranks", type=_positive(int), default=8)

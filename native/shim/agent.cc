@@ -544,7 +544,7 @@ void* agent_main(void*) {
   pthread_setname_np(pthread_self(), "c4d-agent");
   declare_ptracer();
   Agent& a = g_agent;
-  if (g_cfg.master_addr[0]) a.link.open(g_cfg.master_addr, g_cfg.send_hwm);
+  if (g_cfg.master_addr[0]) a.link.open(g_cfg.master_addr, g_cfg.send_hwm, g_cfg.curve_server_key, g_cfg.job);
   a.started_mono = mono_now_ns();
   C4D_LOG(kDebug, "agent up: rank %d pid %d → %s", g_cfg.rank, int(getpid()), g_cfg.master_addr);
   send_register();
@@ -662,7 +662,7 @@ void agent_shutdown() {
   Agent& a = g_agent;
   if (!a.running) return;
   g_mode.store(kPassThrough, std::memory_order_release);  // calls racing with exit pass through
-  uint64_t limit = mono_now_ns() + (uint64_t(g_cfg.exit_flush_ms) + 250) * 1000000ull;
+  uint64_t limit = mono_now_ns() + uint64_t(g_cfg.exit_flush_ms + kExitMarginMs) * 1000000ull;
   timespec ts{time_t(limit / 1000000000ull), long(limit % 1000000000ull)};
   pthread_mutex_lock(&a.mu);
   a.stop = true;
@@ -690,8 +690,8 @@ void agent_shutdown() {
           g_cfg.rank, int(getpid()), (unsigned long long)sent, (unsigned long long)(full + send + nolink),
           (unsigned long long)full, (unsigned long long)send, (unsigned long long)nolink, delivered, prof);
   if (!g_cfg.master_addr[0])
-    C4D_LOG(kWarning, "rank %d pid %d: nothing was delivered: C4D_MASTER_ADDR is not a usable endpoint", g_cfg.rank,
-            int(getpid()));
+    C4D_LOG(kWarning, "rank %d pid %d: nothing was delivered: %s is not a usable %s", g_cfg.rank, int(getpid()),
+            g_cfg.curve_bad ? "C4D_CURVE_SERVER_KEY" : "C4D_MASTER_ADDR", g_cfg.curve_bad ? "key" : "endpoint");
   else if (finished && a.link.monitored() && !a.link.ever_connected())
     C4D_LOG(kWarning,
             "rank %d pid %d: nothing was delivered: no master ever connected at %s (%llu records queued and lost)",
