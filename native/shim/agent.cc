@@ -537,6 +537,7 @@ void finish_up() {
   note_link(0);
   uint64_t now = mono_now_ns();
   uint64_t left = t0 + budget > now ? t0 + budget - now : 0;
+  if (a.link.monitored() && !a.link.peer_connected()) left = 0;  // no master there to wait for
   a.link.close(int(left / 1000000ull));
 }
 
@@ -662,7 +663,8 @@ void agent_shutdown() {
   Agent& a = g_agent;
   if (!a.running) return;
   g_mode.store(kPassThrough, std::memory_order_release);  // calls racing with exit pass through
-  uint64_t limit = mono_now_ns() + uint64_t(g_cfg.exit_flush_ms + kExitMarginMs) * 1000000ull;
+  uint64_t t0 = mono_now_ns();
+  uint64_t limit = t0 + uint64_t(g_cfg.exit_flush_ms + kExitMarginMs) * 1000000ull;
   timespec ts{time_t(limit / 1000000000ull), long(limit % 1000000000ull)};
   pthread_mutex_lock(&a.mu);
   a.stop = true;
@@ -672,6 +674,8 @@ void agent_shutdown() {
   bool finished = a.finished;
   pthread_mutex_unlock(&a.mu);
   a.running = false;
+  C4D_LOG(kDebug, "exit: the agent %s after %.1f ms (bound %d ms)", finished ? "finished" : "was left",
+          double(mono_now_ns() - t0) / 1e6, g_cfg.exit_flush_ms + kExitMarginMs);
   if (!finished) C4D_LOG(kWarning, "agent still busy after %d ms at exit; exiting anyway", g_cfg.exit_flush_ms);
   if (finished && g_cfg.stats_output) print_stats();
   uint64_t full = g_counters.dropped_full.load(std::memory_order_relaxed);
