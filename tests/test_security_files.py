@@ -176,3 +176,11 @@ def test_no_module_runs_a_shell_evaluates_text_or_unpickles_freely():
     assert len(files) > 50
     found = [f for p in files for f in _audit(p.read_text(), str(p.relative_to(PACKAGE.parent)))]
     assert found == []
+
+
+def test_isolation_ledger_is_0600(tmp_path, umask022):
+    from c4d.actions.isolate import Ledger
+
+    led = Ledger(tmp_path / "isolated.json")
+    led.add("slurm", "node-3")
+    assert _mode(tmp_path / "isolated.json") == 0o600 and led.has("slurm", "node-3")
