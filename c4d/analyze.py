@@ -41,6 +41,26 @@ def replay(rt: RawTrace, engine: Any, ingest: Ingest | None = None) -> list[Any]
     return out
 
 
+def end_ns(rt: RawTrace) -> int | None:
+    """Master time of the trace's last TICK (when the run, as recorded, ended)."""
+    raw = rt.raw
+    ticks = raw["time_ns"][raw["kind"] == schema.Kind.TICK]
+    return int(ticks.max()) if len(ticks) else None
+
+
+def start_s(rt: RawTrace) -> float | None:
+    """When the trace was started (its header), in seconds; None if it does not say."""
+    created = rt.meta.get("created_ns")
+    return int(created) / 1e9 if created else None
+
+
+def incidents(rt: RawTrace, diagnoses: list[Any]) -> list[Any]:
+    """One verdict per incident (c4d/incidents.py) of a replay's diagnoses."""
+    from c4d.incidents import Incidents
+
+    return Incidents.fold(diagnoses, end_ns(rt))
+
+
 def summary(tr: Trace) -> pd.DataFrame:
     """Per communicator and op kind: ranks, ops, bytes, median and p99 device time (µs)."""
     ops = tr.ops

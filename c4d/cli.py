@@ -1,6 +1,11 @@
 """c4d: find the rank, node or link that makes an NCCL training job hang or crawl.
 
 The command line is DESIGN.md's public contract: extend it, don't break it.
+
+Exit status of every command (docs/cli.md): 0 success, nothing found; 1 bad input or an
+operational error (usage errors included: one line on stderr); 2 the command worked and
+found a problem (a diagnosis at WARNING or above, a failed health check, a job stopped by an
+ERROR). ``c4d run`` exits with the supervised job's own status.
 """
 
 from __future__ import annotations
@@ -14,6 +19,42 @@ import tempfile
 from pathlib import Path
 
 from c4d import __version__
+
+EXIT_OK, EXIT_BAD, EXIT_FOUND = 0, 1, 2
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line usage errors, exit status 1, and a hint instead of the usage block."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(EXIT_BAD, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Shows each option's default (unless it has none, or says it already); keeps the
+    description's paragraphs."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        return "\n\n".join(
+            super(HelpFormatter, self)._fill_text(p, width, indent) for p in text.split("\n\n")
+        )
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        d = action.default
+        if "%(default)" in text or "default" in text or d is None or d is False or d == []:
+            return text
+        if d is argparse.SUPPRESS:
+            return text
+        if action.option_strings or action.nargs in (argparse.OPTIONAL, argparse.ZERO_OR_MORE):
+            text += " (default: %(default)s)"
+        return text
+
+
+def found(diagnoses) -> bool:
+    """Whether a run raised anything at WARNING or above (exit status 2)."""
+    return any(d.level.name in ("WARNING", "ERROR") for d in diagnoses)
+
 
 LOG_LEVELS = {
     "trace": logging.DEBUG,
@@ -34,14 +75,6 @@ def _log_level(text: str) -> int:
 
 def _setup_logging(level: int) -> None:
     logging.basicConfig(level=level, stream=sys.stderr, format="c4d %(levelname)s %(message)s", force=True)
-
-
-def _log_to_console(console, level: int) -> None:
-    """In live mode, log through rich so lines print above the live display instead of through it."""
-    from rich.logging import RichHandler
-
-    handler = RichHandler(console=console, show_path=False, show_time=False, markup=False)
-    logging.basicConfig(level=level, handlers=[handler], format="%(message)s", force=True)
 
 
 def _positive(kind):
@@ -67,16 +100,21 @@ def _engine_overrides(args) -> dict:
 
 
 def _add_master_opts(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--trace", metavar="FILE", help="write the trace here")
-    p.add_argument("--json", action="store_true", help="print every diagnosis as a JSON line on stdout")
-    p.add_argument("--live", action="store_true", help="show the live view")
+    p.add_argument(
+        "--trace", metavar="FILE", help="write every record and tick here (for c4d analyze/report)"
+    )
+    p.add_argument(
+        "--json", action="store_true", help="print every diagnosis, INFO included, as a JSON line on stdout"
+    )
+    p.add_argument("--live", action="store_true", help="show the live view, with the log below it")
     p.add_argument("--blacklist", metavar="FILE", help="append culprit nodes of localized ERRORs here")
     p.add_argument(
         "--log-level",
         type=_log_level,
-        default=logging.WARNING,
+        default=logging.INFO,
         metavar="L",
-        help="Info, Warning (default) or Error: filters the human-readable log only",
+        help="Info (default: slow kinds too), Warning or Error; filters the human-readable log only "
+        "(one line when an incident opens, escalates, isolates a node and ends)",
     )
     p.add_argument(
         "--hang-timeout", type=_positive(int), metavar="US", help="override the job's C4D_HANG_TIMEOUT (µs)"
@@ -84,6 +122,18 @@ def _add_master_opts(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hang-times", type=_positive(int), metavar="N", help="override the job's C4D_HANG_TIMES")
     p.add_argument(
         "--metrics-port", type=int, metavar="PORT", help="serve Prometheus metrics on 127.0.0.1:PORT"
+    )
+
+
+def _add_quick(p: argparse.ArgumentParser) -> None:
+    from c4d.sim import QUICK_ENV
+
+    shown = " ".join(f"{k}={v}" for k, v in QUICK_ENV.items())
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"small thresholds so every fault kind shows within seconds: {shown} "
+        "(values already in your environment win)",
     )
 
 
@@ -123,18 +173,29 @@ def cmd_master(args) -> int:
     _signals_raise()
     try:
         m = _make_master(args, {"command": "master"}, args.bind)
-    except (OSError, CurveKeyError) as e:
-        print(f"c4d: {e}", file=sys.stderr)
-        return 1
-    logging.getLogger("c4d").info("master listening on %s", m.endpoint)
+    except CurveKeyError as e:  # --curve KEYDIR: no keys, or a secret key others can read
+        print(f"c4d master: {e}", file=sys.stderr)
+        return EXIT_BAD
+    except (OSError, ValueError) as e:  # zmq errors are OSErrors: a bad or busy endpoint
+        print(f"c4d master: cannot bind {args.bind}: {e}", file=sys.stderr)
+        return EXIT_BAD
     print(f"c4d master listening on {m.endpoint}", file=sys.stderr, flush=True)
+    view = None
     try:
-        m.run()
+        if args.live:
+            from c4d.live import LiveView
+
+            view = LiveView(m, console=_live_console(args), log_level=args.log_level)
+            logging.getLogger("c4d").info("master listening on %s", m.endpoint)
+        m.run(on_step=view.update if view else None)
     except KeyboardInterrupt:
         pass
     finally:
+        m.finish()
+        if view is not None:
+            view.close()
         m.close()
-    return 0
+    return EXIT_FOUND if found(m.diagnoses) else EXIT_OK
 
 
 def cmd_keygen(args) -> int:
@@ -144,19 +205,27 @@ def cmd_keygen(args) -> int:
         pub, sec = curve.generate(args.dir)
     except (curve.CurveKeyError, OSError) as e:
         print(f"c4d keygen: {e}", file=sys.stderr)
-        return 1
+        return EXIT_BAD
     print(f"wrote {sec} (the master's: c4d master --curve {args.dir})")
     print(f"wrote {pub} (the job's: C4D_CURVE_SERVER_KEY={pub})")
-    return 0
+    return EXIT_OK
+
+
+def _live_console(args):
+    """The live view's terminal: stderr when stdout carries --json lines, so they don't mix."""
+    from rich.console import Console
+
+    return Console(stderr=True) if args.json else None
 
 
 def _sim_config(args):
     from c4d import faults
     from c4d.actions.blacklist import read_nodes
-    from c4d.sim import SimConfig
+    from c4d.sim import QUICK_STEPS, SimConfig, quick_env
 
     nodes = (args.ranks + args.ranks_per_node - 1) // args.ranks_per_node + args.spare_nodes
     fl = [faults.parse(s, world=args.ranks, nodes=nodes) for s in args.fault]
+    steps = args.steps if args.steps is not None else (QUICK_STEPS if args.quick else 20)
     exclude: list[str] = []
     if args.exclude_nodes:
         if not os.path.isfile(args.exclude_nodes):
@@ -167,10 +236,11 @@ def _sim_config(args):
         ranks_per_node=args.ranks_per_node,
         tp=args.tp,
         pp=args.pp,
-        steps=args.steps,
+        steps=steps,
         faults=fl,
         clock_skew_s=args.clock_skew,
         seed=args.seed,
+        env=quick_env() if args.quick else {},
         spare_nodes=args.spare_nodes,
         exclude_nodes=tuple(exclude),
     )
@@ -198,7 +268,7 @@ def cmd_sim(args) -> int:
         cfg = _sim_config(args)
     except (faults.FaultSpecError, ValueError) as e:
         print(f"c4d sim: {e}", file=sys.stderr)
-        return 64
+        return EXIT_BAD
     sim_meta = {
         "ranks": cfg.ranks,
         "ranks_per_node": cfg.ranks_per_node,
@@ -225,8 +295,7 @@ def cmd_sim(args) -> int:
         if args.live and master is not None:
             from c4d.live import LiveView
 
-            view = LiveView(master)
-            _log_to_console(view.console, args.log_level)
+            view = LiveView(master, console=_live_console(args), log_level=args.log_level)
         try:
             res = sim.run(
                 cfg,
@@ -235,6 +304,8 @@ def cmd_sim(args) -> int:
                 max_seconds=args.max_seconds,
                 on_poll=(view.update if view else None),
             )
+            if master is not None:
+                master.finish()
         finally:
             if view is not None:
                 view.close()
@@ -243,7 +314,7 @@ def cmd_sim(args) -> int:
 
         if isinstance(e, NativeMissing | OSError):
             print(f"c4d sim: {e}", file=sys.stderr)
-            return 1
+            return EXIT_BAD
         raise
     finally:
         if master is not None:
@@ -253,7 +324,19 @@ def cmd_sim(args) -> int:
 
             shutil.rmtree(tmp, ignore_errors=True)
     print(f"c4d sim: {res.reason} ({res.seconds:.1f} s)", file=sys.stderr)
-    return res.status
+    return sim_exit_status(res)
+
+
+def sim_exit_status(res) -> int:
+    """2 when something at WARNING or above was diagnosed; 1 when ranks failed with nothing
+    diagnosed; else 0 (finished, or stopped at --max-seconds with nothing found)."""
+    from c4d import sim
+
+    if found(res.diagnoses) or res.status == sim.EXIT_ERROR:
+        return EXIT_FOUND
+    if res.status == sim.EXIT_RANK_FAILED:
+        return EXIT_BAD
+    return EXIT_OK
 
 
 def cmd_demo(args) -> int:
@@ -268,7 +351,7 @@ def cmd_analyze(args) -> int:
 
     tr = _load_for_offline(args)
     if tr is None:
-        return 1
+        return EXIT_BAD
     if tr.raw.truncated_bytes:
         cut = tr.raw.truncated_bytes
         print(f"c4d analyze: the trace ends in a cut record ({cut} bytes ignored)", file=sys.stderr)
@@ -280,7 +363,7 @@ def cmd_analyze(args) -> int:
             "c4d analyze: records were lost to damage; pass --allow-damaged to analyze what was read",
             file=sys.stderr,
         )
-        return 1
+        return EXIT_BAD
     from c4d.ingest import Ingest
     from c4d.validate import Edge, Limits
 
@@ -288,34 +371,41 @@ def cmd_analyze(args) -> int:
     ingest = Ingest(engine, Edge(Limits.from_env()))
     diags = analyze.replay(tr.raw, engine, ingest)
     _report_edge(ingest)
+    status = EXIT_FOUND if found(diags) else EXIT_OK
     if args.json:
         for d in diags:
             print(json.dumps(d.to_json()))
-        return 0
-    from rich.console import Console
-    from rich.table import Table
+        return status
+    from c4d import texttable
+    from c4d.incidents import table_lines
 
-    con = Console()
     s = analyze.summary(tr)
-    t = Table(title=f"{args.path}: {len(tr.nodes)} ranks, {len(tr.ops)} ops")
-    for c in ["comm", "op", "ranks", "ops", "bytes", "median µs", "p99 µs"]:
-        t.add_column(c, justify="left" if c in ("comm", "op") else "right")
-    for row in s.itertuples(index=False):
-        t.add_row(
-            row.comm,
-            row.op,
-            str(row.ranks),
-            str(row.ops),
-            f"{row.bytes:,}",
-            f"{row.median_us:,.1f}",
-            f"{row.p99_us:,.1f}",
-        )
-    con.print(t)
-    for d in diags:
-        con.print(d.summary(), markup=False, highlight=False)
-    if not diags:
-        con.print("no diagnoses")
-    return 0
+    nodes, comms = len(set(tr.nodes.values())), s["comm"].nunique()
+    print(
+        f"{args.path}: {len(tr.nodes)} ranks on {nodes} nodes, {len(tr.ops):,} ops on {comms} communicators"
+    )
+    cols = ["comm", "op", "ranks", "ops", "bytes", "median µs", "p99 µs"]
+    rows = [
+        [r.comm, r.op, r.ranks, r.ops, f"{r.bytes:,}", f"{r.median_us:,.1f}", f"{r.p99_us:,.1f}"]
+        for r in s.itertuples(index=False)
+    ]
+    for line in texttable.lines(cols, rows, right=cols[2:]):
+        print(line)
+    if args.all:
+        print(f"every diagnosis ({len(diags)}):")
+        for d in diags:
+            print(d.summary())
+    incidents = analyze.incidents(tr.raw, diags)
+    if not incidents:
+        print("no diagnoses")
+        return status
+    print(
+        f"{len(incidents)} incident(s) from {len(diags)} diagnoses; first seen since the trace started "
+        "(--all lists every diagnosis, --json prints the full stream):"
+    )
+    for line in table_lines(incidents, analyze.start_s(tr.raw)):
+        print(line)
+    return status
 
 
 def _report_damage(rt) -> bool:
@@ -370,7 +460,7 @@ def cmd_report(args) -> int:
 
     tr = _load_for_offline(args)
     if tr is None:
-        return 1
+        return EXIT_BAD
     out = report.write(report.from_trace(tr, tr.diagnoses_list()), Path(args.out))
     for name, p in out.items():
         print(f"{name}: {p}")
@@ -380,8 +470,8 @@ def cmd_report(args) -> int:
 def cmd_export(args) -> int:
     tr = _load_for_offline(args)
     if tr is None:
-        return 1
-    df = tr.table(args.table)
+        return EXIT_BAD
+    df = hex_ids(tr.table(args.table))
     if args.table == "diagnoses":
         df = df.assign(detail=df["detail"].map(json.dumps))
     df.to_parquet(args.out, engine="pyarrow", index=False)
@@ -389,20 +479,59 @@ def cmd_export(args) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="c4d", description=(__doc__ or "").splitlines()[0])
-    ap.add_argument("--version", action="version", version=f"c4d {__version__}")
-    sub = ap.add_subparsers(dest="command", required=True)
+ID_COLUMNS = ("comm_id", "parent_id", "comm")
 
-    p = sub.add_parser("lib", help="print the absolute path of libc4d.so (for LD_PRELOAD)")
+
+def hex_ids(df):
+    """Communicator ids as 16-digit hex strings, as everywhere else (logs, JSON, live view)."""
+    for col in ID_COLUMNS:
+        if col in df.columns and df[col].dtype.kind in "iu":
+            df = df.assign(**{col: df[col].map(lambda v: f"{int(v) & (2**64 - 1):016x}")})
+    return df
+
+
+FORMATS = ["c4d", "fr", "inspector", "nccl-tests"]
+FORMAT_HELP = (
+    "c4d trace, Flight Recorder dumps, NCCL Inspector JSON lines, nccl-tests text (default: detected)"
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = Parser(
+        prog="c4d",
+        description=(__doc__ or "").split("\n\n")[0] + "\n\n" + EXIT_HELP,
+        formatter_class=HelpFormatter,
+    )
+    ap.add_argument("--version", action="version", version=f"c4d {__version__}")
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def add(name: str, help: str, desc: str | None = None) -> argparse.ArgumentParser:
+        return sub.add_parser(
+            name, help=help, description=(desc or help) + "\n\n" + EXIT_HELP, formatter_class=HelpFormatter
+        )
+
+    p = add("lib", "print the absolute path of libc4d.so (for LD_PRELOAD)")
     p.set_defaults(func=cmd_lib)
 
-    p = sub.add_parser("master", help="collect records from the ranks, diagnose, act")
-    p.add_argument("--bind", default=os.environ.get("C4D_MASTER_ADDR", "tcp://127.0.0.1:5555"), metavar="EP")
+    p = add(
+        "master",
+        "collect records from the ranks, diagnose, act",
+        "One per job: collects every rank's records over ZeroMQ, diagnoses, logs one line per "
+        "incident, writes the trace and the blacklist. Exits 2 if it diagnosed anything at WARNING "
+        "or above.",
+    )
+    p.add_argument(
+        "--bind",
+        default=os.environ.get("C4D_MASTER_ADDR", "tcp://127.0.0.1:5555"),
+        metavar="EP",
+        help="ZeroMQ endpoint to listen on; tcp://0.0.0.0:5555 accepts ranks on other hosts "
+        "(default: $C4D_MASTER_ADDR, else tcp://127.0.0.1:5555, this host only)",
+    )
     p.add_argument(
         "--curve",
         metavar="KEYDIR",
-        help="ZeroMQ CURVE: only senders with the public key of KEYDIR (c4d keygen) get in; encrypted",
+        help="ZeroMQ CURVE: only senders holding the public key in KEYDIR (c4d keygen) get in; "
+        "encrypted (docs/reliability.md)",
     )
     p.add_argument(
         "--job",
@@ -413,25 +542,58 @@ def build_parser() -> argparse.ArgumentParser:
     _add_master_opts(p)
     p.set_defaults(func=cmd_master)
 
-    p = sub.add_parser("keygen", help="write a CURVE key pair for c4d master --curve (files of mode 0600)")
-    p.add_argument("dir", help="key directory (created 0700 when missing)")
+    p = add(
+        "keygen",
+        "write a CURVE key pair for c4d master --curve",
+        "Writes DIR/master.key_secret (the master's) and DIR/master.key (the job's, for "
+        "C4D_CURVE_SERVER_KEY), both mode 0600, DIR 0700; never overwrites a key.",
+    )
+    p.add_argument("dir", metavar="DIR", help="key directory (created when missing)")
     p.set_defaults(func=cmd_keygen)
 
-    p = sub.add_parser("sim", help="run a simulated job on simnccl with the shim preloaded")
-    p.add_argument("--ranks", type=_positive(int), default=8)
-    p.add_argument("--ranks-per-node", type=_positive(int), default=4)
-    p.add_argument("--tp", type=_positive(int), default=1)
-    p.add_argument("--pp", type=_positive(int), default=1)
-    p.add_argument("--steps", type=_positive(int), default=20)
+    p = add(
+        "sim",
+        "run a simulated job on simnccl with the shim preloaded",
+        "A job of real rank processes on simnccl (CPU NCCL) with libc4d.so preloaded, and its "
+        "master. Stops when the job finishes, on an ERROR, or at --max-seconds. Nodes are node-0, "
+        "node-1, ... with --ranks-per-node ranks each.",
+    )
+    p.add_argument(
+        "--ranks", type=_positive(int), default=8, metavar="N", help="ranks (processes) in the job"
+    )
+    p.add_argument(
+        "--ranks-per-node", type=_positive(int), default=4, metavar="K", help="ranks per simulated node"
+    )
+    p.add_argument("--tp", type=_positive(int), default=1, metavar="T", help="tensor-parallel group size")
+    p.add_argument(
+        "--pp", type=_positive(int), default=1, metavar="P", help="pipeline stages (dp = N / (T x P))"
+    )
+    p.add_argument(
+        "--steps",
+        type=_positive(int),
+        default=None,
+        metavar="S",
+        help="training steps (default: 20, or 300 with --quick)",
+    )
     p.add_argument(
         "--fault",
         action="append",
         default=[],
         metavar="SPEC",
-        help="KIND@rank=R|node=NAME|link=R-S[,step=S][,factor=F]",
+        help="inject KIND@rank=R|node=NAME|link=R-S[,step=S][,factor=F]; KIND one of noncomm-hang, "
+        "comm-hang, noncomm-slow, comm-slow, crash (repeatable)",
     )
-    p.add_argument("--master", metavar="EP", help="use a running master instead of an in-process one")
-    p.add_argument("--max-seconds", type=_positive(float), default=600.0)
+    _add_quick(p)
+    p.add_argument(
+        "--master", metavar="EP", help="send to a running c4d master at EP instead of an in-process one"
+    )
+    p.add_argument(
+        "--max-seconds",
+        type=_positive(float),
+        default=600.0,
+        metavar="S",
+        help="stop the job after S seconds",
+    )
     p.add_argument(
         "--clock-skew",
         type=float,
@@ -439,7 +601,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="node clocks offset by up to ± this much",
     )
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, metavar="N", help="seed of the clock skew and the jitter")
     p.add_argument("--spare-nodes", type=int, default=0, metavar="N", help="idle nodes a relaunch can use")
     p.add_argument(
         "--exclude-nodes",
@@ -451,17 +613,50 @@ def build_parser() -> argparse.ArgumentParser:
     _add_master_opts(p)
     p.set_defaults(func=cmd_sim)
 
-    p = sub.add_parser("demo", help="a simulated multi-node job with a fault, shown live")
+    p = add(
+        "demo",
+        "a simulated multi-node job with a fault, shown live",
+        "16 ranks on 4 simulated nodes (tp 2 x pp 2 x dp 4) with a fault, shown live, ending in the "
+        "diagnosis and the blacklist it would apply. The trace and the blacklist are kept in --out.",
+    )
     p.add_argument("--no-live", action="store_true", help="print the log instead of the live view")
-    p.add_argument("--fault", default=None, metavar="SPEC", help="the fault to inject (default: a hang)")
+    p.add_argument(
+        "--fault",
+        default=None,
+        metavar="SPEC",
+        help="the fault to inject, as for c4d sim (default: noncomm-hang@rank=6,step=8)",
+    )
+    p.add_argument("--out", default="c4d-demo", metavar="DIR", help="keep the trace and the blacklist here")
+    _add_quick(p)
     p.set_defaults(func=cmd_demo)
 
-    p = sub.add_parser("analyze", help="replay a captured trace through the engine")
-    p.add_argument("path")
-    p.add_argument("--json", action="store_true")
-    p.add_argument("--format", choices=["c4d", "fr", "inspector", "nccl-tests"], default=None)
-    p.add_argument("--hang-timeout", type=_positive(int), metavar="US")
-    p.add_argument("--hang-times", type=_positive(int), metavar="N")
+    p = add(
+        "analyze",
+        "replay a captured trace through the engine",
+        "Replays PATH through the diagnosis engine and prints one line per incident (kind, level "
+        "reached, culprit, where, when, how long, evidence). --json prints every diagnosis, --all "
+        "every diagnosis line too.",
+    )
+    p.add_argument(
+        "path",
+        metavar="PATH",
+        help="a c4d trace, a Flight Recorder dump directory, Inspector or nccl-tests output",
+    )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="every diagnosis as a JSON line (the full stream) instead of the table",
+    )
+    p.add_argument(
+        "--all",
+        action="store_true",
+        help="also print every diagnosis, one line each, before the incident table",
+    )
+    p.add_argument("--format", choices=FORMATS, default=None, help=FORMAT_HELP)
+    p.add_argument(
+        "--hang-timeout", type=_positive(int), metavar="US", help="override the job's C4D_HANG_TIMEOUT (µs)"
+    )
+    p.add_argument("--hang-times", type=_positive(int), metavar="N", help="override the job's C4D_HANG_TIMES")
     p.add_argument(
         "--allow-damaged",
         action="store_true",
@@ -469,21 +664,29 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_analyze)
 
-    p = sub.add_parser("report", help="tables and plots (PNG + one HTML page) of a trace")
-    p.add_argument("path")
-    p.add_argument("-o", "--out", default="c4d-report", metavar="DIR")
-    p.add_argument("--format", choices=["c4d", "fr", "inspector", "nccl-tests"], default=None)
+    p = add("report", "tables and plots (PNG + one HTML page) of a trace")
+    p.add_argument("path", metavar="PATH", help="a trace (any format c4d analyze reads)")
+    p.add_argument(
+        "-o", "--out", default="c4d-report", metavar="DIR", help="folder for the PNGs and report.html"
+    )
+    p.add_argument("--format", choices=FORMATS, default=None, help=FORMAT_HELP)
     p.set_defaults(func=cmd_report)
 
-    p = sub.add_parser("export", help="write a trace's table as Parquet (pyarrow)")
-    p.add_argument("path")
-    p.add_argument("out")
+    p = add(
+        "export",
+        "write a trace's table as Parquet (pyarrow)",
+        "Writes one table of a trace as Parquet; communicator ids are 16-digit hex strings, as in "
+        "the logs and the JSON.",
+    )
+    p.add_argument("path", metavar="PATH", help="a trace (any format c4d analyze reads)")
+    p.add_argument("out", metavar="OUT", help="the Parquet file to write")
     p.add_argument(
         "--table",
         default="ops",
         choices=["ops", "registrations", "heartbeats", "comms", "peers", "diagnoses"],
+        help="which table",
     )
-    p.add_argument("--format", choices=["c4d", "fr", "inspector", "nccl-tests"], default=None)
+    p.add_argument("--format", choices=FORMATS, default=None, help=FORMAT_HELP)
     p.set_defaults(func=cmd_export)
 
     from c4d.run.cli import add_parser as add_run
@@ -496,6 +699,12 @@ def build_parser() -> argparse.ArgumentParser:
     else:
         add_check(sub)
     return ap
+
+
+EXIT_HELP = (
+    "exit status: 0 ok, nothing found; 1 bad input or operational error; "
+    "2 found a problem (a diagnosis at WARNING or above, a failed check)"
+)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,6 +13,10 @@ What the master took from its socket is written and flushed to the trace before 
 sees it, so a master killed at any moment loses at most the poll it was in (docs/reliability.md).
 A trace that can't be written (disk full, file-size limit, I/O error) is closed with one ERROR
 line; diagnosis goes on without it.
+
+Sinks differ in how much they say: ``--json`` writes every diagnosis (docs/cli.md), the
+human-readable log follows c4d/incidents.py — an incident is logged when it opens, when
+it escalates to ERROR, when it isolates a node and when it ends, never at every re-count.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from c4d.collector import DEFAULT_ENDPOINT, Collector
+from c4d.incidents import Change, Incidents, incident_key
 from c4d.ingest import Ingest
 from c4d.received import Received
 from c4d.trace import TraceWriter
@@ -104,6 +109,7 @@ class Master:
         self.started_ns = time.time_ns()
         self.blacklisted: list[str] = []
         self.trace_error: str | None = None
+        self.incidents = Incidents()
         # Records are fed stamped with the latest tick's master time (not their own receipt
         # time), so that a replay of the trace, which stores ticks, feeds identical input.
         self._last_tick_ns = self.started_ns
@@ -144,6 +150,10 @@ class Master:
                 self._emit(d)
             except Exception as e:  # a sink (blacklist file, a callback) must not stop the master
                 self.ingest.failed("diagnosis sink", e, 0)
+        try:
+            self._log_events(self.incidents.expire(now_ns))
+        except Exception as e:
+            self.ingest.failed("diagnosis sink", e, 0)
         self.collector.ratelog.flush()
         if self.metrics is not None:
             try:
@@ -184,9 +194,13 @@ class Master:
         (t0, n0), (t1, n1) = self._rate[0], self._rate[-1]
         return (n1 - n0) / (t1 - t0) if t1 > t0 else 0.0
 
-    def run(self, should_stop: Callable[[], bool] = lambda: False) -> None:
+    def run(
+        self, should_stop: Callable[[], bool] = lambda: False, on_step: Callable[[], None] | None = None
+    ) -> None:
         while not should_stop():
             self.step()
+            if on_step is not None:
+                on_step()
 
     # -- sinks --------------------------------------------------------------------------
     def _emit(self, d: Any) -> None:
@@ -196,21 +210,39 @@ class Master:
         if self.cfg.json_out:
             self.out.write(json.dumps(d.to_json()) + "\n")
             self.out.flush()
-        level = getattr(logging, d.level.name, logging.WARNING)
-        log.log(level, "%s", d.summary().split(" ", 1)[-1])  # the logger prints the level itself
+        self._log_events(self.incidents.observe(d))
         if self.cfg.blacklist and d.blacklist_nodes:
             from c4d.actions.blacklist import append_nodes
 
             added = append_nodes(self.cfg.blacklist, d.blacklist_nodes)
             if added:
                 self.blacklisted.extend(added)
-                log.error("blacklisted %s (written to %s)", ", ".join(added), self.cfg.blacklist)
+                inc = self.incidents.open.get(incident_key(d))
+                tag = f"#{inc.id} " if inc is not None else ""
+                log.error("%sblacklisted %s (written to %s)", tag, ", ".join(added), self.cfg.blacklist)
         if self.metrics is not None:
             self.metrics.diagnosis(d)
         for cb in self.on_diagnosis:
             cb(d)
 
+    def _log_events(self, events) -> None:
+        """The log policy: an incident's opening, its escalation to ERROR, its end."""
+        for ev in events:
+            inc = ev.incident
+            if ev.change is Change.ended:  # at the level it reached, so it reads like its start
+                log.log(getattr(logging, inc.level.name), "%s", inc.line().split(" ", 1)[1])
+                continue
+            d = ev.diagnosis
+            level = getattr(logging, d.level.name, logging.WARNING)
+            log.log(level, "#%d %s", inc.id, d.summary().split(" ", 1)[-1])  # the logger prints the level
+
+    def finish(self) -> None:
+        """The run is over: say which incidents were still open (once)."""
+        self._log_events(self.incidents.close(time.time_ns()))
+
     def close(self) -> None:
+        if self.incidents.open:
+            self.finish()
         if self._own_collector:
             self.collector.close()
         if self.trace:

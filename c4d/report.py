@@ -1,8 +1,15 @@
 """`c4d report`: the pictures operators look at before they read.
 
 Four PNGs (matplotlib, Agg) and one self-contained HTML page that embeds them:
-per-rank lateness over time, collective time split into wait and transfer, bus bandwidth
-by message size against the communicator's baseline, and the diagnosis timeline.
+per-rank extra compute before each collective over time, collective time split into wait and
+transfer, bus bandwidth by message size against the median per size, and the diagnosis
+timeline.
+
+The lateness picture uses each rank's *compute gap* (its arrival at a collective minus the end
+of its own previous op, one clock, no alignment needed) against the median gap of the op's
+members: a rank that computes longer is red, and the ranks that merely arrive late because they
+waited for it elsewhere (its pipeline partners, say) are not — the same distinction the engine
+draws for RankNonCommSlow (docs/engine.md).
 """
 
 from __future__ import annotations
@@ -19,9 +26,11 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
+from matplotlib.ticker import MaxNLocator
 
 from c4d.opstats import split_wait_transfer
 from c4d.run.stacks_view import html_section, load_sidecar
+from c4d.schema import OpFlag
 
 LEVEL_COLOR = {"ERROR": "#c0392b", "WARNING": "#e67e22", "INFO": "#2980b9"}
 
@@ -46,20 +55,46 @@ def from_trace(tr: Any, diagnoses: list[Any], offsets_ns: dict[int, int] | None 
     )
 
 
-def lateness_heatmap(inp: ReportInput, path: Path, bins: int = 60) -> Path:
-    ops = inp.ops.dropna(subset=["lateness_ns"])
+def extra_compute(ops: pd.DataFrame) -> pd.DataFrame:
+    """Per collective op row: ``arrive_s`` (rank clock, s) and ``extra_ms``, its compute gap minus
+    the median gap of the op's members (NaN where a gap is unknown: a rank's first op)."""
+    if ops.empty:
+        return pd.DataFrame({"rank": [], "arrive_s": [], "extra_ms": []})
+    start = ops["start_ns"].astype("int64")
+    arrive = start.where(start > 0, ops["issue_ns"].astype("int64"))
+    df = pd.DataFrame(
+        {
+            "rank": ops["rank"].to_numpy(),
+            "comm": ops["comm_id"].to_numpy(),
+            "seq": ops["seq"].to_numpy(),
+            "coll": (ops["flags"].to_numpy() & int(OpFlag.P2P)) == 0,
+            "arrive": arrive.to_numpy(),
+            "end": ops["end_ns"].astype("int64").to_numpy(),
+        }
+    ).sort_values(["rank", "arrive"], kind="stable")
+    prev_end = df.groupby("rank")["end"].transform(lambda e: e.cummax().shift())
+    df["gap"] = (df["arrive"] - prev_end).clip(lower=0)
+    df = df[df["coll"] & df["gap"].notna()]
+    med = df.groupby(["comm", "seq"])["gap"].transform("median")
+    return pd.DataFrame(
+        {"rank": df["rank"], "arrive_s": df["arrive"] / 1e9, "extra_ms": (df["gap"] - med) / 1e6}
+    ).reset_index(drop=True)
+
+
+def lateness_heatmap_figure(inp: ReportInput, bins: int = 60):
+    ops = extra_compute(inp.ops)
     fig, ax = plt.subplots(figsize=(11, max(3.0, min(12.0, 0.12 * len(inp.nodes) + 2))))
     if len(ops):
-        t = (ops["arrive_ns"] - ops["arrive_ns"].min()) / 1e9
+        t = ops["arrive_s"] - ops["arrive_s"].min()
         edges = np.linspace(0, max(float(t.max()), 1e-6), bins + 1)
         ranks = sorted(ops["rank"].unique())
         grid = np.full((len(ranks), bins), np.nan)
         idx = {r: i for i, r in enumerate(ranks)}
         b = np.clip(np.searchsorted(edges, t, side="right") - 1, 0, bins - 1)
-        g = pd.DataFrame({"r": ops["rank"].map(idx), "b": b, "late_ms": ops["lateness_ns"] / 1e6})
-        m = g.groupby(["r", "b"])["late_ms"].mean()
+        g = pd.DataFrame({"r": ops["rank"].map(idx), "b": b, "ms": ops["extra_ms"]})
+        m = g.groupby(["r", "b"])["ms"].mean()
         grid[m.index.get_level_values(0), m.index.get_level_values(1)] = m.to_numpy()
-        lim = np.nanpercentile(np.abs(grid), 99) if np.isfinite(grid).any() else 1.0
+        lim = max(float(np.nanpercentile(np.abs(grid), 99)), 1e-3) if np.isfinite(grid).any() else 1.0
         im = ax.imshow(
             grid,
             aspect="auto",
@@ -69,16 +104,18 @@ def lateness_heatmap(inp: ReportInput, path: Path, bins: int = 60) -> Path:
             interpolation="nearest",
             extent=(0, edges[-1], len(ranks) - 0.5, -0.5),
         )
-        fig.colorbar(im, ax=ax, label="arrival vs. median arrival (ms)")
+        fig.colorbar(im, ax=ax, label="compute before the op vs. the op's median (ms)")
         if len(ranks) <= 64:
             ax.set_yticks(range(len(ranks)), [f"{r} {inp.nodes.get(r, '')}" for r in ranks], fontsize=7)
         ax.set_ylabel("rank")
     ax.set_xlabel("time (s)")
-    ax.set_title("Per-rank lateness: red = arrives late, others wait for it")
-    return _save(fig, path)
+    ax.set_title(
+        "Who computes longer: red = this rank's extra compute before a collective, others wait for it"
+    )
+    return fig
 
 
-def wait_transfer_split(inp: ReportInput, path: Path) -> Path:
+def wait_transfer_split_figure(inp: ReportInput):
     ops = inp.ops.dropna(subset=["wait_ns"])
     fig, ax = plt.subplots(figsize=(11, 4.5))
     if len(ops):
@@ -98,28 +135,31 @@ def wait_transfer_split(inp: ReportInput, path: Path) -> Path:
         ax.legend()
     ax.set_ylabel("median µs per collective")
     ax.set_title("Collective time split into wait and transfer")
-    return _save(fig, path)
+    return fig
 
 
-def busbw_by_size(inp: ReportInput, path: Path) -> Path:
+def busbw_by_size_figure(inp: ReportInput):
     ops = inp.ops.dropna(subset=["busbw_gbs"])
     ops = ops[np.isfinite(ops["busbw_gbs"]) & (ops["busbw_gbs"] > 0)]
     fig, ax = plt.subplots(figsize=(11, 4.5))
-    for name, g in ops.groupby("op_name"):
+    for i, (name, g) in enumerate(ops.groupby("op_name")):
+        color = f"C{i % 10}"
         per_op = g.groupby(["comm_id", "seq", "bytes"])["busbw_gbs"].min().reset_index()
-        ax.scatter(per_op["bytes"], per_op["busbw_gbs"], s=6, alpha=0.5, label=name)
+        ax.scatter(per_op["bytes"], per_op["busbw_gbs"], s=6, alpha=0.4, label=name, color=color)
         base = per_op.groupby("bytes")["busbw_gbs"].median()
-        ax.plot(base.index, base.to_numpy(), linewidth=1)
+        # a marker per size, joined where there are several sizes: visible with one size too
+        ax.plot(base.index, base.to_numpy(), marker="D", markersize=7, linewidth=1.5, color=color,
+                markeredgecolor="black", label=f"{name} median")  # fmt: skip
     if len(ops):
         ax.set_xscale("log")
-        ax.legend(markerscale=3, fontsize=8)
+        ax.legend(markerscale=1.5, fontsize=8)
     ax.set_xlabel("bytes per rank")
     ax.set_ylabel("bus bandwidth (GB/s)")
-    ax.set_title("Bus bandwidth by size (dots: ops; lines: median baseline)")
-    return _save(fig, path)
+    ax.set_title("Bus bandwidth by size (dots: ops; diamonds and lines: median per size)")
+    return fig
 
 
-def diagnosis_timeline(inp: ReportInput, path: Path) -> Path:
+def diagnosis_timeline_figure(inp: ReportInput):
     fig, ax = plt.subplots(figsize=(11, 3.5))
     ds = inp.diagnoses
     if ds:
@@ -132,12 +172,33 @@ def diagnosis_timeline(inp: ReportInput, path: Path) -> Path:
         ax.legend(fontsize=8)
         kinds = sorted({d["kind"] for d in ds})
         ax.set_title("Diagnoses: " + ", ".join(kinds))
+        culprits = sorted({r for d in ds for r in (d.get("ranks") or [-1])})
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        if len(culprits) <= 20:
+            ax.set_yticks(culprits)
+        ax.set_ylim(min(culprits) - 0.6, max(culprits) + 0.6)
     else:
         ax.text(0.5, 0.5, "no diagnoses", ha="center", va="center", transform=ax.transAxes)
         ax.set_title("Diagnoses")
     ax.set_xlabel("time since first diagnosis (s)")
     ax.set_ylabel("culprit rank")
-    return _save(fig, path)
+    return fig
+
+
+def lateness_heatmap(inp: ReportInput, path: Path) -> Path:
+    return _save(lateness_heatmap_figure(inp), path)
+
+
+def wait_transfer_split(inp: ReportInput, path: Path) -> Path:
+    return _save(wait_transfer_split_figure(inp), path)
+
+
+def busbw_by_size(inp: ReportInput, path: Path) -> Path:
+    return _save(busbw_by_size_figure(inp), path)
+
+
+def diagnosis_timeline(inp: ReportInput, path: Path) -> Path:
+    return _save(diagnosis_timeline_figure(inp), path)
 
 
 def _save(fig, path: Path) -> Path:

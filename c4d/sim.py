@@ -8,8 +8,14 @@ the nodes that are not excluded (``--exclude-nodes``: the blacklist ``c4d run`` 
 a relaunch after an isolation runs on the spare. ``--clock-skew`` gives each node its own
 clock offset (it belongs to the node, wherever the ranks go).
 
-Exit status: 0 the job finished; 1 a rank failed and nothing was diagnosed;
-2 stopped on an ERROR diagnosis; 3 ``--max-seconds`` reached.
+``SimResult.status``: 0 the job finished; 1 a rank failed and nothing was diagnosed;
+2 stopped on an ERROR diagnosis; 3 ``--max-seconds`` reached (``c4d sim`` maps these onto
+the CLI's exit-status convention, c4d/cli.py).
+
+``--quick`` (``QUICK_ENV``) scales the thresholds down so that every fault kind is diagnosed
+within seconds of its onset. Warnings the shim or simnccl print in a rank (a malformed
+``C4D_*`` or ``SIMNCCL_*`` value) are read from the per-rank logs and logged once, with the
+ranks that printed them, before those logs are deleted.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import ctypes
 import logging
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -34,6 +41,31 @@ from c4d import native
 log = logging.getLogger("c4d.sim")
 
 EXIT_FINISHED, EXIT_RANK_FAILED, EXIT_ERROR, EXIT_TIMEOUT = 0, 1, 2, 3
+
+# --quick: T = 1 s and ERROR after 3 x T, 1 s slow-detection windows, heartbeats at T/5 (so
+# that silence is measurable at this T), and links at 1 GB/s inside a node and 0.25 GB/s
+# across nodes: on a small machine running many rank processes, each simulated op also costs
+# 0.1-0.5 ms of process wake-ups, as long as a transfer at simnccl's default 4 / 1 GB/s, so a
+# slowed link would barely show; with the modeled transfer dominating, factor F reads as ~F.
+QUICK_ENV = {
+    "C4D_HANG_TIMEOUT": "1000000",
+    "C4D_HANG_TIMES": "3",
+    "C4D_CONN_BW_CHECK_PERIOD": "1",
+    "C4D_HEARTBEAT_MS": "200",
+    "SIMNCCL_INTRA_GBPS": "1",
+    "SIMNCCL_INTER_GBPS": "0.25",
+}
+QUICK_STEPS = 300
+"""Steps of a --quick job: room for a fault at step 20 and several slow windows after it."""
+
+# what a rank's shim or simnccl prints about a malformed variable: "c4d: NAME=... "
+_ENV_WARNING = re.compile(r"^(c4d|simnccl): [A-Z][A-Z0-9_]*=")
+
+
+def quick_env(values: dict[str, str] | None = None, environ: dict[str, str] | None = None) -> dict[str, str]:
+    """``values`` (QUICK_ENV) without the variables already set in ``environ`` (the user's win)."""
+    env = os.environ if environ is None else environ
+    return {k: v for k, v in (QUICK_ENV if values is None else values).items() if k not in env}
 
 
 @dataclass
@@ -118,6 +150,7 @@ class SimJob:
         self.procs: list[subprocess.Popen] = []
         self.layout = cfg.layout
         self.offsets_ns = self._node_offsets()
+        self._warned: set[str] = set()
 
     def _node_offsets(self) -> dict[str, int]:
         """Clock offset of every cluster node (node-0 is the reference)."""
@@ -189,6 +222,24 @@ class SimJob:
             return ""
         return "\n".join(text.strip().splitlines()[-lines:])
 
+    def config_warnings(self) -> list[tuple[str, list[int]]]:
+        """Lines about malformed variables the ranks printed and that were not returned before,
+        each with the ranks that printed it (each rank prints it once, at start-up)."""
+        seen: dict[str, list[int]] = {}
+        for r in range(len(self.procs)):
+            try:
+                with open(self.job_dir / f"rank-{r}.log", errors="replace") as f:
+                    head = [f.readline() for _ in range(32)]
+            except OSError:
+                continue
+            for line in head:
+                line = line.strip()
+                if _ENV_WARNING.match(line):
+                    seen.setdefault(line, []).append(r)
+        new = [(line, ranks) for line, ranks in seen.items() if line not in self._warned]
+        self._warned.update(line for line, _ in new)
+        return new
+
     def kill(self) -> None:
         for p in self.procs:
             if p.poll() is None:
@@ -206,6 +257,13 @@ class SimJob:
                 f.unlink()
         if self._own_dir:
             shutil.rmtree(self.job_dir, ignore_errors=True)
+
+
+def _log_config_warnings(job: SimJob) -> None:
+    n = len(job.procs)
+    for line, ranks in job.config_warnings():
+        who = "every rank" if len(ranks) == n and n > 1 else f"rank {', '.join(map(str, ranks))}"
+        log.warning("%s: %s", who, line)
 
 
 @dataclass
@@ -236,9 +294,13 @@ def run(
     job = SimJob(cfg, ep)
     t0 = time.monotonic()
     status, reason = EXIT_TIMEOUT, f"stopped after --max-seconds {max_seconds:g}"
+    next_scan = t0 + 0.5
     try:
         job.start()
         while time.monotonic() - t0 < max_seconds:
+            if time.monotonic() >= next_scan and next_scan - t0 < 10:
+                next_scan += 1.0  # start-up warnings: in the first seconds only
+                _log_config_warnings(job)
             if master is not None:
                 new = master.step()
                 if stop_on_error and any(d.level.name == "ERROR" for d in new):
@@ -265,6 +327,7 @@ def run(
     finally:
         rcs = job.returncodes()
         job.kill()
+        _log_config_warnings(job)
         job.cleanup()
     return SimResult(
         status=status,

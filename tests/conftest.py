@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -51,3 +53,16 @@ def c4d_cmd(*args: object) -> list[str]:
     import sys
 
     return [sys.executable, "-m", "c4d", *(str(a) for a in args)]
+
+
+def nccl_tests_data() -> Path:
+    """The captured nccl-tests outputs: $C4D_NCCL_TESTS_DATA, else shared/data/nccl-tests in the
+    checkout's folder or any folder above it (a worktree sits deeper than the main checkout)."""
+    env = os.environ.get("C4D_NCCL_TESTS_DATA")
+    if env:
+        return Path(env)
+    for parent in Path(__file__).resolve().parents[1:]:
+        d = parent / "shared" / "data" / "nccl-tests"
+        if d.is_dir():
+            return d
+    return Path(__file__).resolve().parents[2] / "shared" / "data" / "nccl-tests"

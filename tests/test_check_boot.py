@@ -52,6 +52,10 @@ def test_boot_passes_here_with_seed_lines(tmp_path):
     ]
     assert lines[0].split(" ", 2)[2].startswith("DiskTest /tmp: Succeed (write ")
     assert "AllReduceTest gloo x2: Succeed" in p.stdout
+    # the versions it checked are printed, with where each came from
+    import torch
+
+    assert f"PyTorchVersion: Succeed ({torch.__version__} from torch)" in p.stdout
     assert not list(tmp_path.iterdir()), "the disk test must clean up its file"
 
 
@@ -70,11 +74,11 @@ def test_boot_json_objects():
 
 def test_thresholds_fail_the_boot():
     p = check("boot", "--disk", "/tmp", "--disk-mb", "4", "--min-disk-write-mbs", "1e12", "--no-allreduce")
-    assert p.returncode == 1
+    assert p.returncode == 2
     assert re.search(r"DiskTest /tmp: Failed \(write below 1e\+12 MB/s; write [\d.]+ MB/s", p.stdout)
     p = check("boot", "--expect-gpus", "8", "--expect-torch", "1.0", "--no-allreduce", "--json")
     objs = {o["check"]: o for o in map(json.loads, p.stdout.splitlines())}
-    assert p.returncode == 1
+    assert p.returncode == 2
     assert objs["GPUTest"]["status"] == "Failed" and objs["GPUTest"]["threshold"] == 8
     assert objs["PyTorchVersion"]["status"] == "Failed" and objs["PyTorchVersion"]["threshold"] == "1.0"
 
@@ -83,7 +87,7 @@ def test_missing_path_and_file_are_failed_checks(tmp_path):
     f = tmp_path / "afile"
     f.write_text("x")
     p = check("boot", "--disk", str(tmp_path / "nope"), "--disk", str(f), "--no-allreduce")
-    assert p.returncode == 1 and "Traceback" not in p.stderr
+    assert p.returncode == 2 and "Traceback" not in p.stderr
     assert f"DiskTest {tmp_path / 'nope'}: Failed ({tmp_path / 'nope'} does not exist)" in p.stdout
     assert f"DiskTest {f}: Failed ({f} is not a directory)" in p.stdout
 
@@ -130,7 +134,7 @@ def test_read_only_or_full_filesystem_fails_cleanly(tmp_path, mount_opts, errnam
         env={**os.environ, "PYTHONPATH": str(REPO)},
         timeout=120,
     )
-    assert p.returncode == 1, p.stdout + p.stderr
+    assert p.returncode == 2, p.stdout + p.stderr
     assert "Traceback" not in p.stderr
     disk = json.loads(p.stdout.splitlines()[0])
     assert disk["status"] == "Failed" and disk["value"] == {"error": errname}
@@ -145,7 +149,7 @@ def test_file_size_limit_fails_cleanly(tmp_path):
         resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
 
     p = check("boot", "--disk", str(tmp_path), "--disk-mb", "4", "--no-allreduce", preexec_fn=limit)
-    assert p.returncode == 1 and "Traceback" not in p.stderr
+    assert p.returncode == 2 and "Traceback" not in p.stderr
     assert re.search(r"DiskTest \S+: Failed \(write: File too large \[EFBIG\]\)", p.stdout), p.stdout
     assert not list(tmp_path.iterdir())
 
@@ -181,17 +185,17 @@ def test_without_torch_says_not_available(tmp_path):
         env={**os.environ, "PYTHONPATH": str(REPO)},
         timeout=60,
     )
-    assert p.returncode == 2 and p.stderr.startswith("c4d check nodes: torch not available")
+    assert p.returncode == 1 and p.stderr.startswith("c4d check nodes: torch not available")
 
 
 def test_allreduce_catches_wrong_data_and_a_dead_rank():
     p = check("boot", "--json", "--allreduce-procs", "3", env={faults.ENV: "corrupt:rank-1"})
     ar = json.loads(p.stdout.splitlines()[-1])
-    assert p.returncode == 1 and ar["status"] == "Failed"
+    assert p.returncode == 2 and ar["status"] == "Failed"
     assert ar["value"]["wrong"] == 3  # the one corrupted element, wrong on each of 3 ranks
     p = check("boot", "--json", "--allreduce-timeout", "2", env={faults.ENV: "crash:rank-0"})
     ar = json.loads(p.stdout.splitlines()[-1])
-    assert p.returncode == 1 and "rank 0: worker exited with status 17" in ar["detail"]
+    assert p.returncode == 2 and "rank 0: worker exited with status 17" in ar["detail"]
     assert "rank 1: " in ar["detail"]  # its partner timed out waiting for rank 0
 
 

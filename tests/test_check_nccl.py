@@ -18,14 +18,13 @@ from pathlib import Path
 import pytest
 
 from c4d.actions import blacklist
+from tests.conftest import nccl_tests_data
 
 REPO = Path(__file__).resolve().parents[1]
 FAKE = REPO / "tests" / "fake_bin" / "all_reduce_perf"
-DATA = Path(
-    os.environ.get("C4D_NCCL_TESTS_DATA")
-    or Path(__file__).resolve().parents[2] / "shared" / "data" / "nccl-tests"
-)
-pytestmark = pytest.mark.skipif(not DATA.is_dir(), reason=f"no nccl-tests captures at {DATA}")
+DATA = nccl_tests_data()
+# only the tests that read a capture skip without the data (not the whole module)
+needs_data = pytest.mark.skipif(not DATA.is_dir(), reason=f"no nccl-tests captures at {DATA}")
 
 
 def check(*args, env=None, timeout=120):
@@ -35,6 +34,7 @@ def check(*args, env=None, timeout=120):
     )
 
 
+@needs_data
 def test_from_file_json_object():
     p = check("nccl", "--from", str(DATA / "nccl-tests-sample-1.txt"), "--json", "--min-busbw", "50")
     assert p.returncode == 0, p.stderr
@@ -56,32 +56,34 @@ def test_from_file_json_object():
     }
 
 
+@needs_data
 def test_from_file_below_bar_and_errors():
     p = check("nccl", "--from", str(DATA / "nccl-tests-sample-1.txt"), "--json", "--min-busbw", "100")
-    assert p.returncode == 1
+    assert p.returncode == 2
     assert json.loads(p.stdout)["passed"] is False
     p = check("nccl", "--from", str(DATA / "nccl-tests-sample-3.txt"))
-    assert p.returncode == 1
+    assert p.returncode == 2
     assert "128 wrong elements (size 1048576)" in p.stdout and "Test failure" in p.stdout
     assert "NCCLTest all_reduce_perf: Failed" in p.stdout
     assert "1048576" in p.stdout and "#wrong" in p.stdout  # the per-size table
 
 
+@needs_data
 def test_from_bad_inputs_are_one_line():
     p = check("nccl", "--from", "/nonexistent/out.txt")
-    assert p.returncode == 2 and p.stderr.strip().count("\n") == 0 and "cannot read" in p.stderr
+    assert p.returncode == 1 and p.stderr.strip().count("\n") == 0 and "cannot read" in p.stderr
     p = check("nccl", "--from", "-", "--json", env=None)  # empty stdin: no table
-    assert p.returncode == 1 and "no nccl-tests result" in json.loads(p.stdout)["problems"][0]
+    assert p.returncode == 2 and "no nccl-tests result" in json.loads(p.stdout)["problems"][0]
     p = check("nccl", "--from", str(DATA / "nccl-tests-sample-1.txt"), "--min-busbw", "fast")
-    assert p.returncode == 2 and "not a number" in p.stderr and "Traceback" not in p.stderr
+    assert p.returncode == 1 and "not a number" in p.stderr and "Traceback" not in p.stderr
 
 
 def test_missing_binary_says_where_it_looked(tmp_path):
     p = check("nccl", "--nccl-tests-dir", str(tmp_path))
-    assert p.returncode == 2
+    assert p.returncode == 1
     assert "all_reduce_perf not found in" in p.stderr and "Traceback" not in p.stderr
     p = check("nccl", env={"PATH": str(tmp_path)})
-    assert p.returncode == 2 and "not found on PATH" in p.stderr
+    assert p.returncode == 1 and "not found on PATH" in p.stderr
 
 
 @pytest.fixture()
@@ -93,6 +95,7 @@ def fake_dir(tmp_path):
     return d
 
 
+@needs_data
 def test_runs_binaries_with_sensible_args(fake_dir, tmp_path):
     argv_log = tmp_path / "argv.jsonl"
     env = {
@@ -125,11 +128,12 @@ def test_runs_binaries_with_sensible_args(fake_dir, tmp_path):
     env = {**env, "PATH": f"{fake_dir}:{os.environ['PATH']}", "FAKE_NCCL_TESTS_RC": "3"}
     argv_log.unlink()
     p = check("nccl", "--nccl-args", "-b 1G -e 1G -g 1", "--launcher", "env", "--json", env=env)
-    assert p.returncode == 1
+    assert p.returncode == 2
     assert json.loads(p.stdout)["problems"] == ["exit status 3"]
     assert json.loads(argv_log.read_text())[1:] == ["-b", "1G", "-e", "1G", "-g", "1"]
 
 
+@needs_data
 def test_hung_run_is_killed_at_the_deadline(fake_dir):
     env = {
         "FAKE_NCCL_TESTS_OUTPUT": str(DATA / "nccl-tests-sample-1.txt"),
@@ -138,11 +142,12 @@ def test_hung_run_is_killed_at_the_deadline(fake_dir):
     t0 = time.monotonic()
     p = check("nccl", "--nccl-tests-dir", str(fake_dir), "--nccl-timeout", "1", "--json", env=env)
     assert time.monotonic() - t0 < 30
-    assert p.returncode == 1
+    assert p.returncode == 2
     obj = json.loads(p.stdout)
     assert obj["problems"][0].startswith("no result after 1 s (hung?)")
 
 
+@needs_data
 def test_troubleshoot_passes_and_says_restart(tmp_path):
     p = check(
         "troubleshoot",
@@ -165,12 +170,13 @@ def test_troubleshoot_passes_and_says_restart(tmp_path):
     assert any(" NCCLTest all_reduce_perf: Succeed" in s for s in lines)
 
 
+@needs_data
 def test_troubleshoot_lists_failed_node_and_blacklists_it(tmp_path):
     bl = tmp_path / "blacklist"
     bl.write_text("node-7\n")
     args = ["troubleshoot", "--no-allreduce", "--from", str(DATA / "nccl-tests-sample-3.txt")]
     p = check(*args, "--node-name", "node-3", "--blacklist", str(bl))
-    assert p.returncode == 1
+    assert p.returncode == 2
     assert "Check Finished, failed nodes: node-3 (failed: NCCLTest all_reduce_perf)" in p.stdout
     assert blacklist.read_nodes(bl) == ["node-7", "node-3"]
     p = check(*args, "--json", env={"C4D_NODE_NAME": "node-3"}, timeout=60)
@@ -179,6 +185,27 @@ def test_troubleshoot_lists_failed_node_and_blacklists_it(tmp_path):
 
 
 def test_troubleshoot_without_nccl_tests_on_cpu_skips_bandwidth(tmp_path):
-    p = check("troubleshoot", "--no-allreduce", "--nccl-tests-dir", str(tmp_path))
+    # a disk was checked, so the node has a verdict; the skipped bandwidth check is named
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    args = ["--nccl-tests-dir", str(tmp_path), "--disk", str(disk), "--disk-mb", "1"]
+    p = check("troubleshoot", "--no-allreduce", *args)
     assert p.returncode == 0, p.stdout
     assert "NCCLTest: Skipped (no GPU and all_reduce_perf not found in" in p.stdout
+    *_, skipped, last = p.stdout.splitlines()
+    assert last == "Check Finished, task will be restarted."
+    assert skipped.startswith("Not checked here (skipped): ") and "NCCLTest" in skipped
+    assert not list(disk.iterdir())
+
+
+def test_troubleshoot_that_checked_nothing_gives_no_verdict(tmp_path):
+    # no disk, no all-reduce, no nccl-tests, no GPU: every check that exercises the node is
+    # skipped, so it must not say "task will be restarted" (exit 1: the check could not run)
+    p = check("troubleshoot", "--no-allreduce", "--nccl-tests-dir", str(tmp_path), "--node-name", "node-5")
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert "task will be restarted" not in p.stdout
+    assert p.stdout.splitlines()[-1].startswith("Check Finished, nothing verified on node-5:")
+    p = check("troubleshoot", "--no-allreduce", "--nccl-tests-dir", str(tmp_path), "--json")
+    summary = json.loads(p.stdout.splitlines()[-1])
+    assert p.returncode == 1 and summary["passed"] is False and summary["checked"] == 0
+    assert "NCCLTest" in summary["skipped"]

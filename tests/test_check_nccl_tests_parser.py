@@ -6,17 +6,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
-from pathlib import Path
 
 import pytest
 
 from c4d.formats.nccl_tests import NcclTestsError, parse_file, parse_json, parse_text
+from tests.conftest import nccl_tests_data
 
-DATA = Path(
-    os.environ.get("C4D_NCCL_TESTS_DATA")
-    or Path(__file__).resolve().parents[2] / "shared" / "data" / "nccl-tests"
-)
+DATA = nccl_tests_data()
 needs_data = pytest.mark.skipif(not DATA.is_dir(), reason=f"no nccl-tests captures at {DATA}")
 
 # file -> (program, avg busbw, rows, first size, last size, wrong total, out of bounds, devices,

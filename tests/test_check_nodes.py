@@ -50,7 +50,7 @@ def nodes(n, fault=None, *extra, timeout=180):
 def test_names_the_bad_node(tmp_path, n, fault, kind, culprit):
     bl = tmp_path / "blacklist"
     p = nodes(n, fault, "--json", "--blacklist", str(bl))
-    assert p.returncode == 1, p.stdout + p.stderr
+    assert p.returncode == 2, p.stdout + p.stderr
     report = json.loads(p.stdout)
     assert report[kind] == [culprit], report
     other = "faulty" if kind == "stragglers" else "stragglers"
@@ -68,7 +68,7 @@ def test_names_the_bad_node(tmp_path, n, fault, kind, culprit):
 def test_two_nodes_cannot_localize(tmp_path):
     bl = tmp_path / "blacklist"
     p = nodes(2, "fail:node-1", "--blacklist", str(bl))
-    assert p.returncode == 1, p.stdout + p.stderr
+    assert p.returncode == 2, p.stdout + p.stderr
     out = p.stdout
     assert re.search(r"NodeCheck node-0: Unknown \(unresolved: cannot localize", out)
     assert re.search(r"NodeCheck node-1: Unknown \(unresolved: cannot localize", out)
@@ -103,11 +103,11 @@ def test_crashed_worker_is_faulty_and_odd_count_works():
 
 def test_bad_arguments_are_one_line():
     p = nodes(1)
-    assert p.returncode == 2 and "argument --nodes: '1': a node check needs at least 2 nodes" in p.stderr
+    assert p.returncode == 1 and "argument --nodes: '1': a node check needs at least 2 nodes" in p.stderr
     p = subprocess.run(
         [sys.executable, "-m", "c4d.check", "nodes", "--straggler-factor", "0.5"],
         capture_output=True,
         text=True,
         env={**os.environ, "PYTHONPATH": str(REPO)},
     )
-    assert p.returncode == 2 and "must be > 1" in p.stderr and "Traceback" not in p.stderr
+    assert p.returncode == 1 and "must be > 1" in p.stderr and "Traceback" not in p.stderr

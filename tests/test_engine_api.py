@@ -147,7 +147,9 @@ def test_state_lists_lost_ranks_and_comm_stats():
     tp = [c for c in snap.comms if c.kind == "TP"]
     dp = [c for c in snap.comms if c.kind == "DP"]
     assert len(tp) == 4 and len(dp) == 2
-    assert all(c.ops_per_s > 0 and c.busbw_gbs > 0 and c.xfer_med_us > 0 for c in tp + dp)
+    assert all(c.busbw_gbs > 0 and c.xfer_med_us > 0 for c in tp + dp)
+    # every communicator stalled after the crash: ops/s is over the last 5 s of master time
+    assert all(c.ops_per_s == 0 for c in tp + dp)
     assert all(c.last_done_seq >= 0 for c in tp)
 
 

@@ -71,6 +71,33 @@ def test_report_writes_plots_and_a_page_naming_the_culprit(slow_trace, tmp_path)
     assert page.count("data:image/png;base64,") == 4  # self-contained
 
 
+def test_lateness_picture_blames_the_slow_rank_not_its_partners(slow_trace):
+    """Rank 5 computes 4x longer; its pipeline partner (rank 1: same dp and tp index, stage 0)
+    arrives late only because it waited for rank 5, so it must not be painted like the culprit."""
+    import matplotlib.pyplot as plt
+
+    from c4d import report
+
+    tr = trace.load(slow_trace)
+    ex = report.extra_compute(tr.ops)
+    per_rank = ex[ex["arrive_s"] > ex["arrive_s"].quantile(0.5)].groupby("rank")["extra_ms"].median()
+    assert per_rank.idxmax() == SLOW_RANK
+    assert per_rank[1] < 0.2 * per_rank[SLOW_RANK], per_rank.to_dict()
+    inp = report.from_trace(tr, tr.diagnoses_list())
+    # the busbw plot draws its medians (one marker per size, visible with a single size)
+    fig = report.busbw_by_size_figure(inp)
+    medians = [ln for ln in fig.axes[0].get_lines() if ln.get_label().endswith(" median")]
+    assert {ln.get_label() for ln in medians} >= {"AllReduce median", "AllGather median"}
+    assert all(ln.get_marker() == "D" and len(ln.get_xdata()) >= 1 for ln in medians)
+    plt.close(fig)
+    # the diagnoses plot labels culprit ranks with integers only
+    fig = report.diagnosis_timeline_figure(inp)
+    ticks = [float(t) for t in fig.axes[0].get_yticks()]
+    culprits = sorted({r for d in inp.diagnoses for r in d["ranks"]})
+    assert SLOW_RANK in culprits and ticks == [float(r) for r in culprits]
+    plt.close(fig)
+
+
 def test_pandas_api_columns_and_dtypes(slow_trace):
     tr = trace.load(slow_trace)
     ops = tr.ops_split

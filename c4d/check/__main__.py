@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 from c4d.check.cli import add_parser
+from c4d.cli import HelpFormatter, Parser
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] != ["check"]:
         argv.insert(0, "check")
-    parser = argparse.ArgumentParser(prog="c4d")
+    parser = Parser(prog="c4d", formatter_class=HelpFormatter)
     add_parser(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
     return int(args.func(args))

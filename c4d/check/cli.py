@@ -1,8 +1,9 @@
 """``c4d check {boot,nccl,troubleshoot,nodes}``: argument parsing and printing only.
 
-Exit status of every sub-command: 0 every check passed; 1 a check failed (or, for ``nodes``, a
-failure could not be localized); 2 the check could not run (bad arguments, nccl-tests binary
-missing, torch missing for ``nodes``).
+Exit status of every sub-command, as for every c4d command (docs/cli.md): 0 every check
+passed; 1 the check could not run (bad arguments, nccl-tests binary missing, torch missing for
+``nodes``, nothing that could be checked on this node for ``troubleshoot``); 2 a check failed
+(or, for ``nodes``, a failure could not be localized).
 """
 
 from __future__ import annotations
@@ -16,7 +17,10 @@ import sys
 from c4d.actions import blacklist
 from c4d.check.result import CheckResult, Status, emit
 
-EXIT_OK, EXIT_FAILED, EXIT_CANNOT_RUN = 0, 1, 2
+EXIT_OK, EXIT_FAILED, EXIT_CANNOT_RUN = 0, 2, 1
+# checks that exercise the node (versions are only read); troubleshoot vouches for a node
+# only when one of these ran and passed
+VERIFYING = ("DiskTest", "AllReduceTest", "NCCLTest", "GPUTest")
 
 
 def _positive_int(s: str) -> int:
@@ -82,8 +86,12 @@ def _add_boot_args(p: argparse.ArgumentParser) -> None:
         "--disk", action="append", default=[], metavar="PATH", help="folder to disk-test (repeatable)"
     )
     g.add_argument("--disk-mb", type=_positive_int, default=64, help="MiB written per disk test (default 64)")
-    g.add_argument("--min-disk-write-mbs", type=_nonneg_float, default=0.0, metavar="MB/S")
-    g.add_argument("--min-disk-read-mbs", type=_nonneg_float, default=0.0, metavar="MB/S")
+    g.add_argument(
+        "--min-disk-write-mbs", type=_nonneg_float, default=0.0, metavar="MB/S", help="fail a disk below this"
+    )
+    g.add_argument(
+        "--min-disk-read-mbs", type=_nonneg_float, default=0.0, metavar="MB/S", help="fail a disk below this"
+    )
     g.add_argument("--expect-gpus", type=int, metavar="N", help="fail unless exactly N GPUs are visible")
     g.add_argument(
         "--expect-cuda", metavar="VER", help="fail unless the CUDA version is VER (prefix, e.g. 12.4)"
@@ -97,8 +105,19 @@ def _add_boot_args(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="ranks of the all-reduce (default: GPUs, or 2 on CPU)",
     )
-    g.add_argument("--allreduce-backend", choices=("auto", "gloo", "nccl"), default="auto")
-    g.add_argument("--allreduce-timeout", type=_positive_float, default=60.0, metavar="S")
+    g.add_argument(
+        "--allreduce-backend",
+        choices=("auto", "gloo", "nccl"),
+        default="auto",
+        help="auto: nccl with GPUs, else gloo",
+    )
+    g.add_argument(
+        "--allreduce-timeout",
+        type=_positive_float,
+        default=60.0,
+        metavar="S",
+        help="fail a rank that has not joined by then",
+    )
 
 
 def _boot_options(args):
@@ -232,26 +251,41 @@ def cmd_troubleshoot(args) -> int:
         _printer(args.json)(r)
     results += nccl_results
     passed = all(r.ok for r in results)
+    verified = [r for r in results if r.status is Status.SUCCEED and r.name in VERIFYING]
+    skipped = [f"{r.name} {r.target}".strip() for r in results if r.status is Status.SKIPPED]
     name = args.node_name or node_name()
     failed_nodes = [] if passed else [name]
     listed = _blacklist(args.blacklist, failed_nodes)
+    unchecked = passed and not verified  # nothing exercised the node: no verdict either way
     if args.json:
         summary = {
             "summary": True,
-            "passed": passed,
+            "passed": passed and not unchecked,
+            "checked": len(verified),
+            "skipped": skipped,
             "node": name,
             "failed_nodes": failed_nodes,
             "failed_checks": [f"{r.name} {r.target}".strip() for r in results if not r.ok],
             "blacklist": listed,
         }
         print(json.dumps(summary), flush=True)
+    elif unchecked:
+        print(
+            f"Check Finished, nothing verified on {name}: every check that exercises the node was "
+            f"skipped ({', '.join(skipped) or 'none asked'}); not restarting on an unchecked node "
+            "(give --disk DIR, run the all-reduce (needs torch) or nccl-tests)"
+        )
     elif passed:
-        print("Check Finished, task will be restarted.")
+        if skipped:
+            print(f"Not checked here (skipped): {', '.join(skipped)}")
+        print("Check Finished, task will be restarted.")  # the seed platform's line, verbatim
     else:
         failed = ", ".join(f"{r.name} {r.target}".strip() for r in results if not r.ok)
         print(f"Check Finished, failed nodes: {name} (failed: {failed})")
         if listed is not None:
             print(f"Blacklist {args.blacklist}: {', '.join(listed)}")
+    if unchecked:
+        return EXIT_CANNOT_RUN
     return EXIT_OK if passed else EXIT_FAILED
 
 
@@ -344,26 +378,44 @@ def cmd_nodes(args) -> int:
 
 def add_parser(subparsers) -> None:
     """Register ``check`` and its sub-commands on the top-level ``c4d`` sub-parsers."""
-    check = subparsers.add_parser(
-        "check",
-        help="node health checks: boot, nccl, troubleshoot, nodes",
-        description="Node health checks before a job starts and after it fails.",
-    )
-    check.set_defaults(func=lambda args: (check.print_help(sys.stderr), EXIT_CANNOT_RUN)[1])
-    sub = check.add_subparsers(dest="check_command", metavar="{boot,nccl,troubleshoot,nodes}")
+    from c4d.cli import EXIT_HELP, HelpFormatter
 
-    p = sub.add_parser("boot", help="disks, GPUs, CUDA/PyTorch/NCCL versions, an all-reduce")
+    def parser(parent, name: str, help: str, description: str | None = None):
+        return parent.add_parser(
+            name,
+            help=help,
+            description=(description or help) + "\n\n" + EXIT_HELP,
+            formatter_class=HelpFormatter,
+        )
+
+    check = parser(subparsers, "check", "node health checks: boot, nccl, troubleshoot, nodes",
+                   "Node health checks before a job starts and after it fails.")  # fmt: skip
+    sub = check.add_subparsers(
+        dest="check_command",
+        metavar="{boot,nccl,troubleshoot,nodes}",
+        required=True,
+        parser_class=type(check),
+    )
+
+    p = parser(sub, "boot", "disks, GPUs, CUDA/PyTorch/NCCL versions, an all-reduce")
     _add_boot_args(p)
     p.add_argument("--json", action="store_true", help="one JSON object per check")
     p.set_defaults(func=cmd_boot)
 
-    p = sub.add_parser("nccl", help="NCCL bandwidth through nccl-tests (or a saved output)")
+    p = parser(sub, "nccl", "NCCL bandwidth through nccl-tests (or a saved output)")
     _add_nccl_args(p)
     p.add_argument("--no-table", action="store_true", help="print only the verdict line")
     p.add_argument("--json", action="store_true", help="one JSON object per run")
     p.set_defaults(func=cmd_nccl)
 
-    p = sub.add_parser("troubleshoot", help="after a failure: boot checks + NCCL bandwidth")
+    p = parser(
+        sub,
+        "troubleshoot",
+        "after a failure: boot checks + NCCL bandwidth",
+        "After a failure: the boot checks and the NCCL bandwidth check, then the node's verdict. "
+        "A node on which nothing could be exercised (every disk, all-reduce and bandwidth check "
+        "skipped) gets no verdict and exit status 1.",
+    )
     _add_boot_args(p)
     _add_nccl_args(p)
     p.add_argument("--node-name", help="this node's name (default: $C4D_NODE_NAME or the hostname)")
@@ -371,16 +423,19 @@ def add_parser(subparsers) -> None:
     p.add_argument("--json", action="store_true", help="one JSON object per check, then a summary object")
     p.set_defaults(func=cmd_troubleshoot)
 
-    p = sub.add_parser(
+    p = parser(
+        sub,
         "nodes",
-        help="pairwise GEMM + all-gather rounds that isolate a bad or straggling node",
-        description="Simulated nodes node-0..node-(N-1): local gloo processes on CPU, one GPU each "
+        "pairwise GEMM + all-gather rounds that isolate a bad or straggling node",
+        "Simulated nodes node-0..node-(N-1): local gloo processes on CPU, one GPU each "
         "with NCCL. Faults can be injected with C4D_CHECK_SIM_FAULT (see docs/check.md).",
     )
     p.add_argument(
         "--nodes", type=_node_count, metavar="N", help="number of nodes (default: GPUs, or 4 on CPU)"
     )
-    p.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto")
+    p.add_argument(
+        "--backend", choices=("auto", "gloo", "nccl"), default="auto", help="auto: nccl with GPUs, else gloo"
+    )
     p.add_argument(
         "--straggler-factor",
         type=_factor,

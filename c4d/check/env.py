@@ -62,9 +62,11 @@ def version_check(name: str, value: str | None, expect: str | None, source: str)
     shown = value or NA
     if expect is None:
         status = Status.SUCCEED if value else Status.SKIPPED
-        return CheckResult(name, "", status, shown, None, source if value else f"{NA}: {source}")
+        return CheckResult(
+            name, "", status, shown, None, f"{value} from {source}" if value else f"{NA}: {source}"
+        )
     ok = value is not None and _matches(value, expect)
-    detail = f"{shown}, expected {expect}" + ("" if value else f"; {source}")
+    detail = f"{shown}, expected {expect}" + (f", from {source}" if value else f"; {source}")
     return CheckResult(name, "", Status.SUCCEED if ok else Status.FAILED, shown, expect, detail)
 
 

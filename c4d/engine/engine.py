@@ -28,6 +28,7 @@ from c4d.schema import Kind, Op
 log = logging.getLogger("c4d.engine")
 
 CHUNK = 8192  # rows ingested at once (see feed)
+RATE_WINDOW_NS = 5_000_000_000  # the live view's ops/s
 _V = np.dtype((np.void, schema.RECORD_SIZE))
 _OP_NAMES = {int(o): o.name for o in Op}
 
@@ -54,6 +55,7 @@ class Engine:
         self.stats = {"records": 0, "invalid": 0, "batches": 0, "ticks": 0}
         self._buf: list[tuple[np.ndarray, int | np.ndarray]] = []  # fed, not yet ingested
         self._buf_n = 0
+        self._chunk_recv = 0  # master time stamped on the chunk being ingested
 
     # -- input -------------------------------------------------------------------------
     def thresholds(self) -> ResolvedThresholds:
@@ -210,6 +212,7 @@ class Engine:
         pos = t > 0
         clock.note_records(R, g[pos], t[pos])
         parts = schema.by_kind(raw)
+        self._chunk_recv = int(recv[-1])
         if len(parts[Kind.REGISTER]):
             R.register(parts[Kind.REGISTER])
         if len(parts[Kind.COMM]):
@@ -263,7 +266,9 @@ class Engine:
             n = len(part)
             self._member(c, part["comm_rank"].astype(np.int64), part["rank"].astype(np.int64))
             c.ops_seen += n
+            c.done_log.append((self._chunk_recv, n))
             p2p = (part["flags"] & P2P) != 0
+            c.p2p_rows += int(p2p.sum())
             if p2p.any():
                 pp = part[p2p]
                 okp = (pp["peer"] >= 0) & (pp["peer"] < c.n)
@@ -440,9 +445,21 @@ class Engine:
             kind = "DP"
         ops = c.recent_ops()
         ops = ops[-256:]
-        if len(ops) >= 2:
-            span = (int(ops["last_arrive"][-1]) - int(ops["last_arrive"][0])) / 1e9
-            rate = (len(ops) - 1) / span if span > 0 else 0.0
+        # ops finished per second over the last RATE_WINDOW_NS of master time (OP rows received:
+        # one per member for a collective, two per p2p transfer), so a hang reads 0
+        t0 = self._now - RATE_WINDOW_NS
+        rows = sum(n for t, n in c.done_log if t > t0)
+        first = c.done_log[0][0] if c.done_log else self._now
+        span = max(min(RATE_WINDOW_NS, self._now - first), 1_000_000_000)
+        per_op = 2 if kind == "PP" else max(c.n, 1)
+        rate = rows / per_op / (span / 1e9)
+        p2p = np.concatenate(list(c.p2p_recent)) if kind == "PP" and c.p2p_recent else None
+        if p2p is not None and len(p2p):
+            xfer = p2p["transfer"] / 1e3
+            xm, xp = float(np.median(xfer)), float(np.percentile(xfer, 99))
+            wm = wp = 0.0
+            bw = float(np.median(p2p["bytes"] / np.maximum(p2p["transfer"], 1)))
+        elif len(ops) >= 2:
             wait = ops["wait_max"] / 1e3
             xfer = ops["transfer"] / 1e3
             wm, wp = float(np.median(wait)), float(np.percentile(wait, 99))
@@ -450,7 +467,7 @@ class Engine:
             fin = ops["busbw"][np.isfinite(ops["busbw"])]
             bw = float(np.median(fin)) if len(fin) else 0.0
         else:
-            rate = wm = wp = xm = xp = bw = 0.0
+            wm = wp = xm = xp = bw = 0.0
         return CommSnapshot(
             comm=f"{c.id:016x}",
             kind=kind,
@@ -462,4 +479,5 @@ class Engine:
             xfer_med_us=round(xm, 1),
             xfer_p99_us=round(xp, 1),
             busbw_gbs=round(bw, 4),
+            p2p_done=c.p2p_rows // 2,
         )

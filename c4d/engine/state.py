@@ -21,6 +21,7 @@ ranks or compares with the master's clock.
 from __future__ import annotations
 
 import logging
+from collections import deque
 
 import numpy as np
 
@@ -319,6 +320,11 @@ class Comm:
         self.recent_n = 0
         self.peer_rows: list[np.ndarray] = []
         self.peer_n = 0
+        # live view: OP rows per ingested chunk (master time) for a rate that falls to 0 in a
+        # hang; p2p transfers done and the latest measured ones
+        self.done_log: deque[tuple[int, int]] = deque(maxlen=4096)
+        self.p2p_rows = 0
+        self.p2p_recent: deque[np.ndarray] = deque(maxlen=64)
 
     # -- derived views -----------------------------------------------------------------
     def done_eff(self) -> np.ndarray:
@@ -611,6 +617,7 @@ class P2PPairs:
         cuts = np.flatnonzero(cidx[1:] != cidx[:-1]) + 1  # sorted by comm already
         for part in np.split(np.arange(len(S)), cuts):
             comms[int(cidx[part[0]])].p2p_pending.append(out[part])
+            comms[int(cidx[part[0]])].p2p_recent.append(out[part])
 
     def _note(self, key: np.ndarray, val: np.ndarray, epoch: int) -> None:
         """Fold this chunk's end_r - arrival_s into the per-link minima."""

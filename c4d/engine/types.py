@@ -141,6 +141,8 @@ class CommSnapshot:
     xfer_med_us: float
     xfer_p99_us: float
     busbw_gbs: float
+    p2p_done: int = 0
+    """p2p transfers completed (a send and its receive count once); 0 without p2p."""
 
 
 @dataclass(frozen=True)

@@ -535,9 +535,20 @@ void finish_up() {
   heartbeats(C4D_HBF_FINAL);
   flush();
   note_link(0);
+  // A short-lived process may queue everything before ZeroMQ's handshake with the master
+  // completes; the queue then goes out during the close's linger. Watch the monitor while
+  // the budget lasts, so that the exit summary says what was really delivered. A process
+  // that has run past the connect grace without ever meeting a master waits for none.
+  uint64_t connect_until = t0 + budget / 2;
+  bool young = !a.link.ever_connected() && t0 - a.started_mono < kConnectGraceNs;
+  while (young && a.unconfirmed && a.link.monitored() && !a.link.peer_connected() && mono_now_ns() < connect_until) {
+    timespec ms{0, 1000000};
+    nanosleep(&ms, nullptr);
+    note_link(0);
+  }
   uint64_t now = mono_now_ns();
   uint64_t left = t0 + budget > now ? t0 + budget - now : 0;
-  if (a.link.monitored() && !a.link.peer_connected()) left = 0;  // no master there to wait for
+  if (a.link.monitored() && !a.link.peer_connected()) left = 0;  // no master there to flush to
   a.link.close(int(left / 1000000ull));
 }
 

@@ -1,0 +1,380 @@
+"""Incidents: one verdict per fault, folded from the engine's stream of diagnoses.
+
+The engine re-reports a hang every T (n = 1, 2, ... 18) and a slow rank once per check
+period. An operator wants one line per *incident*, the same thing both offline (`c4d analyze`'s
+summary table) and live (what the master logs, what the live view lists). This module is the
+one definition both use:
+
+* **Identity.** The same kind and culprit set while it lasts. Hangs and losses
+  (RankNonCommHang, RankCommHang, RankLost, CollectiveMismatch) are reported on a
+  communicator, op and sequence number; a culprit missing from several ops is charged to the
+  one waited on longest, and that charge can move between evaluations (two ops whose waits
+  began within clock-alignment error of each other), so the op is an attribute of the
+  incident (the latest report's, the others listed), not part of its identity. Two different
+  hangs of the same rank are two incidents because the first ends before the second starts.
+  Slow kinds (RankNonCommSlow, RankCommSlow): likewise on any communicator — a slow rank is one
+  incident however many of its communicators show it.
+* **Start.** Its first diagnosis (WARNING for hangs, INFO for the slow kinds).
+* **End.** *resolved*: no report came when the next one was due (a hang is re-counted every T,
+  so none for T and a half means it cleared; a slow finding repeats every period, so none for
+  three periods means it stopped); *superseded*: a newer incident of the hang family names a
+  culprit set overlapping this one's (the engine's view of one event got sharper: more ranks of
+  a node confirmed, a silent rank now lost); *open at end*: the run or the trace ended while it
+  lasted.
+
+``--json`` and ``c4d analyze --all`` keep the full stream (DESIGN.md: ``--json`` prints every
+diagnosis); incidents only decide what is *shown once*.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from c4d.engine.types import Diagnosis, Level
+
+SLOW_KINDS = frozenset({"RankNonCommSlow", "RankCommSlow"})
+RESOLVE_AFTER_T = 1.5
+"""A hang incident ends when no report came for this many hang timeouts (T)."""
+RESOLVE_AFTER_PERIODS = 3.0
+"""A slow incident ends when no report came for this many check periods."""
+DEFAULT_GAP_S = 15.0
+"""Used when a diagnosis does not say its T or its period (imports without thresholds)."""
+
+
+class End(enum.Enum):
+    """Why an incident is over (``None`` on an incident while it lasts)."""
+
+    resolved = "resolved"
+    """No report came when the next was due: the hang cleared or the rank is no longer slow."""
+    superseded = "superseded"
+    """A newer incident names an overlapping culprit set for the same event."""
+    open_at_end = "open at end"
+    """Still going when the run or the trace ended."""
+
+
+class Change(enum.Enum):
+    """What happened to an incident at one step (what the master logs)."""
+
+    opened = "opened"
+    escalated = "escalated"
+    """WARNING -> ERROR."""
+    ended = "ended"
+
+
+@dataclass
+class Incident:
+    id: int
+    kind: str
+    first: Diagnosis
+    last: Diagnosis
+    level: Level
+    """The highest level reached."""
+    reports: int = 1
+    """Diagnoses folded into it."""
+    comms: list[str] = field(default_factory=list)
+    """Every communicator (hex) it was reported on, first first."""
+    sites: list[str] = field(default_factory=list)
+    """Every op it was charged to ("comm op #seq"), first first."""
+    top_n: int = 0
+    """The highest hang count n any of its reports reached."""
+    top_waited_s: float = 0.0
+    end: End | None = None
+    end_s: float | None = None
+    superseded_by: int | None = None
+
+    # -- identity ------------------------------------------------------------------------
+    @property
+    def key(self) -> tuple:
+        return incident_key(self.first)
+
+    @property
+    def ranks(self) -> tuple[int, ...]:
+        return self.first.ranks
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        return self.first.nodes
+
+    @property
+    def is_slow(self) -> bool:
+        return self.kind in SLOW_KINDS
+
+    # -- what the summary shows ----------------------------------------------------------
+    @property
+    def first_s(self) -> float:
+        return self.first.time
+
+    @property
+    def count(self) -> int:
+        """Hangs: the highest n reached (⌊duration / T⌋); slow kinds: the periods reported."""
+        return self.reports if self.is_slow else self.top_n
+
+    @property
+    def duration_s(self) -> float:
+        """Hangs: the longest wait any report measured; slow: first to last window."""
+        if self.is_slow or not self.top_waited_s:
+            return max(0.0, self.last.time - self.first.time) + (
+                _window_s(self.last) if self.is_slow else 0.0
+            )
+        return self.top_waited_s
+
+    def _note(self, d: Diagnosis) -> None:
+        comm = None if d.comm is None else f"{d.comm:016x}"
+        if comm and comm not in self.comms:
+            self.comms.append(comm)
+        site = _site(d)
+        if site and site not in self.sites and not self.is_slow:
+            self.sites.append(site)
+        self.top_n = max(self.top_n, d.hang_times)
+        waited = d.detail.get("waited_s")
+        if isinstance(waited, int | float):
+            self.top_waited_s = max(self.top_waited_s, float(waited))
+
+    @property
+    def evidence(self) -> str:
+        return evidence_of(self.last)
+
+    @property
+    def confidence(self) -> float | None:
+        return confidence_of(self.last)
+
+    @property
+    def localized(self) -> bool:
+        return bool(self.last.localized)
+
+    def culprit(self) -> str:
+        link = self.last.detail.get("link")
+        if (
+            isinstance(link, list | tuple)
+            and len(link) == 2
+            and tuple(sorted(link)) == tuple(sorted(self.ranks))
+        ):
+            return f"link {link[0]}-{link[1]}"
+        if not self.ranks:
+            return "-"
+        word = "rank" if len(self.ranks) == 1 else "ranks"
+        return f"{word} {_ranges(self.ranks)}"
+
+    def where(self) -> str:
+        """The latest report's communicator and op (+N: on N more communicators or ops)."""
+        d = self.last
+        if d.comm is None:
+            return "-"
+        s = f"{d.comm:016x}"
+        if d.op:
+            s += f" {d.op}"
+        if d.seq is not None and not self.is_slow:
+            s += f" #{d.seq}"
+        more = len(self.comms if self.is_slow else self.sites) - 1
+        return s + (f" +{more}" if more > 0 else "")
+
+    def line(self) -> str:
+        """One human-readable line (the master's log, the live view)."""
+        conf = self.confidence
+        bits = [f"n={self.count}" if not self.is_slow else f"{self.count} periods"]
+        bits.append(f"{self.duration_s:.1f}s")
+        if self.evidence:
+            bits.append(f"by {self.evidence}")
+        if conf is not None:
+            bits.append(f"conf {conf:.2f}")
+        if self.end is not None:
+            bits.append(self.end.value + (f" by #{self.superseded_by}" if self.superseded_by else ""))
+        nodes = ", ".join(self.nodes)
+        where = self.where()
+        head = f"{self.level.name} #{self.id} {self.kind}: {self.culprit()} [{nodes}]" + (
+            f" {where}" if where != "-" else ""
+        )
+        return f"{head} ({', '.join(bits)})"
+
+    def row(self, t0_s: float | None = None) -> dict[str, Any]:
+        """The summary table's columns."""
+        first = (
+            f"+{self.first_s - t0_s:.1f}s"
+            if t0_s is not None
+            else time.strftime("%H:%M:%S", time.localtime(self.first_s))
+        )
+        conf = self.confidence
+        return {
+            "#": str(self.id),
+            "kind": self.kind,
+            "level": self.level.name,
+            "culprit": self.culprit(),
+            "node": ",".join(self.nodes) or "-",
+            "comm/op/seq": self.where(),
+            "first seen": first,
+            "duration": f"{self.duration_s:.1f}s",
+            "count": str(self.count),
+            "evidence": self.evidence or "-",
+            "confidence": "-" if conf is None else f"{conf:.2f}",
+            "end": self.end.value if self.end else "open",
+        }
+
+
+@dataclass(frozen=True)
+class Event:
+    change: Change
+    incident: Incident
+    diagnosis: Diagnosis | None = None
+    """The diagnosis that caused it (None for an end found by time)."""
+
+
+def incident_key(d: Diagnosis) -> tuple:
+    return (d.kind.value, tuple(sorted(d.ranks)))
+
+
+def _site(d: Diagnosis) -> str:
+    if d.comm is None:
+        return ""
+    return f"{d.comm:016x} {d.op or ''} #{d.seq}"
+
+
+def evidence_of(d: Diagnosis) -> str:
+    """How the culprit was localized (the engine's typed Localization where it has one)."""
+    loc = getattr(d, "localization", None)
+    how = getattr(loc, "how", None) if loc is not None else None
+    if how is not None:
+        return str(getattr(how, "value", how))
+    v = d.detail.get("localized_by")
+    return str(v) if v else ""
+
+
+def confidence_of(d: Diagnosis) -> float | None:
+    loc = getattr(d, "localization", None)
+    c = getattr(loc, "confidence", None) if loc is not None else None
+    if c is None:
+        c = d.detail.get("confidence")
+    return float(c) if isinstance(c, int | float) else None
+
+
+def _window_s(d: Diagnosis) -> float:
+    w = d.detail.get("window_s")
+    return float(w) if isinstance(w, int | float) and w > 0 else 0.0
+
+
+def _gap_s(d: Diagnosis) -> float:
+    """How long an incident may go unreported before it is over."""
+    if d.kind.value in SLOW_KINDS:
+        w = _window_s(d)
+        return RESOLVE_AFTER_PERIODS * w if w else DEFAULT_GAP_S
+    t = d.detail.get("timeout_s")
+    return RESOLVE_AFTER_T * float(t) if isinstance(t, int | float) and t > 0 else DEFAULT_GAP_S
+
+
+def _ranges(ranks: Iterable[int]) -> str:
+    """0,1,2,3,7 -> '0-3,7'."""
+    rs = sorted(set(ranks))
+    out: list[str] = []
+    i = 0
+    while i < len(rs):
+        j = i
+        while j + 1 < len(rs) and rs[j + 1] == rs[j] + 1:
+            j += 1
+        out.append(str(rs[i]) if j == i else f"{rs[i]}-{rs[j]}")
+        i = j + 1
+    return ",".join(out)
+
+
+class Incidents:
+    """Fold diagnoses (in time order) into incidents; report what changed.
+
+    Live: ``observe`` every new diagnosis, ``expire(now)`` at every tick, ``close(now)`` at the
+    end. Offline: ``fold(diagnoses, end_s)`` does all three.
+    """
+
+    def __init__(self) -> None:
+        self.all: list[Incident] = []
+        self.open: dict[tuple, Incident] = {}
+
+    def observe(self, d: Diagnosis) -> list[Event]:
+        out = self.expire(d.time_ns)
+        key = incident_key(d)
+        inc = self.open.get(key)
+        if inc is not None:
+            inc.last = d
+            inc.reports += 1
+            inc._note(d)
+            if d.level > inc.level:
+                inc.level = d.level
+                out.append(Event(Change.escalated, inc, d))
+            return out
+        inc = Incident(len(self.all) + 1, d.kind.value, d, d, d.level)
+        inc._note(d)
+        for old in self._superseded_by(d):
+            del self.open[old.key]
+            old.end, old.end_s, old.superseded_by = End.superseded, d.time, inc.id
+            out.append(Event(Change.ended, old, d))
+        self.all.append(inc)
+        self.open[key] = inc
+        out.append(Event(Change.opened, inc, d))
+        return out
+
+    def _superseded_by(self, d: Diagnosis) -> list[Incident]:
+        """Open hang-family incidents whose culprits overlap a new hang-family diagnosis's."""
+        if d.kind.value in SLOW_KINDS:
+            return []
+        new = set(d.ranks)
+        return [inc for inc in self.open.values() if not inc.is_slow and new & set(inc.ranks)]
+
+    def expire(self, now_ns: int) -> list[Event]:
+        """End the incidents whose next report is overdue at master time ``now_ns``."""
+        now = now_ns / 1e9
+        out = []
+        for key, inc in list(self.open.items()):
+            if now - inc.last.time > _gap_s(inc.last):
+                del self.open[key]
+                inc.end, inc.end_s = End.resolved, inc.last.time
+                out.append(Event(Change.ended, inc))
+        return out
+
+    def close(self, now_ns: int | None = None) -> list[Event]:
+        """The run (or the trace) ended: expire what is overdue, mark the rest open at end."""
+        out = self.expire(now_ns) if now_ns is not None else []
+        for inc in self.open.values():
+            inc.end, inc.end_s = End.open_at_end, None
+            out.append(Event(Change.ended, inc))
+        self.open.clear()
+        return out
+
+    @classmethod
+    def fold(cls, diagnoses: Iterable[Diagnosis], end_ns: int | None = None) -> list[Incident]:
+        """Every incident of a finished stream (``end_ns``: when the run or trace ended)."""
+        inc = cls()
+        for d in sorted(diagnoses, key=lambda d: d.time_ns):
+            inc.observe(d)
+        inc.close(end_ns)
+        return inc.all
+
+    def current(self) -> list[Incident]:
+        """Open incidents first (worst level first, then oldest), then the ended ones, newest first."""
+        live = sorted(self.open.values(), key=lambda i: (-i.level, i.first.time_ns))
+        done = sorted((i for i in self.all if i.end is not None), key=lambda i: -i.last.time_ns)
+        return live + done
+
+
+COLUMNS = (
+    "#",
+    "kind",
+    "level",
+    "culprit",
+    "node",
+    "comm/op/seq",
+    "first seen",
+    "duration",
+    "count",
+    "evidence",
+    "confidence",
+    "end",
+)
+
+
+def table_lines(incidents: list[Incident], t0_s: float | None = None) -> list[str]:
+    """A plain-text table: a header line, then exactly one line per incident (never wrapped)."""
+    from c4d import texttable
+
+    rows = [i.row(t0_s) for i in incidents]
+    right = ("#", "duration", "count", "confidence")
+    return texttable.lines(COLUMNS, ([r[c] for c in COLUMNS] for r in rows), right)

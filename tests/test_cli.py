@@ -1,0 +1,140 @@
+"""The command line's conventions: one-line usage errors with exit status 1, help texts with
+defaults for every option, the exit-status convention (docs/cli.md), warnings from the ranks
+surfaced by `c4d sim`, and `c4d demo`'s kept artifacts."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+
+import pytest
+
+from c4d.cli import build_parser
+from tests.conftest import c4d_cmd
+
+
+def run(*args, env=None, timeout=180) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        c4d_cmd(*args), capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})}
+    )
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        ((), "the following arguments are required: COMMAND"),
+        (("sim", "--ranks", "0"), "argument --ranks: '0' must be > 0"),
+        (("sim", "--ranks", "x"), "argument --ranks: 'x' is not a number"),
+        (("sim", "--bogus"), "unrecognized arguments: --bogus"),
+        (("sim", "--fault", "explode@rank=1"), "kind must be one of"),
+        (("sim", "--ranks", "6", "--tp", "4"), "must be a multiple of tp × pp"),
+        (("demo", "--fault", "noncomm-hang@rank=99"), "rank 99 outside 0..15"),
+        (("analyze",), "the following arguments are required: PATH"),
+        (("analyze", "/nonexistent/job.c4d"), "/nonexistent/job.c4d"),
+        (("master", "--bind", "nonsense://x"), "cannot bind nonsense://x"),
+        (("check",), "the following arguments are required"),
+        (("check", "nodes", "--nodes", "1"), "a node check needs at least 2 nodes"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_1(args, says, tmp_path):
+    p = run(*args, env={"HOME": str(tmp_path)}, timeout=60)
+    assert p.returncode == 1, (p.returncode, p.stderr)
+    assert len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert says in p.stderr and "Traceback" not in p.stderr and "usage:" not in p.stderr
+    if p.stderr.startswith(("c4d: ", "c4d sim: argument", "c4d analyze: the")):
+        assert "--help)" in p.stderr  # the hint in place of the usage block
+
+
+def _subparsers(ap: argparse.ArgumentParser, prefix: str = "c4d"):
+    yield prefix, ap
+    for a in ap._actions:
+        if isinstance(a, argparse._SubParsersAction):
+            for name, sp in a.choices.items():
+                yield from _subparsers(sp, f"{prefix} {name}")
+
+
+def test_every_option_has_help_and_its_default():
+    for name, ap in _subparsers(build_parser()):
+        fmt = ap._get_formatter()
+        for a in ap._actions:
+            if isinstance(a, argparse._HelpAction | argparse._VersionAction | argparse._SubParsersAction):
+                continue
+            what = f"{name} {'/'.join(a.option_strings) or a.dest}"
+            assert a.help, f"{what} has no help text"
+            d = a.default
+            if d is not None and d is not False and d != [] and d is not argparse.SUPPRESS:
+                assert "default" in fmt._expand_help(a), f"{what}: help does not show its default {d!r}"
+
+
+def test_help_of_sim_shows_defaults_and_the_exit_status():
+    p = run("sim", "--help")
+    assert p.returncode == 0
+    text = " ".join(p.stdout.split())
+    for want in (
+        "--ranks N ranks (processes) in the job (default: 8)",
+        "--ranks-per-node K ranks per simulated node (default: 4)",
+        "--max-seconds S stop the job after S seconds (default: 600.0)",
+        "default: 20, or 300 with --quick",
+        "exit status: 0 ok",
+    ):
+        assert want in text, want
+
+
+def test_sim_surfaces_the_ranks_warnings_about_bad_variables(libc4d, simtrain):
+    p = run("sim", "--ranks", 4, "--ranks-per-node", 2, "--steps", 5, env={"C4D_HANG_TIMEOUT": "abc"})
+    assert p.returncode == 0, p.stderr
+    warn = [line for line in p.stderr.splitlines() if "C4D_HANG_TIMEOUT" in line]
+    assert warn == [
+        "c4d WARNING every rank: c4d: C4D_HANG_TIMEOUT='abc' is not a positive integer; using 10000000"
+    ]
+
+
+def test_export_writes_hex_comm_ids(tmp_path, libc4d, simtrain):
+    import pandas as pd
+
+    tr = tmp_path / "j.c4d"
+    p = run("sim", "--ranks", 4, "--ranks-per-node", 2, "--tp", 2, "--steps", 5, "--trace", tr)
+    assert p.returncode == 0, p.stderr
+    for table in ("ops", "comms"):
+        out = tmp_path / f"{table}.parquet"
+        p = run("export", tr, out, "--table", table)
+        assert p.returncode == 0, p.stderr
+        ids = pd.read_parquet(out)["comm_id"]
+        assert ids.map(lambda s: isinstance(s, str) and len(s) == 16 and int(s, 16) > 0).all()
+    p = run("analyze", tr)
+    assert set(pd.read_parquet(tmp_path / "ops.parquet")["comm_id"]) <= set(p.stdout.split())
+
+
+@pytest.mark.slow
+def test_demo_keeps_its_trace_and_blacklist(tmp_path, libc4d, simtrain):
+    out = tmp_path / "demo"
+    p = run("demo", "--no-live", "--quick", "--out", out, timeout=300)
+    assert p.returncode == 2, p.stdout + p.stderr  # it found (and isolated) the injected hang
+    assert (out / "blacklist.txt").read_text() == "node-1\n"
+    assert f"blacklist it would apply: node-1 ({out / 'blacklist.txt'})" in p.stdout
+    row = next(line for line in p.stdout.splitlines() if line.startswith("1  RankNonCommHang"))
+    assert "ERROR" in row and "rank 6" in row
+    a = run("analyze", out / "demo.c4d", "--json")
+    assert a.returncode == 2 and any(json.loads(line)["ranks"] == [6] for line in a.stdout.splitlines())
+
+
+@pytest.mark.slow
+def test_demo_with_a_slow_fault(tmp_path, libc4d, simtrain):
+    out = tmp_path / "demo"
+    p = run("demo", "--no-live", "--quick", "--out", out, "--fault", "noncomm-slow@rank=9,step=20,factor=4")
+    assert p.returncode == 0, p.stdout + p.stderr  # INFO only: nothing at WARNING or above
+    row = next(line for line in p.stdout.splitlines() if line.startswith("1  RankNonCommSlow"))
+    assert "rank 9" in row and "node-2" in row
+    assert "blacklist it would apply: (none)" in p.stdout and not (out / "blacklist.txt").exists()
+    assert "c4d INFO #1 RankNonCommSlow: rank 9 [node-2]" in p.stderr
+
+
+def test_json_and_live_do_not_mix_on_stdout(libc4d, simtrain):
+    p = run("sim", "--quick", "--ranks", 4, "--ranks-per-node", 2, "--fault", "noncomm-hang@rank=1,step=5",
+            "--json", "--live")  # fmt: skip
+    assert p.returncode == 2, p.stderr
+    objs = [json.loads(line) for line in p.stdout.splitlines()]  # stdout is JSON lines only
+    assert objs and {o["kind"] for o in objs} == {"RankNonCommHang"} and objs[-1]["level"] == "ERROR"
+    assert "ranks by node" in p.stderr  # the view went to stderr

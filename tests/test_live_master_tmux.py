@@ -1,0 +1,137 @@
+"""`c4d master --live` in a real terminal (tmux, 80×24: the smallest common size), fed by a
+`c4d sim --master` started from another process, read with capture-pane."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from c4d.actions import blacklist
+from tests.conftest import c4d_cmd, free_port, wait_for
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.skipif(
+    shutil.which("tmux") is None, reason="tmux is installed by the README's commands"
+)
+
+
+def _tmux(*args: str) -> str:
+    return subprocess.run(["tmux", *args], capture_output=True, text=True, check=True).stdout
+
+
+class Pane:
+    def __init__(self, cmd: str, width: int = 80, height: int = 24):
+        self.session = f"c4d-{uuid.uuid4().hex[:8]}"
+        env = {**os.environ, "TERM": "xterm-256color"}
+        subprocess.run(
+            ["tmux", "new-session", "-d", "-s", self.session, "-x", str(width), "-y", str(height), "bash"],
+            check=True,
+            env=env,
+        )
+        _tmux("set-option", "-t", self.session, "remain-on-exit", "on")
+        _tmux("send-keys", "-t", self.session, cmd, "Enter")
+
+    def screen(self) -> str:
+        return _tmux("capture-pane", "-p", "-t", self.session)
+
+    def keys(self, *keys: str) -> None:
+        _tmux("send-keys", "-t", self.session, *keys)
+
+    def close(self) -> None:
+        subprocess.run(["tmux", "kill-session", "-t", self.session], capture_output=True)
+
+
+def _master(tmp_path: Path, ep: str) -> Pane:
+    cmd = (
+        f"cd {shlex.quote(str(ROOT))} && {shlex.quote(sys.executable)} -m c4d master --bind {ep} "
+        f"--trace {tmp_path}/job.c4d --blacklist {tmp_path}/bad.txt --live; echo EXIT=$?"
+    )
+    return Pane(cmd)
+
+
+def _sim(ep: str, *args: object, seconds: int = 60) -> subprocess.Popen:
+    argv = c4d_cmd("sim", "--quick", "--ranks", 8, "--ranks-per-node", 4, *args, "--master", ep)
+    return subprocess.Popen(
+        [*argv, "--max-seconds", str(seconds)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+
+
+def _grid(screen: str) -> list[str]:
+    lines = screen.splitlines()
+    start = next(i for i, line in enumerate(lines) if "ranks by node" in line)
+    return lines[start + 1].strip().strip("│").strip().split()
+
+
+def test_master_live_view_shows_a_hang_from_another_process(tmp_path, libc4d, simtrain):
+    ep = f"tcp://127.0.0.1:{free_port()}"
+    pane = _master(tmp_path, ep)
+    sim = None
+    try:
+        wait_for(lambda: "ranks by node" in pane.screen(), timeout=60, what="the live view to appear")
+        sim = _sim(ep, "--fault", "noncomm-hang@rank=3,step=5")
+
+        def blacklisted() -> str | None:
+            s = pane.screen()
+            return s if "blacklisted: node-0" in s and "ERROR #1 RankNonCommHang" in s else None
+
+        screen = wait_for(blacklisted, timeout=90, what="the ERROR and the blacklist in the live view")
+        lines = screen.splitlines()
+        assert len(lines) <= 24 and max(len(line) for line in lines) <= 80, screen
+        groups = _grid(screen)
+        assert [len(g) for g in groups] == [4, 4], screen
+        assert groups[0][3] == "H" and sum(g.count("H") for g in groups) == 1, screen  # rank 3 = node-0's 4th
+        inc = [line for line in lines if "RankNonCommHang" in line and "│" in line]
+        assert any("rank 3 [node-0]" in line for line in inc), screen
+        assert "master listening on" in screen or "blacklisted node-0" in screen  # the log panel
+        assert "communicators" in screen and "╭─ log" in screen
+        assert blacklist.read_nodes(tmp_path / "bad.txt") == ["node-0"]
+        sim.kill()
+        sim.wait(timeout=30)
+        pane.keys("C-c")
+        done = wait_for(
+            lambda: "EXIT=" in pane.screen() and pane.screen(), timeout=30, what="the master to exit"
+        )
+        assert "EXIT=2" in done, done  # it diagnosed a problem
+    finally:
+        if sim is not None and sim.poll() is None:
+            sim.kill()
+        pane.close()
+    assert (tmp_path / "job.c4d").stat().st_size > 0
+
+
+def test_master_live_view_shows_slow_ranks_by_default(tmp_path, libc4d, simtrain):
+    """INFO findings (the slow kinds) are visible without any --log-level."""
+    ep = f"tcp://127.0.0.1:{free_port()}"
+    pane = _master(tmp_path, ep)
+    sim = None
+    try:
+        wait_for(lambda: "ranks by node" in pane.screen(), timeout=60, what="the live view to appear")
+        sim = _sim(ep, "--tp", 2, "--pp", 2, "--fault", "comm-slow@rank=5,step=20,factor=4")
+
+        seen: list[str] = []
+
+        def slow() -> str | None:
+            s = pane.screen()
+            seen[:] = [s]
+            return s if re.search(r"INFO #\d+ RankCommSlow: rank 5 \[node-1\]", s) else None
+
+        try:
+            screen = wait_for(slow, timeout=90, what="the RankCommSlow incident in the live view")
+        except AssertionError as e:
+            raise AssertionError(f"{e}; last screen:\n{seen[0] if seen else ''}") from None
+        assert "INFO" in screen.split("╭─ log", 1)[-1], screen  # logged too, at the default level
+        sim.wait(timeout=90)
+        assert "blacklisted" not in pane.screen()  # slow findings never isolate
+    finally:
+        if sim is not None and sim.poll() is None:
+            sim.kill()
+        pane.keys("C-c")
+        pane.close()
