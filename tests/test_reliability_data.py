@@ -52,7 +52,7 @@ class Sender(threading.Thread):
         ctx = zmq.Context()
         s = ctx.socket(zmq.PUSH)
         s.setsockopt(zmq.SNDHWM, 1_000_000)
-        s.setsockopt(zmq.LINGER, 0)
+        s.setsockopt(zmq.LINGER, 30_000)  # at the end, what is queued goes to the last master
         s.connect(self.endpoint)
         reg = np.zeros(1, schema.REGISTER)
         reg["kind"], reg["version"], reg["world_size"], reg["hang_timeout_us"] = (
@@ -120,6 +120,10 @@ def test_kill_9_at_20_random_moments_loses_only_batches_in_flight(tmp_path):
             m.stop()
         last = MasterProc(tmp_path, port=port, name="last", metrics=False)  # takes what queued meanwhile
         traces.append(last.trace)
+        resumed = sender.count()
+        wait_for(
+            lambda: len(_batches(last.trace)[0]) and _batches(last.trace)[0][-1] >= resumed, 60, "delivery"
+        )
         sender.stop.set()
         sender.join(10)
         total = sender.count()
