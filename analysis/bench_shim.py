@@ -17,6 +17,11 @@ Variants with the shim:
     cheaper drop-and-count path (queue full); the table says how many.
 (Records that ZeroMQ refuses later, on the agent thread, cost the caller nothing.)
 The target is < 1000 ns added per call.
+
+    python analysis/bench_shim.py --baseline OTHER/libc4d.so   # e.g. main's build, side by side
+
+``--baseline`` adds that library's full path as one more interleaved variant, so a change to
+the hot path is measured against the previous shim under the same machine noise.
 """
 
 from __future__ import annotations
@@ -70,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calls", type=int, default=200_000, help="NCCL calls per bench process")
     ap.add_argument("--repeats", type=int, default=5, help="interleaved runs of each variant")
+    ap.add_argument("--baseline", type=Path, help="another libc4d.so, measured side by side (full path)")
     args = ap.parse_args(argv)
 
     simtrain, lib = native.simtrain_path(), native.lib_path()
@@ -83,6 +89,9 @@ def main(argv: list[str] | None = None) -> int:
         "shim, full path": dict(shim, C4D_QUEUE_CAPACITY=str(pow2), C4D_EVENT_POOL=str(2 * pow2)),
         "shim, default config": shim,
     }
+    if args.baseline:
+        full = variants["shim, full path"]
+        variants["baseline, full path"] = dict(full, LD_PRELOAD=str(args.baseline))
     ns: dict[str, list[float]] = {k: [] for k in variants}
     dropped: dict[str, list[int]] = {k: [] for k in variants}
     for _ in range(args.repeats):
@@ -106,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
             "" if name == "without shim" else f"{statistics.median(dropped[name]):.0f}",
         )
     Console().print(table)
-    worst = max(statistics.median(v) for v in ns.values()) - plain
+    worst = max(statistics.median(v) for k, v in ns.items() if not k.startswith("baseline")) - plain
     print(f"added per call: {worst:.0f} ns (target < 1000 ns): {'ok' if worst < 1000 else 'OVER'}")
     return 0 if worst < 1000 else 1
 

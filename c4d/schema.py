@@ -7,7 +7,8 @@ per record. tests/test_schema.py compiles a probe against the C header and check
 every size and offset here byte for byte.
 
 Version rule (same as the header): SCHEMA_VERSION changes when a field moves,
-changes type or meaning; old versions are normalised in ``upgrade`` only.
+changes type or meaning; old versions are normalised in ``upgrade`` only. A new record
+kind or a new value of an enum field (a comm event) does not bump it.
 """
 
 from __future__ import annotations
@@ -72,6 +73,9 @@ class CommEvent(enum.IntEnum):
     FINALIZE = 7
     DESTROY = 8
     ABORT = 9
+    REVOKE = 10  # ncclCommRevoke: in-flight ops stopped; the comm stays until destroyed
+    SUSPEND = 11  # ncclCommSuspend: no ops until RESUME
+    RESUME = 12
 
 
 # ncclDataType_t -> bytes per element (nccl_abi.h: c4d_dtype_size)

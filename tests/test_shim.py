@@ -41,8 +41,10 @@ EXPECTED_EXPORTS = {
             "AllReduce", "Broadcast", "Bcast", "Reduce", "AllGather", "ReduceScatter", "AlltoAll", "Gather",
             "Scatter", "AllReduceConfig", "BroadcastConfig", "ReduceConfig", "AllGatherConfig",
             "ReduceScatterConfig", "AlltoAllConfig", "GatherConfig", "ScatterConfig", "Send", "Recv",
-            "GroupStart", "GroupEnd", "CommInitRank", "CommInitRankConfig", "CommInitRankScalable",
-            "CommInitAll", "CommSplit", "CommShrink", "CommFinalize", "CommDestroy", "CommAbort",
+            "GroupStart", "GroupEnd", "GroupSimulateEnd", "CommInitRank", "CommInitRankConfig",
+            "CommInitRankScalable", "CommInitAll", "CommSplit", "CommShrink", "CommFinalize", "CommDestroy",
+            "CommAbort", "CommGetAsyncError", "CommRevoke", "CommSuspend", "CommResume", "CommGrow",
+            "PutSignal", "Signal", "WaitSignal",
         ]
     ),
     "c4d_version",
@@ -81,10 +83,15 @@ def preload(lib: Path) -> str:
 
 
 def base_env(lib: Path | None, **extra: str) -> dict[str, str]:
+    """Environment of a rank process; lib None: no shim (a sanitizer run still preloads its
+    runtime, which must come first in any process that loads an instrumented library)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("C4D_") or k == "C4D_NATIVE_DIR"}
     env.update(ASAN_OPTIONS="detect_leaks=0", C4D_LIBZMQ=pyzmq_libzmq())
+    prefix = os.environ.get("C4D_TEST_PRELOAD_PREFIX", "").strip()
     if lib is not None:
         env["LD_PRELOAD"] = preload(lib)
+    elif prefix:
+        env["LD_PRELOAD"] = prefix
     env.update(extra)
     return env
 
@@ -587,6 +594,116 @@ def test_bcast_is_one_broadcast_and_groups_share_events(libc4d, simnccl_dir, mas
     assert any("Broadcast" in ln and "count=1 " in ln for ln in stats), p.stderr
 
 
+def test_group_simulate_end_leaves_no_op_behind(libc4d, simnccl_dir, master):
+    """ncclGroupSimulateEnd ends the group without launching it: the shim's group depth comes
+    back down, the simulated ops are neither numbered nor recorded (NCCL runs none of them),
+    and the ops after it are ordinary ops, timed and done (no false hang)."""
+    body = """
+    class SimInfo(ctypes.Structure):
+        _fields_ = [("size", ctypes.c_size_t), ("magic", ctypes.c_uint), ("version", ctypes.c_uint),
+                    ("estimatedTime", ctypes.c_float)]
+    comm = new_comm()
+    s = new_stream()
+    info = SimInfo(ctypes.sizeof(SimInfo), 0x74685283, 23102, -1.0)
+    check(g.ncclGroupStart(), "ncclGroupStart")
+    check(g.ncclAllReduce(buf, out, 64, F32, 0, comm, s), "grouped ncclAllReduce")
+    check(g.ncclSend(buf, 8, F32, 0, comm, s), "grouped ncclSend")
+    check(g.ncclRecv(out, 8, F32, 0, comm, s), "grouped ncclRecv")
+    check(g.ncclGroupSimulateEnd(ctypes.byref(info)), "ncclGroupSimulateEnd")
+    assert info.estimatedTime >= 0, info.estimatedTime
+    for _ in range(2):
+        check(g.ncclAllReduce(buf, out, 64, F32, 0, comm, s), "ncclAllReduce")
+    check(g.ncclGroupStart(), "ncclGroupStart")
+    check(g.ncclSend(buf, 8, F32, 0, comm, s), "ncclSend")
+    check(g.ncclRecv(out, 8, F32, 0, comm, s), "ncclRecv")
+    check(g.ncclGroupEnd(), "ncclGroupEnd")
+    check(g.cudaStreamSynchronize(s), "sync")
+    check(g.ncclCommDestroy(comm), "ncclCommDestroy")
+    """
+    env = base_env(libc4d, C4D_MASTER_ADDR=master.endpoint, C4D_HEARTBEAT_MS="50")
+    p = run_driver(simnccl_dir, body, env)
+    assert p.returncode == 0, p.stderr
+    wait_records(master, lambda r: (r[schema.Kind.HEARTBEAT]["hb_flags"] & schema.HBF_FINAL).any(), "FINAL")
+    recs = master.records()
+    ops = recs[schema.Kind.OP]
+    ops = ops[np.argsort(ops["issue_ns"])]
+    assert [schema.Op(int(o)).name for o in ops["op"]] == ["AllReduce", "AllReduce", "Send", "Recv"]
+    assert ops["seq"].tolist() == [0, 1, 0, 0], "simulated ops take no sequence numbers"
+    assert (ops["flags"] & schema.OpFlag.IN_GROUP != 0).tolist() == [False, False, True, True]
+    assert (ops["flags"] & schema.OpFlag.DEVICE_TIMING != 0).all()
+    hb = recs[schema.Kind.HEARTBEAT]
+    final = hb[(hb["hb_flags"] & schema.HBF_FINAL) != 0]
+    assert (final["pend_seq"] == schema.UINT64_MAX).all(), "nothing left pending"
+    proc = final[final["comm_id"] == 0]
+    assert proc["n_issued"].tolist() == proc["n_done"].tolist() == [4]
+
+
+def test_a_group_of_300_ops_is_timed_whole(libc4d, simnccl_dir, master):
+    """Every op of a 300-op group shares the group's events (none reported done at enqueue
+    with host times only, as past a fixed 256-op table)."""
+    body = """
+    comm = new_comm()
+    s = new_stream()
+    check(g.ncclGroupStart(), "ncclGroupStart")
+    for _ in range(300):
+        check(g.ncclAllReduce(buf, out, 64, F32, 0, comm, s), "grouped ncclAllReduce")
+    check(g.ncclGroupEnd(), "ncclGroupEnd")
+    check(g.cudaStreamSynchronize(s), "sync")
+    check(g.ncclCommDestroy(comm), "ncclCommDestroy")
+    """
+    p = run_driver(simnccl_dir, body, base_env(libc4d, C4D_MASTER_ADDR=master.endpoint))
+    assert p.returncode == 0, p.stderr
+    wait_records(master, lambda r: len(r[schema.Kind.OP]) == 300, "300 op records")
+    ops = master.records()[schema.Kind.OP]
+    assert sorted(ops["seq"].tolist()) == list(range(300)) and len(set(ops["group_id"].tolist())) == 1
+    assert (ops["flags"] & schema.OpFlag.DEVICE_TIMING != 0).all()
+    assert (ops["flags"] & (schema.OpFlag.NO_EVENT | schema.OpFlag.EVENT_ERROR) == 0).all()
+    assert len(set(zip(ops["start_ns"].tolist(), ops["end_ns"].tolist(), strict=True))) == 1
+
+
+def test_revoke_suspend_resume_are_recorded_grow_and_rma_named_once(libc4d, simnccl_dir, master):
+    """ncclCommSuspend/Resume/Revoke pass through with a COMM record each; ncclCommGrow and the
+    one-sided ncclPutSignal/ncclSignal/ncclWaitSignal pass through untracked, and the blind
+    spot is said once per process. Return codes are NCCL's own, with the shim or without."""
+    body = """
+    comm = new_comm()
+    s = new_stream()
+    got = []
+    got.append(g.ncclAllReduce(buf, out, 64, F32, 0, comm, s))
+    got.append(g.ncclCommSuspend(comm, 1))
+    got.append(g.ncclAllReduce(buf, out, 64, F32, 0, comm, s))  # refused while suspended
+    got.append(g.ncclCommResume(comm))
+    got.append(g.ncclAllReduce(buf, out, 64, F32, 0, comm, s))
+    check(g.cudaStreamSynchronize(s), "sync")
+    got.append(g.ncclCommRevoke(comm, 0))
+    state = ctypes.c_int(7)
+    while state.value == 7:  # in progress until quiescent
+        check(g.ncclCommGetAsyncError(comm, ctypes.byref(state)), "ncclCommGetAsyncError")
+    got.append(g.ncclAllReduce(buf, out, 64, F32, 0, comm, s))  # refused once revoked
+    grown = ctypes.c_void_p()
+    for _ in range(2):
+        got.append(g.ncclCommGrow(comm, 2, None, -1, ctypes.byref(grown), None))
+        got.append(g.ncclPutSignal(buf, 8, F32, 0, None, ctypes.c_size_t(0), 0, 0, 0, comm, s))
+        got.append(g.ncclSignal(0, 0, 0, 0, comm, s))
+        got.append(g.ncclWaitSignal(0, None, comm, s))
+    check(g.ncclCommDestroy(comm), "ncclCommDestroy")
+    print(got)
+    """
+    plain = run_driver(simnccl_dir, body, base_env(None))
+    assert plain.returncode == 0, plain.stderr
+    env = base_env(libc4d, C4D_MASTER_ADDR=master.endpoint, C4D_HEARTBEAT_MS="50")
+    p = run_driver(simnccl_dir, body, env)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout == plain.stdout == "[0, 0, 5, 0, 0, 0, 5, 5, 5, 5, 5, 5, 5, 5, 5]\n"
+    assert p.stderr.count("c4d: ncclCommGrow: communicators made by growing are not tracked") == 1, p.stderr
+    assert p.stderr.count("c4d: ncclPutSignal/ncclSignal/ncclWaitSignal (one-sided RMA)") == 1, p.stderr
+    wait_records(master, lambda r: (r[schema.Kind.HEARTBEAT]["hb_flags"] & schema.HBF_FINAL).any(), "FINAL")
+    comm = master.records()[schema.Kind.COMM]
+    events = [schema.CommEvent(int(e)).name for e in comm["event"]]
+    assert events == ["INIT_RANK", "SUSPEND", "RESUME", "REVOKE", "DESTROY"]
+    assert comm["result"].tolist() == [0, 0, 0, 0, 0] and len(set(comm["comm_id"].tolist())) == 1
+
+
 def test_fork_child_records_on_its_own(libc4d, simnccl_dir, master):
     if "tsan" in os.environ.get("C4D_TEST_PRELOAD_PREFIX", ""):
         pytest.skip("ThreadSanitizer does not support fork() in a multi-threaded process")
@@ -653,6 +770,55 @@ def test_libzmq_found_beside_an_installed_package(libc4d, simnccl_dir, master, t
     wait_records(master, lambda r: len(r[schema.Kind.OP]) == 1, "the op record")
 
 
+def test_nccl_linked_into_a_library_loaded_rtld_local(libc4d, simnccl_dir, master):
+    """NCCL inside the library that calls it, loaded RTLD_LOCAL (a source build of PyTorch:
+    NCCL static in libtorch_cuda.so, which Python dlopens locally). The library's calls reach
+    the preloaded hooks; RTLD_NEXT and libnccl.so.2 find nothing, so the shim finds NCCL in
+    the calling object (dladdr on the return address), says once which NCCL it bound, and
+    records the ops (the CUDA runtime linked in beside it gives device timing)."""
+    lib = simnccl_dir.parent / "tests" / "libsimnccl-framework.so"
+    job = f"c4dshim-{uuid.uuid4().hex[:10]}"
+    code = f"import ctypes, sys; sys.exit(ctypes.CDLL({str(lib)!r}).framework_allreduce_loop(5))"
+    env = base_env(libc4d, C4D_MASTER_ADDR=master.endpoint, RANK="0", WORLD_SIZE="1", SIMNCCL_JOB=job)
+    try:
+        p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    finally:
+        for f in glob.glob(f"/dev/shm/simnccl-{job}*"):
+            os.unlink(f)
+    assert p.returncode == 0, (p.returncode, p.stderr)
+    bound = [ln for ln in p.stderr.splitlines() if " bound from " in ln]
+    assert bound == [f"c4d: NCCL 2.31.2 bound from {lib} (the calling object)"], p.stderr
+    wait_records(master, lambda r: (r[schema.Kind.HEARTBEAT]["hb_flags"] & schema.HBF_FINAL).any(), "FINAL")
+    ops = master.records()[schema.Kind.OP]
+    assert ops["seq"].tolist() == [0, 1, 2, 3, 4] and (ops["result"] == 0).all()
+    assert (ops["flags"] & schema.OpFlag.DEVICE_TIMING != 0).all()
+
+    # The hooks called from elsewhere (here ctypes through the global scope): NCCL is found in
+    # whichever loaded object defines it (dl_iterate_phdr).
+    code = textwrap.dedent(
+        f"""
+        import ctypes, sys
+        fw, g = ctypes.CDLL({str(lib)!r}), ctypes.CDLL(None)
+        class UID(ctypes.Structure):
+            _fields_ = [("internal", ctypes.c_char * 128)]
+        uid, comm, s = UID(), ctypes.c_void_p(), ctypes.c_void_p()
+        assert fw.ncclGetUniqueId(ctypes.byref(uid)) == 0 and fw.cudaStreamCreate(ctypes.byref(s)) == 0
+        assert g.ncclCommInitRank(ctypes.byref(comm), 1, uid, 0) == 0
+        buf = (ctypes.c_float * 8)()
+        assert g.ncclAllReduce(buf, buf, 8, 7, 0, comm, s) == 0 and fw.cudaStreamSynchronize(s) == 0
+        assert g.ncclCommDestroy(comm) == 0
+        """
+    )
+    env["SIMNCCL_JOB"] = job = f"c4dshim-{uuid.uuid4().hex[:10]}"
+    try:
+        p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    finally:
+        for f in glob.glob(f"/dev/shm/simnccl-{job}*"):
+            os.unlink(f)
+    assert p.returncode == 0, (p.returncode, p.stderr)
+    assert f"c4d: NCCL 2.31.2 bound from {lib} (a loaded object)" in p.stderr.splitlines(), p.stderr
+
+
 def test_lifecycle_records_init_all_shrink_finalize_abort(libc4d, simnccl_dir, master):
     body = """
     comms = (ctypes.c_void_p * 2)()
@@ -704,6 +870,142 @@ def test_lifecycle_records_init_all_shrink_finalize_abort(libc4d, simnccl_dir, m
     assert ops["device"].tolist() == [0, 1, 0]  # each device has its own events and anchors
     assert (ops["flags"] & schema.OpFlag.DEVICE_TIMING != 0).all()
     assert ops["group_id"][0] == ops["group_id"][1] > 0 and ops["group_id"][2] == 0
+
+
+def test_graph_capture_survives_the_agent_and_is_named_once(libc4d, simnccl_dir, master):
+    """The application captures an all-reduce into a CUDA graph (global mode, PyTorch's
+    default) while the agent polls the events of an eager op on another stream. The agent
+    works in relaxed capture mode, so the capture is not invalidated; the captured op is
+    not numbered (NCCL numbers no replay), its replays run, and the blind spot is said once."""
+    body = """
+    import time
+    g.simLaunchCompute.argtypes = [ctypes.c_void_p, ctypes.c_uint64]
+    comm = new_comm()
+    eager, cap = new_stream(), new_stream()
+    check(g.simLaunchCompute(eager, 400_000_000), "simLaunchCompute")  # its op stays pending 0.4 s
+    check(g.ncclAllReduce(buf, out, 64, F32, 0, comm, eager), "eager ncclAllReduce")
+    time.sleep(0.05)  # the agent is polling its events now
+    check(g.cudaStreamBeginCapture(cap, 0), "cudaStreamBeginCapture")  # cudaStreamCaptureModeGlobal
+    status = ctypes.c_int()
+    check(g.cudaStreamIsCapturing(cap, ctypes.byref(status)), "cudaStreamIsCapturing")
+    assert status.value == 1, status.value
+    check(g.ncclAllReduce(buf, out, 64, F32, 0, comm, cap), "captured ncclAllReduce")
+    time.sleep(0.2)  # ~40 agent polls of the eager op's events
+    graph, exe = ctypes.c_void_p(), ctypes.c_void_p()
+    check(g.cudaStreamEndCapture(cap, ctypes.byref(graph)), "cudaStreamEndCapture")
+    check(g.cudaGraphInstantiate(ctypes.byref(exe), graph, ctypes.c_ulonglong(0)), "cudaGraphInstantiate")
+    for i in range(3):
+        buf[0] = float(i + 1)
+        check(g.cudaGraphLaunch(exe, cap), "cudaGraphLaunch")
+        check(g.cudaStreamSynchronize(cap), "sync")
+        assert out[0] == float(i + 1), (i, out[0])  # a 1-rank all-reduce copies
+    check(g.ncclAllReduce(buf, out, 64, F32, 0, comm, cap), "eager ncclAllReduce after the graph")
+    check(g.cudaStreamSynchronize(eager), "sync")
+    check(g.cudaStreamSynchronize(cap), "sync")
+    check(g.cudaGraphExecDestroy(exe), "cudaGraphExecDestroy")
+    check(g.cudaGraphDestroy(graph), "cudaGraphDestroy")
+    check(g.ncclCommDestroy(comm), "ncclCommDestroy")
+    """
+    env = base_env(libc4d, C4D_MASTER_ADDR=master.endpoint, C4D_HEARTBEAT_MS="50")
+    p = run_driver(simnccl_dir, body, env)
+    assert p.returncode == 0, p.stderr
+    assert p.stderr.count("capturing stream go into a CUDA graph") == 1, p.stderr
+    assert "; 1 ops captured into CUDA graphs" in p.stderr
+    wait_records(master, lambda r: (r[schema.Kind.HEARTBEAT]["hb_flags"] & schema.HBF_FINAL).any(), "FINAL")
+    ops = master.records()[schema.Kind.OP]
+    ops = ops[np.argsort(ops["issue_ns"])]
+    assert ops["seq"].tolist() == [0, 1], "the captured op took no sequence number"
+    assert (ops["flags"] & schema.OpFlag.DEVICE_TIMING != 0).all()
+    assert ops["end_ns"][0] - ops["issue_ns"][0] > 300_000_000, "the eager op waited for its stream"
+
+
+def test_agent_creates_no_context_on_another_device(libc4d, simnccl_dir, master, tmp_path):
+    """8 devices visible, this process drives devices 3 and 5 (one ncclCommInitAll clique).
+    The agent sets the device of the events it polls, so CUDA contexts exist on 3 and 5
+    only: a thread that never calls cudaSetDevice works on device 0, and on real GPUs its
+    first CUDA call there costs every rank ~500 MiB of GPU 0 (simnccl notes contexts)."""
+    body = """
+    check(g.cudaSetDevice(3), "cudaSetDevice")
+    comms = (ctypes.c_void_p * 2)()
+    check(g.ncclCommInitAll(comms, 2, (ctypes.c_int * 2)(3, 5)), "ncclCommInitAll")
+    c = [ctypes.c_void_p(x) for x in comms]
+    s = [new_stream()]
+    check(g.cudaSetDevice(5), "cudaSetDevice")
+    s.append(new_stream())
+    check(g.cudaSetDevice(3), "cudaSetDevice")
+    for _ in range(20):
+        check(g.ncclGroupStart(), "ncclGroupStart")
+        for i in range(2):
+            check(g.ncclAllReduce(buf, out, 64, F32, 0, c[i], s[i]), "ncclAllReduce")
+        check(g.ncclGroupEnd(), "ncclGroupEnd")
+        for i in range(2):
+            check(g.cudaStreamSynchronize(s[i]), "sync")
+    for i in range(2):
+        check(g.ncclCommDestroy(c[i]), "ncclCommDestroy")
+    """
+    dump = tmp_path / "contexts"
+    env = base_env(libc4d, C4D_MASTER_ADDR=master.endpoint, SIMNCCL_NUM_DEVICES="8")
+    env["SIMNCCL_CONTEXT_DUMP"] = str(dump)
+    p = run_driver(simnccl_dir, body, env)
+    assert p.returncode == 0, p.stderr
+    assert dump.read_text() == "contexts 3 5\n"
+    wait_records(master, lambda r: (r[schema.Kind.HEARTBEAT]["hb_flags"] & schema.HBF_FINAL).any(), "FINAL")
+    ops = master.records()[schema.Kind.OP]
+    assert len(ops) == 40 and sorted(set(ops["device"].tolist())) == [3, 5]
+    assert (ops["flags"] & schema.OpFlag.DEVICE_TIMING != 0).all(), "events polled on their own devices"
+
+
+NONBLOCKING = ["--nonblocking", "--compute-us", "0", "--dp-bytes", str(1 << 20)]
+NONBLOCKING += ["--tp-bytes", "4", "--pp-bytes", "4"]
+SLOW_LINK = {"SIMNCCL_INTRA_GBPS": "0.1", "SIMNCCL_JITTER": "0"}  # a 1 MiB all-reduce: ~10.5 ms modeled
+
+
+def test_nonblocking_comm_ops_are_timed_once_launched(libc4d, simtrain, master, jobs, tmp_path):
+    """Nonblocking communicators (ncclConfig_t.blocking = 0): every call returns ncclInProgress
+    and NCCL's helper thread launches the kernels later; the driver polls
+    ncclCommGetAsyncError as PyTorch does. The end events are recorded once the comm says the
+    launch is done, so the all-reduces last their modeled ~10.5 ms, not ~0; and the shim asks
+    nothing of a comm in progress (NCCL would WARN and ncclGetLastError would say so)."""
+    world, args = 2, train(6, 1, 1, *NONBLOCKING)
+    plain = run_job(jobs, simtrain, world, args, base_env(None, **SLOW_LINK), tmp_path)
+    assert plain.wait(120) == [0] * world, [plain.stderr(r) for r in range(world)]
+    env = base_env(libc4d, C4D_MASTER_ADDR=master.endpoint, **SLOW_LINK)
+    job = run_job(jobs, simtrain, world, args, env, tmp_path)
+    assert job.wait(120) == [0] * world, [job.stderr(r) for r in range(world)]
+    for r in range(world):
+        assert job.stdout(r) == plain.stdout(r) == "nccl last error: ''\n"
+        assert "simnccl:" not in job.stderr(r), job.stderr(r)
+    wait_records(master, final_seen({p.pid for p in job.procs}), "the FINAL heartbeat of every rank")
+    ops = master.records()[schema.Kind.OP]
+    ar = ops[ops["op"] == schema.Op.AllReduce]
+    assert len(ar) == world * 6 and (ar["result"] == 0).all(), "the settled result, not ncclInProgress"
+    assert (ar["flags"] & schema.OpFlag.DEVICE_TIMING != 0).all()
+    ms = (ar["end_ns"].astype(np.int64) - ar["start_ns"].astype(np.int64)) / 1e6
+    assert (ms > 8).all(), ms
+
+
+def test_nonblocking_hang_is_blamed_on_the_hung_op(libc4d, simtrain, master, jobs, tmp_path):
+    """The link between the two ranks hangs at step 3 on nonblocking communicators: the
+    heartbeats name step 3's all-reduce as arrived and not done (recording its end event
+    when the call returned would have put it before the kernel: done at once, nothing pending)."""
+    env = base_env(libc4d, C4D_MASTER_ADDR=master.endpoint, C4D_HEARTBEAT_MS="50",
+                   SIMNCCL_FAULTS="comm-hang@link=0-1,step=3", **SLOW_LINK)  # fmt: skip
+    job = run_job(jobs, simtrain, 2, train(50, 1, 1, *NONBLOCKING, "--progress"), env, tmp_path)
+
+    def stuck(recs):
+        hb = recs[schema.Kind.HEARTBEAT]
+        hb = hb[(hb["comm_id"] != 0) & (hb["comm_nranks"] == 2) & (hb["n_issued"] > 0) & (hb["rank"] == 0)]
+        if not len(hb):
+            return None
+        last = hb[np.argmax(hb["time_ns"])]
+        late = time.time_ns() - int(last["pend_start_ns"]) > 300_000_000
+        return last if last["pend_seq"] != schema.UINT64_MAX and last["pend_start_ns"] > 0 and late else None
+
+    hb = wait_records(master, stuck, "rank 0's data-parallel all-reduce stuck", timeout=60)
+    job.kill()
+    assert (hb["pend_seq"], hb["pend_op"]) == (3, schema.Op.AllReduce)
+    assert hb["n_done"] == 3 and hb["n_arrived"] == hb["n_issued"] == 4
+    assert "step 2 done" in job.stderr(0) and "step 3 done" not in job.stderr(0)
 
 
 def test_heartbeats_name_the_pending_op_of_a_hung_rank(libc4d, simtrain, master, jobs, tmp_path):

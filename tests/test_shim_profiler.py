@@ -52,8 +52,11 @@ def jobs():
 
 
 def plugin_env(libc4d, master: Master, **extra: str) -> dict[str, str]:
+    """One rank per node unless told otherwise: NCCL (and simnccl) emit ProxyOps for network
+    transfers only, so per-peer progress needs ranks on different nodes."""
     env = base_env(libc4d, C4D_MASTER_ADDR=master.endpoint, C4D_HEARTBEAT_MS="50", **extra)
     env.setdefault("NCCL_PROFILER_PLUGIN", "STATIC_PLUGIN")
+    env.setdefault("SIMNCCL_RANKS_PER_NODE", "1")
     return env
 
 
@@ -98,9 +101,94 @@ def test_exports_the_plugin_as_data_symbols(libc4d):
         "print(v5.name.decode(), all(getattr(v5, f) for f, _ in P._fields_[1:]),"
         " [getattr(v5, f) for f, _ in P._fields_[1:]] == [getattr(v6, f) for f, _ in P._fields_[1:]])\n"
     )
-    p = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    p = subprocess.run(
+        [sys.executable, "-c", probe], env=base_env(None), capture_output=True, text=True, timeout=60
+    )
     assert p.returncode == 0, p.stderr
     assert p.stdout.split() == ["c4d", "True", "True"]
+
+
+REAL_ORDER_DRIVER = textwrap.dedent(
+    """
+    import ctypes, os, sys, threading
+    lib = ctypes.CDLL(os.environ["LIBC4D"])
+    V = ctypes.c_void_p
+    class Coll(ctypes.Structure):
+        _fields_ = [("seqNumber", ctypes.c_uint64), ("func", ctypes.c_char_p), ("sendBuff", V),
+                    ("recvBuff", V), ("count", ctypes.c_size_t), ("root", ctypes.c_int),
+                    ("datatype", ctypes.c_char_p), ("nChannels", ctypes.c_uint8), ("nWarps", ctypes.c_uint8),
+                    ("algo", ctypes.c_char_p), ("proto", ctypes.c_char_p), ("parentGroup", V)]
+    class ProxyOp(ctypes.Structure):
+        _fields_ = [("pid", ctypes.c_int), ("channelId", ctypes.c_uint8), ("peer", ctypes.c_int),
+                    ("nSteps", ctypes.c_int), ("chunkSize", ctypes.c_int), ("isSend", ctypes.c_int)]
+    class Step(ctypes.Structure):
+        _fields_ = [("step", ctypes.c_int)]
+    class U(ctypes.Union):
+        _fields_ = [("coll", Coll), ("proxyOp", ProxyOp), ("proxyStep", Step), ("pad", ctypes.c_char * 128)]
+    class Descr(ctypes.Structure):
+        _fields_ = [("type", ctypes.c_uint64), ("parentObj", V), ("rank", ctypes.c_int), ("u", U)]
+    INIT = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(V), ctypes.c_uint64, ctypes.POINTER(ctypes.c_int),
+                            ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, V)
+    START = ctypes.CFUNCTYPE(ctypes.c_int, V, ctypes.POINTER(V), ctypes.POINTER(Descr))
+    STOP = ctypes.CFUNCTYPE(ctypes.c_int, V)
+    STATE = ctypes.CFUNCTYPE(ctypes.c_int, V, ctypes.c_int, ctypes.POINTER(ctypes.c_size_t))
+    class Api(ctypes.Structure):
+        _fields_ = [("name", ctypes.c_char_p), ("init", INIT), ("start", START), ("stop", STOP),
+                    ("state", STATE), ("finalize", STOP)]
+    api = Api.in_dll(lib, "ncclProfiler_v6")
+    ctx, mask = V(), ctypes.c_int()
+    assert api.init(ctypes.byref(ctx), 0xC0FFEE, ctypes.byref(mask), b"c", 2, 2, 0, None) == 0
+    assert mask.value & (2 | 8 | 16), mask.value  # Coll, ProxyOp, ProxyStep
+    def start(d):
+        h = V()
+        assert api.start(ctx, ctypes.byref(h), ctypes.byref(d)) == 0
+        return h
+    for seq in range(3):
+        # launching thread (enqueue.cc hostStreamPlanTask): task start, proxy ops posted, task stop
+        coll = Descr(type=2, rank=0)
+        coll.u.coll = Coll(seqNumber=seq, func=b"AllReduce", count=1024, root=-1, datatype=b"ncclFloat32",
+                           nChannels=1, algo=b"RING", proto=b"SIMPLE")
+        task = start(coll)
+        assert task.value, "the Coll event is tracked"
+        assert api.stop(task) == 0
+        def proxy():  # proxy progress thread (proxy.cc): ProxyOps start after the task stopped
+            for send in (1, 0):
+                d = Descr(type=8, parentObj=task, rank=0)
+                d.u.proxyOp = ProxyOp(pid=os.getpid(), peer=1, nSteps=2, chunkSize=2048, isSend=send)
+                op = start(d)
+                for s in range(2):
+                    st = Descr(type=16, parentObj=op, rank=0)
+                    st.u.proxyStep = Step(step=s)
+                    h = start(st)
+                    size = ctypes.c_size_t(2048)
+                    assert api.state(h, 9 if send else 10, ctypes.byref(size)) == 0
+                    assert api.stop(h) == 0
+                assert api.stop(op) == 0
+        t = threading.Thread(target=proxy)
+        t.start()
+        t.join()
+    assert api.finalize(ctx) == 0
+    """
+)
+
+
+def test_peer_records_when_tasks_stop_before_their_proxy_ops(libc4d, master):
+    """The plugin driven by hand in NCCL 2.30.7's order: Coll start, Coll stop on the
+    launching thread, then ProxyOps (parentObj = the stopped Coll) and their steps on another
+    thread. Every transfer comes back as a done PEER record (a plugin that frees the task at
+    its stopEvent tracks none of them)."""
+    env = base_env(None, C4D_MASTER_ADDR=master.endpoint, RANK="0", WORLD_SIZE="1", LIBC4D=str(libc4d))
+    p = subprocess.run([sys.executable, "-c", REAL_ORDER_DRIVER], env=env, capture_output=True, text=True,
+                       timeout=60)  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    assert profiler_counts(p.stderr) == (6, 6, 0), p.stderr
+    wait_records(master, lambda r: len(r[schema.Kind.PEER]) == 6, "six PEER records")
+    peer = master.records()[schema.Kind.PEER]
+    assert (peer["done"] == 1).all() and (peer["comm_id"] == 0xC0FFEE).all()
+    got = sorted((int(r["seq"]), int(r["direction"]), int(r["state"])) for r in peer)
+    assert got == sorted((seq, d, 9 if d == 0 else 10) for seq in range(3) for d in (0, 1))
+    assert (peer["steps_done"] == 2).all() and (peer["steps_total"] == 2).all()
+    assert (peer["bytes_done"] == 4096).all() and (peer["peer"] == 1).all()
 
 
 # ------------------------------------------------------------------ a healthy job
@@ -158,6 +246,30 @@ def test_peer_records_for_every_transfer_with_the_ops_seqs(libc4d, simtrain, mas
         assert summary(job.stderr(r))[1] == 0
 
 
+def test_intra_node_transfers_have_no_peer_records(libc4d, simtrain, master, jobs, tmp_path):
+    """4 ranks per node, tp2 pp2 on 8 ranks: tensor- and data-parallel pairs share a node
+    (NVLink/P2P: no proxy, so NCCL emits no ProxyOp), pipeline pairs cross nodes. PEER
+    records exist for the pipeline's Send/Recv only; the engine falls back on arrival times
+    and cross-comm evidence for the rest."""
+    world = 8
+    env = plugin_env(libc4d, master, SIMNCCL_RANKS_PER_NODE="4")
+    job = run_job(jobs, simtrain, world, train(4, 2, 2), env, tmp_path)
+    assert job.wait(180) == [0] * world, [job.stderr(r) for r in range(world)]
+    wait_records(master, final_seen({p.pid for p in job.procs}), "the FINAL heartbeat of every rank")
+    recs = master.records()
+    ops, peer, mem = recs[schema.Kind.OP], recs[schema.Kind.PEER], members(recs)
+    done = peer[peer["done"] == 1]
+    assert len(done) > 0 and (done["op"] >= schema.Op.Send).all()
+    assert all((link(r, mem)[0] < 4) != (link(r, mem)[1] < 4) for r in done), "only links across nodes"
+    p2p = ops[ops["op"] >= schema.Op.Send]
+    assert {(int(o["rank"]), int(o["comm_id"]), int(o["seq"]), int(o["op"])) for o in p2p} == {
+        (int(r["rank"]), int(r["comm_id"]), int(r["seq"]), int(r["op"])) for r in done
+    }
+    for r in range(world):
+        tracked, _, untracked = profiler_counts(job.stderr(r))
+        assert untracked == 0 and tracked == np.count_nonzero(done["rank"] == r)
+
+
 def test_verify_passes_with_the_plugin_on(libc4d, simtrain, master, jobs, tmp_path):
     """Every collective checked bit for bit by the driver while the plugin tracks transfers."""
     job = run_job(jobs, simtrain, 4, ["--verify", "--job-dir", "{dir}"], plugin_env(libc4d, master), tmp_path)
@@ -181,7 +293,9 @@ def test_comm_hang_on_link_3_7_is_the_stuck_transfer(libc4d, simtrain, master, j
 
     def stuck(recs):
         fl = recs[schema.Kind.PEER]
-        fl = fl[fl["done"] == 0]
+        # Started transfers only: NCCL posts a ProxyOp when the op is launched, long before its
+        # first step when the rank's stream is busy or its peer is late (first_ns = 0 until then).
+        fl = fl[(fl["done"] == 0) & (fl["first_ns"] > 0)]
         # The same transfer reported, unchanged, for at least 1 s of heartbeats.
         out = []
         key = ["rank", "comm_id", "seq", "peer", "direction"]
@@ -213,12 +327,12 @@ def test_comm_hang_on_link_3_7_is_the_stuck_transfer(libc4d, simtrain, master, j
     last = hb[np.argmax(hb["time_ns"])]
     assert (last["pend_seq"], last["pend_op"]) == (5, schema.Op.Recv)
 
-    # Every other transfer that was seen in flight finished; step 5 moved data on other links.
+    # Every other transfer that was seen moving finished; step 5 moved data on other links.
     peer = recs[schema.Kind.PEER]
     done = peer[peer["done"] == 1]
     key = ["rank", "comm_id", "seq", "peer", "direction"]
     finished = {tuple(int(r[k]) for k in key) for r in done}
-    for r in peer[peer["done"] == 0]:
+    for r in peer[(peer["done"] == 0) & (peer["first_ns"] > 0)]:
         assert tuple(int(r[k]) for k in key) in finished or set(link(r, mem)) == {3, 7}
     step5 = {link(r, mem) for r in done if r["op"] >= schema.Op.Send and r["seq"] == 5}
     assert {(0, 4), (1, 5), (2, 6)} <= step5 and not step5 & {(3, 7), (7, 3)}
@@ -229,7 +343,7 @@ def test_comm_slow_rank_5_links_take_longer_per_step(libc4d, simtrain, master, j
     of rank 5 take longer; other links' steps keep their pace."""
     # Slow links (1 ms per step) so that the modeled times dominate scheduling noise.
     env = plugin_env(
-        libc4d, master, SIMNCCL_FAULTS="comm-slow@rank=5,step=5,factor=4", SIMNCCL_INTRA_GBPS="0.25"
+        libc4d, master, SIMNCCL_FAULTS="comm-slow@rank=5,step=5,factor=4", SIMNCCL_INTER_GBPS="0.25"
     )
     job = run_job(jobs, simtrain, 8, train(12, 2, 2), env, tmp_path)
     assert job.wait(180) == [0] * 8, [job.stderr(r) for r in range(8)]
@@ -331,8 +445,12 @@ def test_init_all_comms_matched_by_shape_keep_the_shims_seqs(libc4d, simnccl_dir
     ops, peer = recs[schema.Kind.OP], recs[schema.Kind.PEER]
     (comm_id,) = set(recs[schema.Kind.COMM]["comm_id"].tolist())
     assert sorted(int(o) for o in ops["seq"][ops["comm_rank"] == 0]) == [0, 1, 2, 3, 4]
-    assert (peer["done"] == 1).all() and (peer["comm_id"] == comm_id).all()
-    got = sorted((int(r["comm_rank"]), int(r["seq"]), int(r["op"]), int(r["direction"])) for r in peer)
+    assert (peer["comm_id"] == comm_id).all()
+    key = ["comm_rank", "seq", "op", "direction"]
+    done = peer[peer["done"] == 1]
+    finished = {tuple(int(r[k]) for k in key) for r in done}
+    assert all(tuple(int(r[k]) for k in key) in finished for r in peer), "seen in flight, then done"
+    got = sorted((int(r["comm_rank"]), int(r["seq"]), int(r["op"]), int(r["direction"])) for r in done)
     ops_seen = [
         (0, schema.Op.AllReduce),
         (1, schema.Op.AllGather),
@@ -341,6 +459,38 @@ def test_init_all_comms_matched_by_shape_keep_the_shims_seqs(libc4d, simnccl_dir
     ]
     want = sorted((cr, seq, int(op), d) for cr in (0, 1) for seq, op in ops_seen for d in (0, 1))
     assert got == want
+
+
+def test_collectives_past_the_hooks_are_named_once(libc4d, simnccl_dir, master):
+    """NCCL called through its own library handle (ctypes.CDLL(libnccl), as vLLM's pynccl
+    does) bypasses the preloaded hooks; the profiler plugin still sees those collectives. The
+    shim says once that collectives went past the hooks and counts them: three on a
+    communicator no hook saw created, two on one it tracks."""
+    body = """
+    own = ctypes.CDLL(os.environ["SIMNCCL_LIB"])  # dlsym on this handle: NCCL's own symbols
+    comm = new_comm()  # through the hooks
+    s = new_stream()
+    for _ in range(2):
+        check(g.ncclAllReduce(buf, out, 64, F32, 0, comm, s), "hooked ncclAllReduce")
+    uid, past = UID(), ctypes.c_void_p()
+    check(own.ncclGetUniqueId(ctypes.byref(uid)), "ncclGetUniqueId")
+    check(own.ncclCommInitRank(ctypes.byref(past), 1, uid, 0), "ncclCommInitRank past the hooks")
+    for c, n in ((past, 3), (comm, 2)):
+        for _ in range(n):
+            check(own.ncclAllReduce(buf, out, 64, F32, 0, c, s), "ncclAllReduce past the hooks")
+    check(g.cudaStreamSynchronize(s), "sync")
+    import time
+    time.sleep(0.3)  # a few heartbeats
+    for c in (past, comm):
+        check(own.ncclCommDestroy(c), "ncclCommDestroy")
+    """
+    p = run_driver(simnccl_dir, body, plugin_env(libc4d, master))
+    assert p.returncode == 0, p.stderr
+    said = [ln for ln in p.stderr.splitlines() if "collectives that no hook saw" in ln]
+    assert len(said) == 1, p.stderr  # said when first seen (some of the five, or all)
+    assert ", 5 collectives past the hooks" in p.stderr, "the exit summary counts them all"
+    wait_records(master, lambda r: (r[schema.Kind.HEARTBEAT]["hb_flags"] & schema.HBF_FINAL).any(), "FINAL")
+    assert len(master.records()[schema.Kind.OP]) == 2, "only the hooked calls are ops"
 
 
 def test_bounded_tracking_drops_and_counts(libc4d, simnccl_dir, master):

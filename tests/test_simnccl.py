@@ -98,8 +98,9 @@ def jobs(tmp_path):
                 SIMNCCL_JOB=job.name,
                 C4D_NODE_NAME="node-0",
             )
-            if preload:
-                e["LD_PRELOAD"] = str(preload)
+            if preload:  # a sanitizer run's runtime first (tests/test_shim.py explains)
+                prefix = os.environ.get("C4D_TEST_PRELOAD_PREFIX", "").strip()
+                e["LD_PRELOAD"] = f"{prefix} {preload}".strip()
             e.update(env or {})
             with open(job.dir / f"rank{r}.out", "wb") as out, open(job.dir / f"rank{r}.err", "wb") as err:
                 job.procs.append(
@@ -259,6 +260,187 @@ def test_init_all_one_process_group_across_streams(cuda):
         assert cuda.ncclCommDestroy(ctypes.c_void_p(comms[r])) == 0
         assert cuda.cudaStreamDestroy(streams[r]) == 0
     assert not list(SHM.glob(f"simnccl-p{os.getpid()}-*")), "destroy unlinks the segments"
+
+
+# ---------------------------------------------------------------------------------------
+# nonblocking communicators
+
+IN_PROGRESS = 7
+
+
+class Config(ctypes.Structure):
+    """The head of ncclConfig_t (nccl.h, stable since 2.14): what simnccl reads."""
+
+    _fields_ = [("size", ctypes.c_size_t), ("magic", ctypes.c_uint), ("version", ctypes.c_uint),
+                ("blocking", ctypes.c_int)]  # fmt: skip
+
+
+def test_nonblocking_comm_returns_in_progress_and_launches_later(cuda):
+    """NCCL 2.30.7 (src/group.cc, src/init.cc): on a comm made with blocking = 0, init and
+    every call return ncclInProgress; a helper thread does the work while
+    ncclCommGetAsyncError says ncclInProgress; using the comm before it settles is a WARN
+    (ncclGetLastError) and ncclInvalidArgument; blocking and nonblocking comms never share a
+    group."""
+    p = ctypes.c_void_p
+
+    class UniqueId(ctypes.Structure):
+        _fields_ = [("internal", ctypes.c_char * 128)]
+
+    cuda.ncclCommInitRankConfig.argtypes = [ctypes.POINTER(p), ctypes.c_int, UniqueId, ctypes.c_int, p]
+    cuda.ncclAllReduce.argtypes = [p, p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, p, p]
+    cuda.ncclGetLastError.restype = ctypes.c_char_p
+    uid, comm, s, n = UniqueId(), p(), p(), ctypes.c_int()
+    assert cuda.ncclGetUniqueId(ctypes.byref(uid)) == 0
+    cfg = Config(ctypes.sizeof(Config), 0xCAFEBEEF, 23102, 0)
+    assert cuda.ncclCommInitRankConfig(ctypes.byref(comm), 1, uid, 0, ctypes.addressof(cfg)) == IN_PROGRESS
+    assert comm.value, "the comm is handed out at once"
+    state = ctypes.c_int(IN_PROGRESS)
+
+    def settle():
+        while state.value == IN_PROGRESS:
+            assert cuda.ncclCommGetAsyncError(comm, ctypes.byref(state)) == 0
+        return state.value
+
+    assert settle() == 0
+    assert cuda.ncclCommCount(comm, ctypes.byref(n)) == 0 and n.value == 1
+    assert cuda.cudaStreamCreate(ctypes.byref(s)) == 0
+    buf, out = (ctypes.c_float * 64)(*range(64)), (ctypes.c_float * 64)()
+    assert cuda.ncclAllReduce(buf, out, 64, 7, 0, comm, s) == IN_PROGRESS
+    assert cuda.cudaStreamQuery(s) == 0, "nothing launched yet: the stream is idle"
+    assert b"before the previous operation" not in cuda.ncclGetLastError(None)  # process-wide: earlier tests'
+    assert cuda.ncclCommCount(comm, ctypes.byref(n)) == 4, "in progress: ncclInvalidArgument"
+    assert b"before the previous operation returned ncclSuccess" in cuda.ncclGetLastError(None)
+    state.value = IN_PROGRESS
+    assert settle() == 0
+    assert cuda.cudaStreamSynchronize(s) == 0 and list(out) == list(range(64)), "launched, then ran"
+    blocking = p()
+    assert cuda.ncclCommInitAll(ctypes.byref(blocking), 1, None) == 0
+    assert cuda.ncclGroupStart() == 0
+    assert cuda.ncclAllReduce(buf, out, 64, 7, 0, comm, s) == 0
+    assert cuda.ncclAllReduce(buf, out, 64, 7, 0, blocking, s) == 0
+    assert cuda.ncclGroupEnd() == 4
+    assert b"Blocking and nonblocking communicators" in cuda.ncclGetLastError(None)
+    for c in (comm, blocking):
+        assert cuda.ncclCommDestroy(c) == 0
+    assert cuda.cudaStreamDestroy(s) == 0
+
+
+# ---------------------------------------------------------------------------------------
+# stream capture (CUDA graphs)
+
+GLOBAL, THREAD_LOCAL, RELAXED = 0, 1, 2
+CAPTURE_UNSUPPORTED, CAPTURE_INVALIDATED, CAPTURED_EVENT = 900, 901, 907
+
+
+def in_thread(fn):
+    """Run fn on another thread and return what it returned (ctypes calls drop the GIL)."""
+    import threading
+
+    out = []
+    t = threading.Thread(target=lambda: out.append(fn()))
+    t.start()
+    t.join(30)
+    assert out, "the thread did not finish"
+    return out[0]
+
+
+def capture_mode(cuda, mode: int) -> int:
+    m = ctypes.c_int(mode)
+    assert cuda.cudaThreadExchangeStreamCaptureMode(ctypes.byref(m)) == 0
+    return m.value
+
+
+def test_capture_rule_for_potentially_unsafe_calls(cuda):
+    """CUDA's rule (cudaThreadExchangeStreamCaptureMode): a global-mode thread that queries an
+    event while another thread captures in global mode gets cudaErrorStreamCaptureUnsupported,
+    and that capture ends in cudaErrorStreamCaptureInvalidated; a relaxed thread does not;
+    a thread-local capture minds only its own thread; the capturing stream itself is never
+    queried; an event recorded into a capture is not queryable."""
+    s, e, graph = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
+    status, cid = ctypes.c_int(), ctypes.c_ulonglong()
+    assert cuda.cudaStreamCreate(ctypes.byref(s)) == 0 and cuda.cudaEventCreate(ctypes.byref(e)) == 0
+    cuda.cudaStreamEndCapture.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    cuda.cudaStreamBeginCapture.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    query = lambda: cuda.cudaEventQuery(e)  # noqa: E731
+
+    def relaxed_query():
+        capture_mode(cuda, RELAXED)
+        return query()
+
+    assert cuda.cudaEventRecord(e, None) == 0
+    assert cuda.cudaStreamBeginCapture(s, GLOBAL) == 0
+    assert cuda.cudaStreamGetCaptureInfo(s, ctypes.byref(status), ctypes.byref(cid)) == 0
+    assert status.value == 1 and cid.value > 0
+    assert in_thread(relaxed_query) == 0, "a relaxed thread may query"
+    assert cuda.cudaStreamIsCapturing(s, ctypes.byref(status)) == 0 and status.value == 1
+    assert in_thread(query) == CAPTURE_UNSUPPORTED, "a global-mode thread may not"
+    assert cuda.cudaStreamIsCapturing(s, ctypes.byref(status)) == 0 and status.value == 2
+    assert cuda.cudaStreamEndCapture(s, ctypes.byref(graph)) == CAPTURE_INVALIDATED and not graph.value
+    assert cuda.cudaStreamIsCapturing(s, ctypes.byref(status)) == 0 and status.value == 0
+
+    assert cuda.cudaStreamBeginCapture(s, THREAD_LOCAL) == 0
+    assert in_thread(query) == 0, "another thread's thread-local capture does not matter"
+    assert cuda.cudaStreamQuery(s) == CAPTURE_UNSUPPORTED, "never query the capturing stream"
+    assert cuda.cudaStreamEndCapture(s, ctypes.byref(graph)) == CAPTURE_INVALIDATED
+
+    assert cuda.cudaStreamBeginCapture(s, GLOBAL) == 0
+    assert cuda.cudaEventRecord(e, s) == 0
+    old = capture_mode(cuda, RELAXED)
+    assert cuda.cudaEventQuery(e) == CAPTURED_EVENT, "recorded into the graph, not run"
+    assert cuda.cudaStreamEndCapture(s, ctypes.byref(graph)) == 0 and graph.value
+    capture_mode(cuda, old)
+    assert cuda.cudaGraphDestroy(graph) == 0
+    assert cuda.cudaEventRecord(e, s) == 0 and cuda.cudaEventQuery(e) == 0
+    assert cuda.cudaEventDestroy(e) == 0 and cuda.cudaStreamDestroy(s) == 0
+
+
+def test_graph_replays_run_the_captured_all_reduce(cuda):
+    """Two ranks (one thread each) capture an all-reduce into a graph and replay it three
+    times: each replay is a real collective over fresh inputs."""
+    p = ctypes.c_void_p
+    cuda.ncclAllReduce.argtypes = [p, p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, p, p]
+
+    class UniqueId(ctypes.Structure):  # passed by value
+        _fields_ = [("internal", ctypes.c_char * 128)]
+
+    cuda.ncclCommInitRank.argtypes = [ctypes.POINTER(p), ctypes.c_int, UniqueId, ctypes.c_int]
+    cuda.cudaGraphInstantiate.argtypes = [p, p, ctypes.c_ulonglong]
+    cuda.cudaStreamEndCapture.argtypes = [p, p]
+    cuda.cudaStreamBeginCapture.argtypes = [p, ctypes.c_int]
+    uid = UniqueId()
+    assert cuda.ncclGetUniqueId(ctypes.byref(uid)) == 0
+    import threading
+
+    results: dict[int, list[float]] = {}
+
+    def rank(r: int):
+        comm, s, graph, exe = p(), p(), p(), p()
+        assert cuda.cudaSetDevice(r) == 0
+        assert cuda.ncclCommInitRank(ctypes.byref(comm), 2, uid, r) == 0
+        assert cuda.cudaStreamCreate(ctypes.byref(s)) == 0
+        buf, out = (ctypes.c_float * 256)(), (ctypes.c_float * 256)()
+        assert cuda.cudaStreamBeginCapture(s, THREAD_LOCAL) == 0
+        assert cuda.ncclAllReduce(buf, out, 256, 7, 0, comm, s) == 0
+        assert cuda.cudaStreamEndCapture(s, ctypes.byref(graph)) == 0
+        assert out[0] == 0.0, "capturing runs nothing"
+        assert cuda.cudaGraphInstantiate(ctypes.byref(exe), graph, 0) == 0
+        got = []
+        for k in range(1, 4):
+            for i in range(256):
+                buf[i] = float((r + 1) * k)
+            assert cuda.cudaGraphLaunch(exe, s) == 0
+            assert cuda.cudaStreamSynchronize(s) == 0
+            got.append(out[255])
+        assert cuda.cudaGraphExecDestroy(exe) == 0 and cuda.cudaGraphDestroy(graph) == 0
+        assert cuda.ncclCommDestroy(comm) == 0
+        results[r] = got
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert results == {0: [3.0, 6.0, 9.0], 1: [3.0, 6.0, 9.0]}
 
 
 # ---------------------------------------------------------------------------------------
@@ -452,11 +634,13 @@ class Profile:
 
 
 def plugin_env(log_prefix: Path, plugin: Path, **extra) -> dict:
-    return {"NCCL_PROFILER_PLUGIN": str(plugin), "SIMNCCL_TEST_PROFILER_LOG": str(log_prefix), **extra}
+    """One rank per node unless told otherwise: only network transfers have ProxyOps."""
+    env = {"NCCL_PROFILER_PLUGIN": str(plugin), "SIMNCCL_TEST_PROFILER_LOG": str(log_prefix)}
+    return {"SIMNCCL_RANKS_PER_NODE": "1", **env, **extra}
 
 
 def test_profiler_plugin_sees_comms_colls_and_steps(jobs, simtrain, test_plugin, tmp_path):
-    env = plugin_env(tmp_path / "job0" / "prof", test_plugin, SIMNCCL_INTRA_GBPS="1", SIMNCCL_JITTER="0")
+    env = plugin_env(tmp_path / "job0" / "prof", test_plugin, SIMNCCL_INTER_GBPS="1", SIMNCCL_JITTER="0")
     job = jobs(simtrain, 2, "--steps", "3", "--dp-bytes", str(1 << 20), "--compute-us", "100", env=env)
     assert job.wait(timeout=60) == [0, 0]
     prof = Profile.read(job)
@@ -484,6 +668,50 @@ def test_profiler_plugin_sees_comms_colls_and_steps(jobs, simtrain, test_plugin,
                 assert 400 < moved_us < 200000, f"512 KiB at 1 GB/s + 20 us ~ 544 us, got {moved_us}"
 
 
+def test_profiler_events_come_in_nccls_order(jobs, simtrain, test_plugin, tmp_path):
+    """NCCL 2.30.7 src/enqueue.cc hostStreamPlanTask: the launching thread starts a task's
+    Coll event, posts its proxy ops and stops the Coll event; src/proxy.cc: the proxy
+    progress thread starts the ProxyOps later, parented to the stopped task. A plugin that
+    frees a task at its stopEvent never sees where its transfers went."""
+    env = plugin_env(tmp_path / "job0" / "prof", test_plugin)
+    job = jobs(simtrain, 2, "--steps", "3", "--compute-us", "100", env=env)
+    assert job.wait(timeout=60) == [0, 0]
+    prof = Profile.read(job)
+    checked = 0
+    for pid, rows in prof.events.items():
+        at = {(e["ev"], e["h"]): i for i, e in enumerate(rows) if "h" in e}
+        by_h = {e["h"]: e for e in rows if e["ev"] in ("coll", "p2p")}
+        for i, op in enumerate(rows):
+            if op["ev"] != "proxyop":
+                continue
+            task = by_h[op["parent"]]
+            assert task["tid"] == str(pid), "task events come from the thread that called NCCL"
+            assert op["tid"] != task["tid"], "ProxyOps come from the proxy progress thread"
+            assert at[("stop", task["h"])] < i, "the task was stopped before its ProxyOp started"
+            checked += 1
+    assert checked >= 2 * 3 * 2, "both ranks, 3 steps, a send and a receive per all-reduce"
+    assert {e["tid"] for e in prof.all("proxystep")} <= {e["tid"] for e in prof.all("proxyop")}
+
+
+def test_intra_node_transfers_have_no_proxy_events(jobs, simtrain, test_plugin, tmp_path):
+    """Two ranks per node, tp=2: the tensor-parallel pairs share a node (NVLink/P2P in a real
+    job: the kernel moves the data, no proxy, no ProxyOp), the data-parallel pairs do not."""
+    env = plugin_env(tmp_path / "job0" / "prof", test_plugin, SIMNCCL_RANKS_PER_NODE="2")
+    job = jobs(simtrain, 4, "--steps", "2", "--tp", "2", "--compute-us", "100", env=env)
+    assert job.wait(timeout=60) == [0] * 4
+    prof = Profile.read(job)
+    with_proxy: dict[str, set[bool]] = {}  # event handles are per process
+    for rows in prof.events.values():
+        local = {e["parent"] for e in rows if e["ev"] == "proxyop"}
+        for e in rows:
+            if e["ev"] == "coll":
+                with_proxy.setdefault(e["func"], set()).add(e["h"] in local)
+    assert with_proxy["AllGather"] == with_proxy["ReduceScatter"] == {False}, with_proxy
+    assert with_proxy["AllReduce"] == {True}, with_proxy
+    peers = {(int(e["rank"]), int(e["peer"])) for e in prof.all("proxyop")}
+    assert peers == {(0, 1), (1, 0)}, "comm ranks of the data-parallel pairs (global 0-2, 1-3)"
+
+
 def test_profiler_localizes_a_hung_link(jobs, simtrain, test_plugin, tmp_path):
     env = plugin_env(tmp_path / "job0" / "prof", test_plugin, SIMNCCL_FAULTS="comm-hang@link=1-2,step=1")
     job = jobs(simtrain, 4, "--steps", "20", "--compute-us", "200", "--progress", env=env)
@@ -508,7 +736,7 @@ def test_profiler_shows_the_slow_link(jobs, simtrain, test_plugin, tmp_path):
     env = plugin_env(
         tmp_path / "job0" / "prof",
         test_plugin,
-        SIMNCCL_INTRA_GBPS="1",
+        SIMNCCL_INTER_GBPS="1",
         SIMNCCL_FAULTS="comm-slow@link=1-2,factor=8",
     )
     job = jobs(simtrain, 4, "--steps", "2", "--dp-bytes", str(4 << 20), "--compute-us", "100", env=env)

@@ -60,9 +60,14 @@ def _stacks(j: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def rank_line(rank: str, s: Mapping[str, Any]) -> str:
-    """``rank 4 culprit: a ← b | c ← d`` (Python frames first), or why there is no stack."""
+    """``rank 4 culprit: a ← b | c ← d`` (Python frames first), or why there is no stack.
+
+    Native threads doing something (more frames above the libc plumbing) before threads parked
+    in their own loop: a process has several helper threads (NCCL's proxy, the shim's agent,
+    stream workers) whose idle one-frame lines would otherwise crowd the stuck one out."""
     parts = digest(s.get("python")) or []
-    parts += [p for p in digest(s.get("native")) if p not in parts]
+    native = sorted(digest(s.get("native")), key=lambda p: -p.count(" ← "))  # stable: gdb's order on ties
+    parts += [p for p in native if p not in parts]
     body = " | ".join(parts[:3]) if parts else (s.get("error") or "no frames")
     return f"rank {rank} {s.get('role', '')}: {body}"
 

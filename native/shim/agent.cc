@@ -234,8 +234,36 @@ void fill_pending(c4d_heartbeat_record& h, uint32_t i) {
   h.pend_flags = s.flags;
 }
 
+/* What the shim cannot see, said once per process when it first happens (never on the
+ * application's threads). */
+void blind_spots() {
+  struct Spot {
+    std::atomic<uint64_t>* counter;
+    bool said;
+    const char* what;
+  };
+  static Spot spots[] = {
+      {&g_counters.captured, false,
+       "NCCL ops issued on a capturing stream go into a CUDA graph: neither they nor the graph's replays are "
+       "timed or checked for hangs (blind spot; counted in the exit summary)"},
+      {&g_counters.grown, false,
+       "ncclCommGrow: communicators made by growing are not tracked (their ranks share no id to name them by); "
+       "their ops pass through unrecorded (blind spot)"},
+      {&g_counters.one_sided, false,
+       "ncclPutSignal/ncclSignal/ncclWaitSignal (one-sided RMA) are passed through untimed: a wait that never ends "
+       "shows as this rank's next collective not arriving (blind spot)"},
+  };
+  for (Spot& s : spots)
+    if (!s.said && s.counter->load(std::memory_order_relaxed)) {
+      s.said = true;
+      C4D_LOG(kWarning, "%s", s.what);
+    }
+  peer_blind_spots();
+}
+
 void heartbeats(uint16_t hb_flags) {
   Agent& a = g_agent;
+  blind_spots();
   if (a.hb_count > 0 && a.hb_count % kRegisterEvery == 0) {
     send_register();
     comm_snapshots();
@@ -382,7 +410,7 @@ enum Probe { kWait, kFired, kFailed };
 /* Host time of `ev` when it fired. kWait: not yet (or no anchor yet). */
 Probe probe(const OpSlot& s, uint32_t ev, uint64_t floor_ns, uint64_t* out) {
   EventPool* pool = event_pool_for(s.device);
-  if (!pool) return kFailed;
+  if (!pool || !cuda_agent_device(s.device)) return kFailed;
   cudaEvent_t e = pool->event(ev);
   cudaError_t q = g_cuda.eventQuery(e);
   if (q == C4D_CUDA_ERROR_NOT_READY) return kWait;
@@ -554,6 +582,7 @@ void finish_up() {
 
 void* agent_main(void*) {
   pthread_setname_np(pthread_self(), "c4d-agent");
+  cuda_agent_reset();
   declare_ptracer();
   Agent& a = g_agent;
   if (g_cfg.master_addr[0]) a.link.open(g_cfg.master_addr, g_cfg.send_hwm, g_cfg.curve_server_key, g_cfg.job);
@@ -692,8 +721,10 @@ void agent_shutdown() {
   uint64_t full = g_counters.dropped_full.load(std::memory_order_relaxed);
   uint64_t send = g_counters.dropped_send.load(std::memory_order_relaxed);
   uint64_t nolink = g_counters.dropped_nolink.load(std::memory_order_relaxed);
-  char prof[128];
+  char prof[192], captured[64] = "";
   peer_summary(prof, sizeof prof);
+  if (uint64_t n = g_counters.captured.load(std::memory_order_relaxed))
+    snprintf(captured, sizeof captured, "; %llu ops captured into CUDA graphs", (unsigned long long)n);
   uint64_t sent = g_counters.sent.load(std::memory_order_relaxed);
   char delivered[96];
   if (finished && a.link.monitored())
@@ -701,9 +732,9 @@ void agent_shutdown() {
   else
     snprintf(delivered, sizeof delivered, ", delivery not known");
   C4D_LOG(kInfo,
-          "rank %d pid %d: %llu records sent, %llu dropped (queue full %llu, master busy %llu, no link %llu)%s%s",
+          "rank %d pid %d: %llu records sent, %llu dropped (queue full %llu, master busy %llu, no link %llu)%s%s%s",
           g_cfg.rank, int(getpid()), (unsigned long long)sent, (unsigned long long)(full + send + nolink),
-          (unsigned long long)full, (unsigned long long)send, (unsigned long long)nolink, delivered, prof);
+          (unsigned long long)full, (unsigned long long)send, (unsigned long long)nolink, delivered, prof, captured);
   if (!g_cfg.master_addr[0])
     C4D_LOG(kWarning, "rank %d pid %d: nothing was delivered: %s is not a usable %s", g_cfg.rank, int(getpid()),
             g_cfg.curve_bad ? "C4D_CURVE_SERVER_KEY" : "C4D_MASTER_ADDR", g_cfg.curve_bad ? "key" : "endpoint");

@@ -65,11 +65,13 @@ CommSlot* comm_register(ncclComm_t handle, uint64_t id, uint64_t parent_id, uint
   s->device.store(-1, std::memory_order_relaxed);
   s->ready.store(false, std::memory_order_relaxed);
   s->refresh_tries.store(0, std::memory_order_relaxed);
-  s->live.store(true, std::memory_order_relaxed);
+  s->live.store(false, std::memory_order_relaxed);  // comm_created makes it live once its shape is set
+  s->nonblocking.store(false, std::memory_order_relaxed);
   s->coll_seq.store(0, std::memory_order_relaxed);
   s->p2p_seq.store(nullptr, std::memory_order_relaxed);
   s->split_count.store(0, std::memory_order_relaxed);
   s->shrink_count.store(0, std::memory_order_relaxed);
+  s->captured_kinds.store(0, std::memory_order_relaxed);
   g_count.store(n + 1, std::memory_order_release);
   for (uint32_t i = hash_ptr(k);; i = (i + 1) & (kIndexSize - 1)) {
     uintptr_t cur = g_index[i].key.load(std::memory_order_relaxed);

@@ -35,11 +35,13 @@ struct CommSlot {
   std::atomic<int32_t> rank, nranks, device;
   std::atomic<bool> ready;  // rank/nranks/device known and p2p counters allocated
   std::atomic<uint32_t> refresh_tries;  // comm_refresh attempts while not ready (capped)
-  std::atomic<bool> live;   // false after destroy/abort: no more heartbeats
+  std::atomic<bool> live;   // registered and complete (set by comm_created); false after destroy/abort
+  std::atomic<bool> nonblocking;  // made by a call that returned ncclInProgress: ask NCCL only once settled
   /* hot path */
   std::atomic<uint64_t> coll_seq;                  // next collective sequence = collectives issued
   std::atomic<std::atomic<uint64_t>*> p2p_seq;     // [2 * nranks]: send to peer p at [p], recv at [nranks + p]
   std::atomic<uint32_t> split_count, shrink_count; // children made from this comm, in call order
+  std::atomic<uint32_t> captured_kinds;            // bit c4d_op_kind: issued into a CUDA graph capture
 };
 
 /* Serialises every communicator lifecycle call in the shim (never the hot path). */

@@ -5,6 +5,7 @@
 #include <initializer_list>
 
 #include "log.h"
+#include "real_nccl.h"
 
 namespace c4d {
 
@@ -32,6 +33,7 @@ bool load_all(void* lib) {
             load(lib, &r.streamCreateWithFlags, "cudaStreamCreateWithFlags");
   if (!ok) return false;
   load(lib, &r.streamIsCapturing, "cudaStreamIsCapturing");
+  load(lib, &r.exchangeCaptureMode, "cudaThreadExchangeStreamCaptureMode");
   r.ok = true;
   g_cuda = r;
   return true;
@@ -53,10 +55,38 @@ bool cuda_rt_resolve() {
       dlclose(lib);
     }
   }
+  if (!found) {  // the runtime linked into the library NCCL lives in (NCCL and cudart static in one .so)
+    void* lib = real_nccl_handle();
+    if (lib && load_all(lib)) {
+      C4D_LOG(kDebug, "CUDA runtime found beside the bound NCCL");
+      found = true;
+    }
+  }
   if (!found) C4D_LOG(kInfo, "no CUDA runtime in this process: ops carry host times only");
   g_resolved = true;  // last: a fork child of a thread caught mid-way resolves again
   return found;
 }
+
+namespace {
+int g_agent_device = -1;  // the agent thread's current device, as it last set it
+}
+
+bool cuda_agent_device(int device) {
+  if (!g_cuda.ok || device < 0) return false;
+  if (device == g_agent_device) return true;
+  if (g_cuda.setDevice(device) != C4D_CUDA_SUCCESS) return false;
+  if (g_agent_device < 0 && g_cuda.exchangeCaptureMode) {
+    // Before the agent's first query: relaxed, so that its cudaEventQuery never invalidates
+    // a CUDA graph capture of the application (as NCCL's proxy thread and PyTorch's watchdog
+    // do: pytorch#104555, #148594). After cudaSetDevice: no context made on device 0.
+    int mode = C4D_CUDA_CAPTURE_MODE_RELAXED;
+    if (g_cuda.exchangeCaptureMode(&mode) != C4D_CUDA_SUCCESS) C4D_LOG(kWarning, "agent: relaxed capture mode refused");
+  }
+  g_agent_device = device;
+  return true;
+}
+
+void cuda_agent_reset() { g_agent_device = -1; }
 
 int cuda_current_device() {
   int d = -1;

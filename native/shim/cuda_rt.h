@@ -13,8 +13,6 @@
 
 namespace c4d {
 
-typedef cudaError_t (*c4d_cudaStreamIsCapturing_t)(cudaStream_t, int*);
-
 struct CudaRt {
   bool ok;  // every required function found
   c4d_cudaEventCreateWithFlags_t eventCreateWithFlags;
@@ -25,7 +23,8 @@ struct CudaRt {
   c4d_cudaGetDevice_t getDevice;
   c4d_cudaSetDevice_t setDevice;
   c4d_cudaStreamCreateWithFlags_t streamCreateWithFlags;
-  c4d_cudaStreamIsCapturing_t streamIsCapturing;  // optional: events are skipped on capturing streams
+  c4d_cudaStreamIsCapturing_t streamIsCapturing;  // optional: ops on capturing streams are recognised
+  c4d_cudaThreadExchangeStreamCaptureMode_t exchangeCaptureMode;  // optional: the agent's relaxed mode
 };
 
 extern CudaRt g_cuda;
@@ -36,6 +35,16 @@ bool cuda_rt_resolve();
 
 /* The calling thread's current device, -1 without CUDA. */
 int cuda_current_device();
+
+/* Agent thread only: makes `device` current before a CUDA call about its events or
+ * anchors. A thread that never called cudaSetDevice runs on device 0, and the runtime's
+ * first call there creates a context on GPU 0 (hundreds of MiB) in every rank. The first
+ * call also puts the agent thread in relaxed stream-capture mode. False when the device
+ * can't be made current: then the caller makes no CUDA call for it. */
+bool cuda_agent_device(int device);
+
+/* The agent starts on a fresh thread (also after a fork): nothing is current yet. */
+void cuda_agent_reset();
 
 }  // namespace c4d
 

@@ -32,7 +32,10 @@ inline ncclResult_t record_op(Fn real, const OpDesc& d, Args... args) {
   if (!g.outer() || c4d::shim_mode() != c4d::kActive) return real(args...);
   c4d::OpTicket k = c4d::op_begin(g.thread(), d);
   ncclResult_t r = real(args...);
-  c4d::op_end(k, r);
+  if (r == ncclInProgress && !k.grouped)
+    c4d::op_deferred(g.thread(), k);  // a nonblocking comm: launched later, end event once settled
+  else
+    c4d::op_end(k, r);
   return r;
 }
 
@@ -218,6 +221,13 @@ C4D_HOOK ncclResult_t ncclGroupEnd(void) {
   return c4d::group_end(g.thread(), real);
 }
 
+C4D_HOOK ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t* simInfo) {
+  C4D_ORIGINAL(ncclGroupSimulateEnd);
+  c4d::HookScope g;
+  if (!g.outer() || c4d::shim_mode() == c4d::kPassThrough) return real(simInfo);
+  return c4d::group_simulate_end(g.thread(), real, simInfo);
+}
+
 /* ------------------------------------------------------------- communicators */
 
 C4D_HOOK ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank) {
@@ -293,6 +303,22 @@ C4D_HOOK ncclResult_t ncclCommShrink(ncclComm_t comm, int* excludeRanksList, int
   return r;
 }
 
+/* Polled by the application (PyTorch after every call on a nonblocking comm, and by its
+ * watchdog): passed through; once the comm settled, the calling thread's ops on it that
+ * NCCL was still launching get their end events, and a comm made nonblocking its shape. */
+C4D_HOOK ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError) {
+  C4D_ORIGINAL(ncclCommGetAsyncError);
+  c4d::HookScope g;
+  ncclResult_t r = real(comm, asyncError);
+  if (!g.outer() || r != ncclSuccess || !asyncError || *asyncError == ncclInProgress ||
+      c4d::shim_mode() != c4d::kActive)
+    return r;
+  c4d::settle_deferred(g.thread(), comm, asyncError, false);
+  c4d::CommSlot* s = c4d::comm_lookup(comm);
+  if (s && !s->ready.load(std::memory_order_acquire)) c4d::comm_refresh(s, true);
+  return r;
+}
+
 namespace {
 /* Finalize, destroy, abort: the slot is looked up before the call, because NCCL may
  * reuse the handle's memory for another comm as soon as the call returns. */
@@ -300,6 +326,7 @@ template <typename Fn>
 inline ncclResult_t end_comm(Fn real, uint8_t event, ncclComm_t comm, bool remove) {
   c4d::HookScope g;
   if (!g.outer() || c4d::shim_mode() != c4d::kActive) return real(comm);
+  c4d::settle_deferred(g.thread(), comm, nullptr, true);  // last chance for ops still launching
   c4d::CommSlot* s = c4d::comm_lookup(comm);
   ncclResult_t r = real(comm);
   c4d::comm_ended(event, comm, s, r, remove);
@@ -320,4 +347,72 @@ C4D_HOOK ncclResult_t ncclCommDestroy(ncclComm_t comm) {
 C4D_HOOK ncclResult_t ncclCommAbort(ncclComm_t comm) {
   C4D_ORIGINAL(ncclCommAbort);
   return end_comm(real, C4D_COMM_ABORT, comm, true);
+}
+
+/* -------------------------------------------- recent communicator management */
+
+namespace {
+/* Revoke, suspend, resume: the call, then its COMM record; the comm stays tracked. */
+template <typename Fn, typename... Args>
+inline ncclResult_t comm_event(Fn real, uint8_t event, ncclComm_t comm, Args... args) {
+  c4d::HookScope g;
+  if (!g.outer() || c4d::shim_mode() != c4d::kActive) return real(comm, args...);
+  c4d::CommSlot* s = c4d::comm_lookup(comm);
+  ncclResult_t r = real(comm, args...);
+  c4d::comm_ended(event, comm, s, r, false);
+  return r;
+}
+}  // namespace
+
+C4D_HOOK ncclResult_t ncclCommRevoke(ncclComm_t comm, int revokeFlags) {
+  C4D_ORIGINAL(ncclCommRevoke);
+  return comm_event(real, C4D_COMM_REVOKE, comm, revokeFlags);
+}
+
+C4D_HOOK ncclResult_t ncclCommSuspend(ncclComm_t comm, int flags) {
+  C4D_ORIGINAL(ncclCommSuspend);
+  return comm_event(real, C4D_COMM_SUSPEND, comm, flags);
+}
+
+C4D_HOOK ncclResult_t ncclCommResume(ncclComm_t comm) {
+  C4D_ORIGINAL(ncclCommResume);
+  return comm_event(real, C4D_COMM_RESUME, comm);
+}
+
+/* Not tracked: the existing ranks (only the root holds the new unique id) and the new ones
+ * (no parent) have nothing in common to name the grown comm by without talking. Passed
+ * through and counted; the agent says so once. */
+C4D_HOOK ncclResult_t ncclCommGrow(ncclComm_t comm, int nRanks, const ncclUniqueId* uniqueId, int rank,
+                                   ncclComm_t* newcomm, ncclConfig_t* config) {
+  C4D_ORIGINAL(ncclCommGrow);
+  c4d::HookScope g;
+  if (g.outer() && c4d::shim_mode() == c4d::kActive) c4d::count(c4d::g_counters.grown);
+  return real(comm, nRanks, uniqueId, rank, newcomm, config);
+}
+
+/* ------------------------------------------------------- one-sided (RMA) ops */
+
+/* Passed through and counted, not timed: a put/signal has no peer call to pair it with, and
+ * a wait that never ends shows as the rank's next collective not arriving. The agent says
+ * so once. */
+C4D_HOOK ncclResult_t ncclPutSignal(const void* localbuff, size_t count, ncclDataType_t datatype, int peer,
+                                    ncclWindow_t peerWin, size_t peerWinOffset, int sigIdx, int ctx,
+                                    unsigned int flags, ncclComm_t comm, cudaStream_t stream) {
+  C4D_ORIGINAL(ncclPutSignal);
+  if (c4d::shim_mode() == c4d::kActive) c4d::count(c4d::g_counters.one_sided);
+  return real(localbuff, count, datatype, peer, peerWin, peerWinOffset, sigIdx, ctx, flags, comm, stream);
+}
+
+C4D_HOOK ncclResult_t ncclSignal(int peer, int sigIdx, int ctx, unsigned int flags, ncclComm_t comm,
+                                 cudaStream_t stream) {
+  C4D_ORIGINAL(ncclSignal);
+  if (c4d::shim_mode() == c4d::kActive) c4d::count(c4d::g_counters.one_sided);
+  return real(peer, sigIdx, ctx, flags, comm, stream);
+}
+
+C4D_HOOK ncclResult_t ncclWaitSignal(int nDesc, ncclWaitSignalDesc_t* signalDescs, ncclComm_t comm,
+                                     cudaStream_t stream) {
+  C4D_ORIGINAL(ncclWaitSignal);
+  if (c4d::shim_mode() == c4d::kActive) c4d::count(c4d::g_counters.one_sided);
+  return real(nDesc, signalDescs, comm, stream);
 }

@@ -19,10 +19,12 @@ namespace {
 
 std::atomic<uint32_t> g_init_all_counter{0};
 
-/* Asks NCCL for the comm's shape, falling back to the hints; sets it up for timing. */
-void refresh_shape(CommSlot* s, int rank_hint, int nranks_hint, int device_hint) {
+/* The comm's shape from NCCL, else from the hints; sets its device up for timing. `ask`:
+ * NCCL may be queried (a nonblocking comm only once settled: querying one in progress is
+ * an NCCL WARN, which also sets ncclGetLastError, src/init.cc ncclCommEnsureReady). */
+void refresh_shape(CommSlot* s, int rank_hint, int nranks_hint, int device_hint, bool ask) {
   int rank = -1, nranks = -1, device = -1;
-  bool asked = real_comm_user_rank(s->handle, &rank) == ncclSuccess &&
+  bool asked = ask && real_comm_user_rank(s->handle, &rank) == ncclSuccess &&
                real_comm_count(s->handle, &nranks) == ncclSuccess &&
                real_comm_cu_device(s->handle, &device) == ncclSuccess && rank >= 0 && nranks > 0;
   if (!asked) {
@@ -31,8 +33,15 @@ void refresh_shape(CommSlot* s, int rank_hint, int nranks_hint, int device_hint)
     device = device_hint;
   }
   if (device < 0) device = s->device.load(std::memory_order_relaxed);
-  if (!comm_set_shape(s, rank, nranks, device)) return;  // not ready yet: comm_refresh retries
+  comm_set_shape(s, rank, nranks, device);  // not ready yet (shape unknown): comm_refresh retries
   if (device >= 0 && g_cuda.ok && event_pool_ensure(device, g_cfg.event_pool)) timing_device_init(device);
+}
+
+/* A nonblocking comm settled (ncclCommGetAsyncError no longer says ncclInProgress)? */
+bool settled(const CommSlot* s) {
+  if (!s->nonblocking.load(std::memory_order_relaxed)) return true;
+  ncclResult_t ae = ncclInProgress;
+  return real_comm_get_async_error(s->handle, &ae) == ncclSuccess && ae != ncclInProgress;
 }
 
 void emit(uint8_t event, const CommSlot* s, ncclComm_t handle, ncclResult_t r, uint64_t id, uint64_t parent_id,
@@ -106,7 +115,9 @@ void comm_created(uint8_t event, const ncclComm_t* out, ncclResult_t r, uint64_t
   CommSlot* s = handle ? comm_register(handle, id, parent_id, event, color, key) : nullptr;
   if (s) {
     s->device.store(device_hint, std::memory_order_relaxed);
-    refresh_shape(s, rank_hint, nranks_hint, device_hint);
+    s->nonblocking.store(r == ncclInProgress, std::memory_order_relaxed);  // its shape comes once settled
+    refresh_shape(s, rank_hint, nranks_hint, device_hint, r != ncclInProgress);
+    s->live.store(true, std::memory_order_release);  // the agent's snapshots see it complete
   }
   int rank = s ? s->rank.load(std::memory_order_relaxed) : rank_hint;
   int nranks = s ? s->nranks.load(std::memory_order_relaxed) : nranks_hint;
@@ -124,13 +135,15 @@ void comm_ended(uint8_t event, ncclComm_t comm, CommSlot* s, ncclResult_t r, boo
   pthread_mutex_unlock(&g_init_mutex);
 }
 
-void comm_refresh(CommSlot* c) {
+void comm_refresh(CommSlot* c, bool is_settled) {
   constexpr uint32_t kMaxTries = 64;  // then the comm stays shapeless: p2p seq unknown, no events
-  if (c->refresh_tries.fetch_add(1, std::memory_order_relaxed) >= kMaxTries) return;
+  if (c->refresh_tries.load(std::memory_order_relaxed) >= kMaxTries) return;
   if (pthread_mutex_trylock(&g_init_mutex) != 0) return;
-  if (!c->ready.load(std::memory_order_relaxed))
+  if (!c->ready.load(std::memory_order_relaxed) && (is_settled || settled(c))) {
+    c->refresh_tries.fetch_add(1, std::memory_order_relaxed);
     refresh_shape(c, c->rank.load(std::memory_order_relaxed), c->nranks.load(std::memory_order_relaxed),
-                  c->device.load(std::memory_order_relaxed));
+                  c->device.load(std::memory_order_relaxed), true);
+  }
   pthread_mutex_unlock(&g_init_mutex);
 }
 

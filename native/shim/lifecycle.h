@@ -38,15 +38,16 @@ uint64_t id_of_init_all();  // advances the process counter
 void comm_created(uint8_t event, const ncclComm_t* out, ncclResult_t r, uint64_t id, uint64_t parent_id, int color,
                   int key, int rank_hint, int nranks_hint, int device_hint);
 
-/* After finalize/destroy/abort returned. `slot` was looked up before the call (NCCL
+/* After finalize/destroy/abort (or revoke/suspend/resume, remove = false) returned. `slot` was looked up before the call (NCCL
  * may reuse the handle's memory as soon as it returns). remove: drop the handle from
  * the table. */
 void comm_ended(uint8_t event, ncclComm_t comm, CommSlot* slot, ncclResult_t r, bool remove);
 
-/* Hot path, for a comm created non-blocking (shape not known at init): retry the
- * rank/size/device queries (try-lock: a busy init mutex means "next op"), at most 64
- * times per comm. */
-void comm_refresh(CommSlot* c);
+/* For a comm whose shape is not known yet (made nonblocking, or NCCL refused the queries):
+ * once it is settled (`is_settled`, else NCCL's async error is asked), retry the rank/size/
+ * device queries; try-lock (a busy init mutex means "next time"), at most 64 queries per
+ * comm. Hot path (an op on such a comm) or ncclCommGetAsyncError's hook. */
+void comm_refresh(CommSlot* c, bool is_settled);
 
 }  // namespace c4d
 

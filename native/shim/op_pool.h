@@ -25,7 +25,6 @@ enum SlotKind : uint8_t { kSlotOp = 1, kSlotComm = 2 };
 
 /* OpSlot.state: what the app thread has published so far. */
 enum SlotState : uint32_t {
-  kIssued = 1,    // identity fields set; events not yet recorded (an op waiting in a group)
   kLaunched = 2,  // ev_start/ev_end set and the start event recorded (or no events)
   kReturned = 3,  // the NCCL call (or the group's ncclGroupEnd) returned: return_ns, result, end event
 };
@@ -56,6 +55,9 @@ struct OpSlot {
   uint8_t late_flags;  // NO_EVENT / EVENT_ERROR found after submit
   int32_t result;
   uint64_t return_ns;
+  /* the issuing thread only, before submit: its group's chain and event pair */
+  uint32_t next;
+  uint32_t pair;
   /* agent only */
   uint8_t arrived;
   uint8_t agent_flags;

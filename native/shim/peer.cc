@@ -9,6 +9,7 @@
 
 #include "c4d/record.h"
 #include "comm_table.h"
+#include "log.h"
 #include "op_pool.h"
 #include "peer_track.h"
 #include "profiler.h"
@@ -35,6 +36,10 @@ struct SeqMap {
 
 SeqMap* g_maps[kMaxComms];
 bool g_claimed[kMaxComms];  // comm slots a context resolved to
+
+/* Stopped tasks in stop order, waiting to be retired (a FIFO of task indices). */
+uint32_t* g_retire = nullptr;
+uint32_t g_retire_head = 0, g_retire_n = 0;
 
 /* Contexts [0, upto] in creation order: first by id, then by (nranks, rank) and order. */
 void resolve_upto(uint32_t upto) {
@@ -79,7 +84,11 @@ void resolve(ProfCtx& c) {
 }
 
 uint64_t shim_seq(const ProfCtx& c, const Xfer& X) {
-  if (X.p2p || c.how == kCtxUnresolved) return X.key;
+  if (c.how == kCtxUnresolved) return X.key;
+  // Graph replays of this kind run on the comm: NCCL emits their events without numbering
+  // them (seqNumber not advanced, P2p ordinals shifted), so no event of the kind maps to an op.
+  if (X.op < 32 && (comm_at(c.slot)->captured_kinds.load(std::memory_order_relaxed) & (1u << X.op))) return UINT64_MAX;
+  if (X.p2p) return X.key;
   const SeqMap* m = g_maps[c.slot];
   if (c.sem.load(std::memory_order_relaxed) != kSemPerFunc) {  // the comm's count > 0 collectives
     uint64_t s = X.key;
@@ -139,8 +148,29 @@ void peer_note_op(const OpSlot& s) {
   m->ring[s.op][o % kRing] = s.seq;
 }
 
+void task_retire(uint64_t now) {
+  uint32_t cap = g_peer.tasks.n;
+  if (!g_retire) g_retire = static_cast<uint32_t*>(calloc(cap, sizeof(uint32_t)));  // agent: may allocate
+  uint32_t t;
+  while (g_peer.stopped.pop(&t)) {
+    if (!g_retire || g_retire_n == cap) {  // no memory for the queue (or a stop we queued twice): now
+      task_unref(t);
+      continue;
+    }
+    g_retire[(g_retire_head + g_retire_n++) % cap] = t;
+  }
+  while (g_retire_n) {
+    uint32_t oldest = g_retire[g_retire_head];
+    if (g_retire_n <= cap / 2 && now - g_peer.tasks.items[oldest].stop_ns < kTaskKeepNs) break;
+    task_unref(oldest);
+    g_retire_head = (g_retire_head + 1) % cap;
+    --g_retire_n;
+  }
+}
+
 bool peer_poll(RecordSink emit) {
   if (!g_peer.ready.load(std::memory_order_acquire)) return false;
+  task_retire(mono_now_ns());
   bool any = false;
   uint32_t x;
   uint64_t now = host_now_ns();
@@ -178,17 +208,54 @@ void peer_heartbeat(RecordSink emit) {
   }
 }
 
+namespace {
+uint64_t g_unhooked = 0;  // collectives the profiler saw beyond what the hooks numbered (agent)
+bool g_unhooked_said = false;
+}  // namespace
+
+void peer_blind_spots() {
+  uint32_t n = g_peer.n_ctx.load(std::memory_order_acquire);
+  uint64_t unhooked = 0;
+  for (uint32_t j = 0; j < n; ++j) {
+    ProfCtx& c = g_peer.ctx[j];
+    uint64_t seen = c.colls.load(std::memory_order_acquire);  // first: every hooked op is numbered by then
+    if (!seen) continue;
+    resolve(c);
+    if (c.how == kCtxUnresolved) {  // its comm never went through an init hook
+      unhooked += seen;
+      continue;
+    }
+    const CommSlot* s = comm_at(c.slot);
+    if (s->captured_kinds.load(std::memory_order_relaxed)) continue;  // graph replays: NCCL's own events
+    uint64_t hooked = s->coll_seq.load(std::memory_order_relaxed);
+    if (seen > hooked) unhooked += seen - hooked;
+  }
+  g_unhooked = unhooked;
+  if (unhooked && !g_unhooked_said) {
+    g_unhooked_said = true;
+    C4D_LOG(kWarning,
+            "the NCCL profiler saw %llu collectives that no hook saw: NCCL is called past the preload (a ctypes or "
+            "dlsym handle to libnccl, as vLLM's and SGLang's pynccl do); those ops are not recorded (blind spot)",
+            (unsigned long long)unhooked);
+  }
+}
+
 void peer_summary(char* out, unsigned cap) {
   if (!cap) return;
   out[0] = '\0';
   if (!g_peer.n_ctx.load(std::memory_order_relaxed)) return;
-  snprintf(out, cap, "; profiler: %llu transfers, %llu PEER records, %llu events untracked",
-           (unsigned long long)g_peer.tracked.load(std::memory_order_relaxed),
-           (unsigned long long)g_peer.records.load(std::memory_order_relaxed),
-           (unsigned long long)g_peer.untracked.load(std::memory_order_relaxed));
+  int k = snprintf(out, cap, "; profiler: %llu transfers, %llu PEER records, %llu events untracked",
+                   (unsigned long long)g_peer.tracked.load(std::memory_order_relaxed),
+                   (unsigned long long)g_peer.records.load(std::memory_order_relaxed),
+                   (unsigned long long)g_peer.untracked.load(std::memory_order_relaxed));
+  if (g_unhooked && k > 0 && unsigned(k) < cap)
+    snprintf(out + k, cap - unsigned(k), ", %llu collectives past the hooks", (unsigned long long)g_unhooked);
 }
 
 void peer_reset_after_fork() {
+  g_retire_head = g_retire_n = 0;
+  g_unhooked = 0;
+  g_unhooked_said = false;
   for (SeqMap*& m : g_maps)
     if (m) memset(m, 0, sizeof *m);
   memset(g_claimed, 0, sizeof g_claimed);

@@ -7,8 +7,12 @@
  *   ProfCtx  one per init, never reused (at most kMaxProfCtx per process). Identity is
  *            written before the context pointer is handed to NCCL; `slot`/`how` are the
  *            agent's alone.
- *   Task     a Coll or P2p event. refs: 1 for the event until its stopEvent, +1 per Xfer
- *            made under it until the agent recycles that Xfer; the last unref frees it.
+ *   Task     a Coll or P2p event. refs: 1 for the event until the agent retires it, +1 per
+ *            Xfer made under it until the agent recycles that Xfer; the last unref frees
+ *            it. NCCL stops a task on the launching thread before the proxy thread starts
+ *            its ProxyOps (enqueue.cc hostStreamPlanTask, proxy.cc), so the stopEvent only
+ *            queues the task on `stopped`; the agent retires it kTaskKeepNs later, or
+ *            sooner, oldest first, when more than half the pool waits there.
  *   Xfer     one (task, peer, direction). `state` packs gen (16 bits) | DONE | open
  *            ProxyOps (15 bits): a ProxyOp joins with a CAS that fails on another gen or
  *            on DONE, so a stale reference can never join a recycled entry. The last
@@ -35,6 +39,7 @@ constexpr uint32_t kTaskXfers = 8;  // (peer, direction) pairs merged per task; 
 constexpr uint32_t kStepsPerXfer = 8;  // step entries per tracked transfer (NCCL keeps <= 8 in flight per channel)
 
 constexpr uint8_t kCollKinds = 8;   // enum c4d_op_kind values below C4D_OP_SEND are collectives
+constexpr uint64_t kTaskKeepNs = 2000000000ull;  // a stopped task stays joinable this long
 
 /* ProfCtx.how */
 enum CtxMatch : uint8_t { kCtxUnresolved = 0, kCtxById = 1, kCtxByShape = 2 };
@@ -50,6 +55,7 @@ struct ProfCtx {
   std::atomic<bool> finalized;
   std::atomic<uint8_t> first_kind;  // kind of the first Coll event (255 none yet)
   std::atomic<uint8_t> sem;         // SeqSem, decided by the first Coll of another kind
+  std::atomic<uint64_t> colls;      // Coll events seen (release: after the hook numbered the op)
   /* agent only */
   uint32_t slot;     // comm slot index, valid when how != kCtxUnresolved
   uint8_t how;       // CtxMatch
@@ -58,6 +64,8 @@ struct ProfCtx {
 
 struct Task {
   std::atomic<uint32_t> refs;
+  std::atomic<uint8_t> stopped;  // its stopEvent came (queued once on PeerTrack::stopped)
+  uint64_t stop_ns;              // monotonic time of that stopEvent (published by the ring push)
   uint32_t ctx;
   uint64_t key;  // collective: seqNumber; p2p: ordinal on (comm, direction, peer)
   uint8_t op;    // enum c4d_op_kind, 255 unknown
@@ -121,6 +129,7 @@ struct PeerTrack {
   Pool<Xfer> xfers;
   Pool<Step> steps;
   IndexRing done;                  // DONE xfers for the agent (single consumer)
+  IndexRing stopped;               // stopped tasks for the agent to retire (single consumer)
   uint32_t n_xfers;                // pool size (C4D_PEER_TRACK)
   /* counters (relaxed) */
   std::atomic<uint64_t> tracked;   // transfers tracked
@@ -146,6 +155,13 @@ void task_unref(uint32_t t);
 
 /* Agent: returns a DONE (or abandoned) xfer to the pool and unrefs its task. */
 void xfer_recycle(uint32_t x);
+
+/* Agent, every loop: drops the event reference of stopped tasks that are old enough. */
+void task_retire(uint64_t now_ns);
+
+/* Agent, every heartbeat: collectives the profiler saw and no hook did (NCCL called past
+ * the preload), said once. */
+void peer_blind_spots();
 
 /* Fork child: the agent's side forgets its maps (peer.cc). */
 void peer_reset_after_fork();

@@ -120,7 +120,9 @@ bool ensure_pools() {
   while (cap < 2 * n) cap <<= 1;
   static bool done_ring = false;
   done_ring = done_ring || g_peer.done.init(cap);
-  bool ok = done_ring && g_peer.tasks.init(n) && g_peer.xfers.init(n) && g_peer.steps.init(n * kStepsPerXfer);
+  static bool stopped_ring = false;
+  stopped_ring = stopped_ring || g_peer.stopped.init(cap);
+  bool ok = done_ring && stopped_ring && g_peer.tasks.init(n) && g_peer.xfers.init(n) && g_peer.steps.init(n * kStepsPerXfer);
   if (!ok) {
     if (!g_pool_failed_logged) C4D_LOG(kError, "profiler plugin: out of memory for %u transfers; not profiling", n);
     g_pool_failed_logged = true;
@@ -168,6 +170,7 @@ ncclResult_t prof_init(void** context, uint64_t commId, int* eActivationMask, co
   c.finalized.store(false, std::memory_order_relaxed);
   c.first_kind.store(255, std::memory_order_relaxed);
   c.sem.store(kSemUnknown, std::memory_order_relaxed);
+  c.colls.store(0, std::memory_order_relaxed);
   c.slot = 0;
   c.how = kCtxUnresolved;
   c.tries = 0;
@@ -186,6 +189,7 @@ void start_task(ProfCtx* c, const ncclProfilerEventDescr_v5_t* d, void** h) {
   Task& k = g_peer.tasks.items[t];
   k.ctx = c->index;
   if (d->type == ncclProfileColl) {
+    c->colls.fetch_add(1, std::memory_order_release);
     k.op = op_of(d->coll.func);
     k.p2p = 0;
     k.key = d->coll.seqNumber;
@@ -206,6 +210,7 @@ void start_task(ProfCtx* c, const ncclProfilerEventDescr_v5_t* d, void** h) {
                 : UINT64_MAX;
   }
   for (std::atomic<uint64_t>& x : k.xf) x.store(0, std::memory_order_relaxed);
+  k.stopped.store(0, std::memory_order_relaxed);
   k.refs.store(1, std::memory_order_release);
   *h = &k;
 }
@@ -374,6 +379,16 @@ void stop_xfer(uint32_t x) {
     untracked();
 }
 
+/* Coll/P2p stop = "enqueued": NCCL starts the task's ProxyOps after this, on its proxy
+ * thread. The task stays joinable until the agent retires it (task_retire). */
+void stop_task(uint32_t t) {
+  Task& k = g_peer.tasks.items[t];
+  uint8_t zero = 0;
+  if (!k.stopped.compare_exchange_strong(zero, 1, std::memory_order_relaxed)) return;  // stopped twice
+  k.stop_ns = mono_now_ns();
+  if (!g_peer.stopped.push(t)) task_unref(t);  // cannot happen (room for every task): free it now
+}
+
 ncclResult_t prof_stop(void* eHandle) {
   if (!eHandle || !g_peer.ready.load(std::memory_order_acquire)) return ncclSuccess;
   uint32_t i;
@@ -382,7 +397,7 @@ ncclResult_t prof_stop(void* eHandle) {
   else if ((i = g_peer.xfers.index_of(eHandle)) != kNone)
     stop_xfer(i);
   else if ((i = g_peer.tasks.index_of(eHandle)) != kNone)
-    task_unref(i);  // Coll/P2p stop = "enqueued"; the task lives on while its transfers do
+    stop_task(i);
   return ncclSuccess;
 }
 
@@ -419,6 +434,7 @@ void profiler_reset_after_fork() {
     g_peer.xfers.reset();
     g_peer.steps.reset();
     g_peer.done.reset();
+    g_peer.stopped.reset();
   }
   g_peer.tracked.store(0, std::memory_order_relaxed);
   g_peer.untracked.store(0, std::memory_order_relaxed);

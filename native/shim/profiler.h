@@ -5,8 +5,10 @@
  *  ───────────────────────────────────────────────        ──────────────────────────────────────
  *  init(ctx, commId, mask, ..., nranks, rank)   per comm    every loop  peer_poll: completion ring →
  *    context slot; mask = Coll|P2p|ProxyOp|ProxyStep                     one done=1 PEER record each,
- *  startEvent Coll/P2p      → Task  ┐ pooled, bounded                    transfer slot recycled
- *  startEvent ProxyOp       → Xfer  │ (C4D_PEER_TRACK);   every heartbeat peer_heartbeat: a done=0
+ *  startEvent Coll/P2p      → Task  ┐ pooled, bounded                    transfer slot recycled;
+ *  stopEvent  Coll/P2p: task kept   │ (C4D_PEER_TRACK);                  task_retire: stopped tasks
+ *    (its ProxyOps start later)     │                                    2 s old (or crowding) freed
+ *  startEvent ProxyOp       → Xfer  │                      every heartbeat peer_heartbeat: a done=0
  *     one Xfer per (task, peer, direction): the channels  │ exhausted → handle   record per transfer still
  *     of one transfer join it, nSteps summed              │ NULL, counted        in flight
  *  startEvent ProxyStep     → Step  ┘                      every drained op  peer_note_op: the per-comm
@@ -71,6 +73,10 @@ bool peer_poll(RecordSink emit);
 /* Agent, every heartbeat: one done=0 PEER record per transfer in flight; transfers of
  * finalized contexts are reported one last time and dropped. */
 void peer_heartbeat(RecordSink emit);
+
+/* Agent, every heartbeat: one line the first time the profiler saw collectives that no
+ * hook saw (NCCL called through a handle that bypasses the preload). */
+void peer_blind_spots();
 
 /* Agent: the summary line's profiler part ("" when the plugin was never initialised). */
 void peer_summary(char* out, unsigned cap);

@@ -6,9 +6,12 @@
  *   op_end    (after it): end event recorded → return time and result → state RETURNED.
  *
  * No allocation, no lock, no syscall (clock_gettime is vDSO), no I/O. Inside
- * ncclGroupStart/End the ops are handed over at once but get their events at the
- * outermost ncclGroupEnd: one start event per distinct stream just before the real
- * ncclGroupEnd and one end event after, shared by that stream's ops.
+ * ncclGroupStart/End an op is filled into its slot at the call and chained to the
+ * thread's group; at the outermost ncclGroupEnd, where NCCL launches them, the group's
+ * ops get their sequence numbers (in issue order), one start event per distinct stream
+ * and are handed over just before the real ncclGroupEnd, then one end event per stream
+ * after it, shared by that stream's ops. ncclGroupSimulateEnd launches nothing: its
+ * group's ops are let go unnumbered and unrecorded, as NCCL counts none of them.
  */
 #ifndef C4D_SHIM_RECORDER_H
 #define C4D_SHIM_RECORDER_H
@@ -20,16 +23,19 @@
 
 namespace c4d {
 
-constexpr uint32_t kGroupMax = 256;  // ops per thread per outermost group that get device timing
+constexpr uint32_t kGroupStreams = 64;  // distinct streams per outermost group that get events
 constexpr uint8_t kNoRedOp = 255;
 
 /* Per-thread state (TLS, zero-initialised). */
 struct ThreadState {
-  int depth;           // hook nesting: only the outermost call is recorded
-  int group_depth;     // ncclGroupStart nesting
-  uint64_t group_id;   // of the current outermost group
-  uint32_t group_n;    // ops in group[] (at most kGroupMax)
-  uint32_t group[kGroupMax];
+  int depth;                // hook nesting: only the outermost call is recorded
+  int group_depth;          // ncclGroupStart nesting
+  uint64_t group_id;        // of the current outermost group
+  uint32_t group_n;         // ops chained in the current outermost group (head/tail valid when > 0)
+  uint32_t group_numbered;  // how many of them (from the head) have their seq already
+  uint32_t group_head, group_tail;  // op slots, issue order, linked by OpSlot::next
+  uint32_t deferred_n;      // ops of this thread NCCL is still launching (ncclInProgress)
+  uint32_t deferred_head, deferred_tail;  // their slots, issue order, linked by OpSlot::next
 };
 
 ThreadState* thread_state();
@@ -72,9 +78,22 @@ struct OpTicket {
 OpTicket op_begin(ThreadState* t, const OpDesc& d);
 void op_end(const OpTicket& k, ncclResult_t r);
 
-/* Group bookkeeping around the real ncclGroupStart / ncclGroupEnd. */
+/* Nonblocking communicators. A call that returns ncclInProgress has its work launched later
+ * by an NCCL helper thread (NCCL 2.30.7 src/group.cc groupLaunchNonBlocking), so the end
+ * event can't be recorded when the call returns: it would land on the stream before the
+ * kernel. The op waits on its thread's deferred list until ncclCommGetAsyncError says the
+ * comm settled (the launch is over; the application polls it, as PyTorch does), and then
+ * its end event is recorded: the op's end is enqueue-bounded from below by that moment.
+ * settle_deferred is called with the result the application got (its own poll), or asks
+ * NCCL itself (`ae` null) before the thread's next op on that comm or its destroy. `last`:
+ * the comm goes away; ops still in progress keep host times only. */
+void op_deferred(ThreadState* t, const OpTicket& k);
+void settle_deferred(ThreadState* t, ncclComm_t comm, const ncclResult_t* ae, bool last);
+
+/* Group bookkeeping around the real ncclGroupStart / ncclGroupEnd / ncclGroupSimulateEnd. */
 void group_started(ThreadState* t);
 ncclResult_t group_end(ThreadState* t, ncclResult_t (*real)());
+ncclResult_t group_simulate_end(ThreadState* t, ncclResult_t (*real)(ncclSimInfo_t*), ncclSimInfo_t* info);
 
 /* Fork child: the forking thread's group table is the parent's. */
 void recorder_reset_after_fork();

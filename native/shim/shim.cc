@@ -54,9 +54,9 @@ void at_fork_child() {
   recorder_reset_after_fork();
   profiler_reset_after_fork();
   for (std::atomic<uint64_t>* c : {&g_counters.dropped_full, &g_counters.dropped_send, &g_counters.dropped_nolink,
-                                   &g_counters.sent, &g_counters.no_event, &g_counters.group_overflow,
+                                   &g_counters.sent, &g_counters.no_event, &g_counters.simulated,
                                    &g_counters.untracked, &g_counters.event_errors, &g_counters.clamped,
-                                   &g_counters.captured})
+                                   &g_counters.captured, &g_counters.grown, &g_counters.one_sided})
     c->store(0, std::memory_order_relaxed);
 }
 

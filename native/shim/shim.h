@@ -31,11 +31,13 @@ struct Counters {
   std::atomic<uint64_t> dropped_nolink;  // records dropped: no libzmq or no socket
   std::atomic<uint64_t> sent;            // records handed to ZeroMQ
   std::atomic<uint64_t> no_event;        // ops without events: the device's pool was empty
-  std::atomic<uint64_t> group_overflow;  // grouped ops beyond the per-thread group table
+  std::atomic<uint64_t> simulated;       // grouped ops that ncclGroupSimulateEnd let go (never launched)
+  std::atomic<uint64_t> grown;           // ncclCommGrow calls: the grown comm is not tracked
+  std::atomic<uint64_t> one_sided;       // ncclPutSignal/ncclSignal/ncclWaitSignal calls: not timed
   std::atomic<uint64_t> untracked;       // ops on a communicator we don't track
   std::atomic<uint64_t> event_errors;    // CUDA event calls that failed
   std::atomic<uint64_t> clamped;         // device times mapped before the issue time (anchor error)
-  std::atomic<uint64_t> captured;        // ops issued during CUDA graph capture (no events)
+  std::atomic<uint64_t> captured;        // ops issued on a capturing stream (into a CUDA graph): not recorded
 };
 extern Counters g_counters;
 

@@ -70,7 +70,7 @@ bool timing_device_init(int device) {
 void timing_tick(uint64_t mono_now) {
   for (int d = 0; d < kMaxDevices; ++d) {
     DeviceClock& c = g_clocks[d];
-    if (!c.ready.load(std::memory_order_acquire)) continue;
+    if (!c.ready.load(std::memory_order_acquire) || !cuda_agent_device(d)) continue;
     for (Anchor& a : c.ring)
       if (a.state == kRecorded) {
         cudaError_t q = g_cuda.eventQuery(a.ev);

@@ -51,9 +51,10 @@ void timing_tick(uint64_t mono_now);
 
 enum TimeResult { kTimeOk = 1, kTimeNoAnchorYet = 0, kTimeFailed = -1 };
 
-/* Agent thread: host time of the completed event `ev` of `device`; ref_ns = the op's
- * issue time (picks the anchor). kTimeNoAnchorYet: ask again later; kTimeFailed: CUDA
- * refused (no timing for this device, or cudaEventElapsedTime failed). */
+/* Agent thread, with `device` current (cuda_agent_device): host time of the completed
+ * event `ev` of `device`; ref_ns = the op's issue time (picks the anchor).
+ * kTimeNoAnchorYet: ask again later; kTimeFailed: CUDA refused (no timing for this
+ * device, or cudaEventElapsedTime failed). */
 TimeResult timing_event_ns(int device, cudaEvent_t ev, uint64_t ref_ns, uint64_t* out);
 
 /* Fork child: forget every anchor. */

@@ -20,11 +20,13 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <thread>
 
 #include "comm.h"
 #include "common.h"
 #include "config.h"
 #include "ops.h"
+#include "profiler.h"
 #include "reduce.h"
 #include "stream.h"
 #include "timeline.h"
@@ -80,21 +82,20 @@ size_t publish_bytes(const OpDesc& op) {
 void set_error(ncclComm* c, ncclResult_t r, const char* what) {
   int zero = 0;
   if (c->async_error.compare_exchange_strong(zero, int(r)))
-    logf("comm rank %d (global %d): %s", c->rank, c->global_rank, what); /* first error per comm */
+    warnf("comm rank %d (global %d): %s", c->rank, c->global_rank, what); /* first error per comm */
 }
 
-/* Enqueue one group (or one bare op) on the stream(s) of its ops. */
-void enqueue_group(std::vector<PendingOp>& ops) {
-  GroupWork* g = new GroupWork;
-  std::vector<Stream*> streams;
-  for (PendingOp& p : ops) {
-    g->ops.push_back(p.op);
-    if (std::find(streams.begin(), streams.end(), p.stream) == streams.end()) streams.push_back(p.stream);
-    ncclComm* c = p.op.comm;
+/* Launch: number the group's collectives, take its turn on each comm, emit its profiler
+ * task events and queue it on its stream(s). */
+void launch(GroupWork* g, const std::vector<Stream*>& streams, bool persistent) {
+  for (OpDesc& op : g->ops) {
+    ncclComm* c = op.comm;
+    if (is_coll(op.kind)) op.seq = ++c->coll_issued;
     bool seen = false;
     for (auto& t : g->tickets) seen = seen || t.first == c;
     if (!seen) g->tickets.push_back({c, ++c->ticket_issued});
   }
+  profiler_enqueue(g->ops, persistent); /* NCCL's hostStreamPlanTask, right after the launch */
   JoinSync* js = nullptr;
   if (streams.size() > 1) {
     js = new JoinSync;
@@ -105,10 +106,60 @@ void enqueue_group(std::vector<PendingOp>& ops) {
   stream_enqueue(streams[0], Item{ItemKind::Group, g, js, 0, 0});
 }
 
+/* How long the helper thread of a nonblocking group takes to launch it (NCCL: thread
+ * start, ncclPrepareTasks, the kernel launches); SIMNCCL_NB_LAUNCH_US, default 500. */
+uint64_t nb_launch_ns() {
+  static const uint64_t ns = uint64_t(env_long("SIMNCCL_NB_LAUNCH_US", 500, 0, 10000000)) * 1000ull;
+  return ns;
+}
+
+/* One group (or one bare op), at its ncclGroupEnd: launched, or kept by the capturing
+ * stream's graph to be launched at each replay. A group of nonblocking communicators is
+ * launched later by a helper thread while their async error says ncclInProgress (NCCL
+ * 2.30.7 src/group.cc ncclGroupEndInternal: groupLaunchNonBlocking on a job thread). */
+ncclResult_t enqueue_group(std::vector<PendingOp>& ops) {
+  GroupWork* g = new GroupWork;
+  std::vector<Stream*> streams;
+  std::vector<ncclComm*> comms;
+  bool captured = false;
+  for (PendingOp& p : ops) {
+    g->ops.push_back(p.op);
+    if (std::find(streams.begin(), streams.end(), p.stream) == streams.end()) streams.push_back(p.stream);
+    if (std::find(comms.begin(), comms.end(), p.op.comm) == comms.end()) comms.push_back(p.op.comm);
+    captured = captured || p.stream->capturing.load();
+  }
+  const bool blocking = comms[0]->blocking;
+  for (ncclComm* c : comms)
+    if (c->blocking != blocking) {
+      delete g;
+      warnf("Blocking and nonblocking communicators are not allowed in the same group.");
+      return ncclInvalidArgument;
+    }
+  if (captured) {
+    if (streams.size() == 1 && capture_group(streams[0], g)) return ncclSuccess;
+    if (streams.size() > 1) {
+      delete g;
+      warnf("simnccl: an NCCL group over several streams under CUDA graph capture is not simulated");
+      return ncclInvalidUsage;
+    }
+  }
+  if (!blocking) {
+    for (ncclComm* c : comms) start_job(c);
+    std::thread([g, streams, comms] {
+      sleep_until_ns(now_ns() + nb_launch_ns());
+      launch(g, streams, false);
+      for (ncclComm* c : comms) finish_job(c, ncclSuccess);
+    }).detach();
+    return ncclInProgress;
+  }
+  launch(g, streams, false);
+  return ncclSuccess;
+}
+
 ncclResult_t submit(const OpDesc& op, cudaStream_t stream) {
   Stream* s = resolve_stream(stream);
   if (!s) {
-    logf("%s: invalid cudaStream_t %p", op_func_name(op.kind), (void*)stream);
+    warnf("%s: invalid cudaStream_t %p", op_func_name(op.kind), (void*)stream);
     return ncclInvalidArgument;
   }
   if (t_group_depth > 0) {
@@ -116,8 +167,11 @@ ncclResult_t submit(const OpDesc& op, cudaStream_t stream) {
     return ncclSuccess;
   }
   std::vector<PendingOp> one{{op, s}};
-  enqueue_group(one);
-  return ncclSuccess;
+  ncclResult_t r = enqueue_group(one);
+  /* src/enqueue.cc ncclEnqueueCheck: a nonblocking comm's state decides, asked through the
+   * PLT (an interposer sees this call inside the op's). */
+  if (r == ncclInProgress && ncclCommGetAsyncError(op.comm, &r) != ncclSuccess) r = ncclInternalError;
+  return r;
 }
 
 /* Common argument checks of every op; `kind` decides which buffers matter. */
@@ -126,24 +180,33 @@ ncclResult_t issue(uint8_t kind, const void* send, void* recv, size_t count, ncc
   const char* fn = op_func_name(kind);
   ncclComm* c = as_comm(comm);
   if (!c) {
-    logf("%s: invalid communicator %p", fn, (void*)comm);
+    warnf("%s: invalid communicator %p", fn, (void*)comm);
     return ncclInvalidArgument;
   }
   if (c->aborted.load()) {
-    logf("%s: communicator was aborted", fn);
+    warnf("%s: communicator was aborted", fn);
     return ncclInvalidUsage;
   }
+  if (c->revoked.load()) {
+    warnf("%s: communicator was revoked", fn);
+    return ncclInvalidUsage;
+  }
+  if (c->suspended.load()) {
+    warnf("%s: communicator is suspended", fn);
+    return ncclInvalidUsage;
+  }
+  if (ncclResult_t r = ensure_ready(c)) return r;
   if (c4d_dtype_size(dtype) == 0 || int(dtype) < 0 || dtype >= ncclNumTypes) {
-    logf("%s: invalid datatype %d", fn, int(dtype));
+    warnf("%s: invalid datatype %d", fn, int(dtype));
     return ncclInvalidArgument;
   }
   if (is_reducing(kind) && !reducible(dtype, redop)) {
-    logf("%s: reduction op %d on datatype %d is not supported", fn, redop, int(dtype));
+    warnf("%s: reduction op %d on datatype %d is not supported", fn, redop, int(dtype));
     return ncclInvalidArgument;
   }
   bool rooted = kind == kBroadcast || kind == kReduce || kind == kGather || kind == kScatter;
   if ((rooted || kind == kSend || kind == kRecv) && (peer < 0 || peer >= c->nranks)) {
-    logf("%s: %s %d is not in [0, %d)", fn, rooted ? "root" : "peer", peer, c->nranks);
+    warnf("%s: %s %d is not in [0, %d)", fn, rooted ? "root" : "peer", peer, c->nranks);
     return ncclInvalidArgument;
   }
   if (count == 0) return ncclSuccess; /* like NCCL: nothing is queued for an empty op */
@@ -151,7 +214,7 @@ ncclResult_t issue(uint8_t kind, const void* send, void* recv, size_t count, ncc
   bool needs_send = kind != kRecv && !(kind == kScatter && !is_root) && !(kind == kBroadcast && !is_root);
   bool needs_recv = kind != kSend && !((kind == kReduce || kind == kGather) && !is_root);
   if ((needs_send && !send) || (needs_recv && !recv)) {
-    logf("%s: NULL %s buffer", fn, (needs_send && !send) ? "send" : "receive");
+    warnf("%s: NULL %s buffer", fn, (needs_send && !send) ? "send" : "receive");
     return ncclInvalidArgument;
   }
   OpDesc op{};
@@ -163,7 +226,7 @@ ncclResult_t issue(uint8_t kind, const void* send, void* recv, size_t count, ncc
   op.recv = recv;
   op.count = count;
   op.comm = c;
-  op.seq = is_coll(kind) ? ++c->coll_issued : 0;
+  op.seq = 0; /* collectives are numbered when launched (enqueue_group) */
   op.step = current_step();
   return submit(op, stream);
 }
@@ -416,6 +479,11 @@ void run_chunk(std::vector<Run>& runs) {
 
 }  // namespace
 
+void launch_captured_group(const GroupWork* tmpl, Stream* s) {
+  GroupWork* g = new GroupWork(*tmpl);
+  launch(g, {s}, true);
+}
+
 const char* op_func_name(int kind) {
   static const char* names[] = {"AllReduce", "Broadcast", "Reduce", "AllGather", "ReduceScatter",
                                 "AlltoAll",  "Gather",    "Scatter", "Send",     "Recv"};
@@ -457,6 +525,8 @@ void run_group(GroupWork* g) {
     chunk.push_back(r);
   }
   flush();
+  for (OpDesc& op : g->ops)
+    if (op.proxy) profiler_release(op.proxy);
   for (auto& t : g->tickets) {
     t.first->ticket_done.store(t.second);
     futex_wake_all(&t.first->ticket_done, false);
@@ -482,16 +552,46 @@ SIM_ALIAS(ncclGroupStart)
 
 SIM_API ncclResult_t ncclGroupEnd(void) {
   if (t_group_depth == 0) {
-    logf("ncclGroupEnd without a matching ncclGroupStart");
+    warnf("ncclGroupEnd without a matching ncclGroupStart");
     return ncclInvalidUsage;
   }
+  ncclResult_t r = ncclSuccess;
   if (--t_group_depth == 0 && !t_pending->empty()) {
-    enqueue_group(*t_pending);
+    r = enqueue_group(*t_pending);
     t_pending->clear();
   }
-  return ncclSuccess;
+  return r;
 }
 SIM_ALIAS(ncclGroupEnd)
+
+/* Ends the group without launching it (NCCL 2.22+, src/group.cc ncclGroupSimulateEnd →
+ * ncclGroupEndInternal(simInfo)): the tasks are planned, timed and dropped, nothing is
+ * numbered; estimatedTime (µs) is the sum of the ops' modeled times. */
+SIM_API ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t* simInfo) {
+  if (t_group_depth == 0) {
+    warnf("ncclGroupEnd: not in a group call.");
+    return ncclInvalidUsage;
+  }
+  if (--t_group_depth > 0) return ncclSuccess;
+  std::vector<PendingOp> ops;
+  ops.swap(*t_pending);
+  if (simInfo && simInfo->magic != NCCL_SIM_INFO_MAGIC) {
+    warnf("ncclSimInfo_t argument not initialized via NCCL_SIM_INFO_INITIALIZER");
+    return ncclInvalidArgument;
+  }
+  double us = 0;
+  for (const PendingOp& p : ops) {
+    const OpDesc& op = p.op;
+    uint64_t bytes = op.count * c4d_dtype_size(op.dtype);
+    Schedule s = is_coll(op.kind) ? model_coll(op.comm, op.kind, bytes, op.peer, op.step, 0, 0)
+                                  : op.kind == kSend ? model_p2p(op.comm, op.comm->rank, op.peer, true, bytes, op.step, 0, 0)
+                                                    : model_p2p(op.comm, op.peer, op.comm->rank, false, bytes, op.step, 0, 0);
+    if (s.finish != kNever) us += double(s.finish) / 1e3;
+  }
+  if (simInfo) simInfo->estimatedTime = float(us);
+  return ncclSuccess;
+}
+SIM_ALIAS(ncclGroupSimulateEnd)
 
 SIM_API ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
                                    ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
@@ -560,6 +660,33 @@ SIM_API ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t datat
   return issue(kRecv, nullptr, recvbuff, count, datatype, -1, peer, comm, stream);
 }
 SIM_ALIAS(ncclRecv)
+
+/* One-sided RMA over registered windows (NCCL 2.29+) is not simulated: refused, with a WARN. */
+SIM_API ncclResult_t ncclPutSignal(const void* localbuff, size_t count, ncclDataType_t datatype, int peer,
+                                   ncclWindow_t peerWin, size_t peerWinOffset, int sigIdx, int ctx, unsigned int flags,
+                                   ncclComm_t comm, cudaStream_t stream) {
+  (void)localbuff, (void)count, (void)datatype, (void)peer, (void)peerWin, (void)peerWinOffset, (void)sigIdx,
+      (void)ctx, (void)flags, (void)comm, (void)stream;
+  warnf("ncclPutSignal: one-sided operations are not simulated by simnccl");
+  return ncclInvalidUsage;
+}
+SIM_ALIAS(ncclPutSignal)
+
+SIM_API ncclResult_t ncclSignal(int peer, int sigIdx, int ctx, unsigned int flags, ncclComm_t comm,
+                                cudaStream_t stream) {
+  (void)peer, (void)sigIdx, (void)ctx, (void)flags, (void)comm, (void)stream;
+  warnf("ncclSignal: one-sided operations are not simulated by simnccl");
+  return ncclInvalidUsage;
+}
+SIM_ALIAS(ncclSignal)
+
+SIM_API ncclResult_t ncclWaitSignal(int nDesc, ncclWaitSignalDesc_t* signalDescs, ncclComm_t comm,
+                                    cudaStream_t stream) {
+  (void)nDesc, (void)signalDescs, (void)comm, (void)stream;
+  warnf("ncclWaitSignal: one-sided operations are not simulated by simnccl");
+  return ncclInvalidUsage;
+}
+SIM_ALIAS(ncclWaitSignal)
 
 /* The ...Config variants run the same code; the per-call config is opaque here. They
  * do not call the plain entry points (an interposer hooks both and counts each once). */

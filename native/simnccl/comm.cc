@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 
 #include "common.h"
 #include "config.h"
@@ -82,42 +83,42 @@ void unmap_all(ncclComm* c) {
 
 std::string data_name(const ncclComm* c, int r) { return c->name + "-d" + std::to_string(r); }
 
-/* First half of init: map the control segment, claim our rank, create our data
- * segment. Does not wait for peers, so one process may attach several ranks. */
-ncclResult_t attach(const std::string& name, int nranks, int rank, uint64_t id, int global_rank,
-                    ncclComm** out) {
-  *out = nullptr;
+/* First half of init, into the caller's comm object: map the control segment, claim our
+ * rank on `device`, create our data segment. Does not wait for peers, so one process may
+ * attach several ranks. On failure c holds no mapping (the caller frees it or keeps it as
+ * a failed nonblocking comm). */
+ncclResult_t attach(const std::string& name, int nranks, int rank, uint64_t id, int global_rank, int device,
+                    ncclComm* c) {
   if (nranks < 1 || rank < 0 || rank >= nranks) {
-    logf("comm init: rank %d is not in [0, nranks=%d)", rank, nranks);
+    warnf("comm init: rank %d is not in [0, nranks=%d)", rank, nranks);
     return ncclInvalidArgument;
   }
   size_t len = ctl_size(nranks);
   int fd = shm_open(name.c_str(), O_CREAT | O_RDWR, 0600);
   if (fd < 0) {
-    logf("comm init: shm_open(%s): %s", name.c_str(), strerror(errno));
+    warnf("comm init: shm_open(%s): %s", name.c_str(), strerror(errno));
     return ncclSystemError;
   }
   struct stat st;
   /* posix_fallocate reserves the tmpfs pages now: a full /dev/shm fails here with a
    * message, not later with SIGBUS on first touch. */
   if (fstat(fd, &st) != 0 || (size_t(st.st_size) < len && posix_fallocate(fd, 0, off_t(len)) != 0)) {
-    logf("comm init: sizing %s to %zu bytes failed (is /dev/shm full?)", name.c_str(), len);
+    warnf("comm init: sizing %s to %zu bytes failed (is /dev/shm full?)", name.c_str(), len);
     close(fd);
     return ncclSystemError;
   }
   void* p = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   close(fd);
   if (p == MAP_FAILED) {
-    logf("comm init: mmap %s: %s", name.c_str(), strerror(errno));
+    warnf("comm init: mmap %s: %s", name.c_str(), strerror(errno));
     return ncclSystemError;
   }
-  ncclComm* c = new ncclComm;
-  c->magic = kCommMagic;
   c->name = name;
   c->nranks = nranks;
   c->rank = rank;
   c->id = id;
-  c->device = current_device();
+  c->device = device;
+  context_on_device(c->device); /* NCCL allocates on the caller's device at init */
   c->global_rank = global_rank >= 0 ? global_rank : rank;
   c->ctl = static_cast<CtlHeader*>(p);
   c->ctl_len = len;
@@ -129,17 +130,15 @@ ncclResult_t attach(const std::string& name, int nranks, int rank, uint64_t id, 
 
   int32_t expect = 0;
   if (!c->ctl->nranks.compare_exchange_strong(expect, nranks) && expect != nranks) {
-    logf("comm init: this rank says nranks=%d but a peer said %d (%s)", nranks, expect, name.c_str());
+    warnf("comm init: this rank says nranks=%d but a peer said %d (%s)", nranks, expect, name.c_str());
     unmap_all(c);
-    delete c;
     return ncclInvalidUsage;
   }
   Member& me = c->members[rank];
   uint32_t zero = 0;
   if (!me.joined.compare_exchange_strong(zero, 1)) {
-    logf("comm init: rank %d of %s was claimed twice", rank, name.c_str());
+    warnf("comm init: rank %d of %s was claimed twice", rank, name.c_str());
     unmap_all(c);
-    delete c;
     return ncclInvalidUsage;
   }
   me.global_rank = c->global_rank;
@@ -148,16 +147,14 @@ ncclResult_t attach(const std::string& name, int nranks, int rank, uint64_t id, 
   me.seed = config().seed;
   c->data_fd = shm_open(data_name(c, rank).c_str(), O_CREAT | O_RDWR | O_TRUNC, 0600);
   if (c->data_fd < 0) {
-    logf("comm init: shm_open(%s): %s", data_name(c, rank).c_str(), strerror(errno));
+    warnf("comm init: shm_open(%s): %s", data_name(c, rank).c_str(), strerror(errno));
     unmap_all(c);
-    delete c;
     return ncclSystemError;
   }
   c->ctl->magic.store(kCtlMagic);
   c->ctl->njoined.fetch_add(1);
   c->ctl->bell.fetch_add(1);
   futex_wake_all(&c->ctl->bell, true);
-  *out = c;
   return ncclSuccess;
 }
 
@@ -181,24 +178,72 @@ void wait_joined(ncclComm* c) {
   profiler_comm_init(c);
 }
 
-ncclResult_t init_from_id(ncclComm_t* comm, int nranks, const ncclUniqueId& id, int rank) {
+/* NCCL_COMM_BLOCKING: the blocking mode of a comm whose config leaves it undefined. */
+bool env_blocking() {
+  static const bool b = env_long("NCCL_COMM_BLOCKING", 1, 0, 1) != 0;
+  return b;
+}
+
+/* config->blocking (NCCL 2.30.7 src/init.cc parseCommConfig): NULL config → `inherit`. */
+ncclResult_t config_blocking(const ncclConfig_t* config, bool inherit, bool* blocking) {
+  *blocking = inherit;
+  if (!config) return ncclSuccess;
+  const c4d_nccl_config_head* h = reinterpret_cast<const c4d_nccl_config_head*>(config);
+  if (h->magic != NCCL_API_MAGIC || h->size < sizeof(c4d_nccl_config_head)) {
+    warnf("Invalid config: the ncclConfig_t was not initialized with NCCL_CONFIG_INITIALIZER");
+    return ncclInvalidArgument;
+  }
+  if (h->blocking != NCCL_CONFIG_UNDEF_INT) *blocking = h->blocking != 0;
+  else *blocking = env_blocking();
+  return ncclSuccess;
+}
+
+ncclResult_t init_from_id(ncclComm_t* comm, int nranks, const ncclUniqueId& id, int rank, bool blocking) {
   if (!comm) return ncclInvalidArgument;
   *comm = nullptr;
   if (memcmp(id.internal, kIdMagic, sizeof kIdMagic) != 0 || id.internal[NCCL_UNIQUE_ID_BYTES - 1] != 0) {
-    logf("comm init: the ncclUniqueId was not made by simnccl's ncclGetUniqueId");
+    warnf("comm init: the ncclUniqueId was not made by simnccl's ncclGetUniqueId");
+    return ncclInvalidArgument;
+  }
+  if (nranks < 1 || rank < 0 || rank >= nranks) {
+    warnf("Invalid rank requested : %d/%d", rank, nranks);
     return ncclInvalidArgument;
   }
   config(); /* report malformed SIMNCCL_* once, at the first comm */
   std::string name(id.internal + sizeof kIdMagic);
-  ncclComm* c = nullptr;
-  ncclResult_t r = attach(name, nranks, rank, fnv1a(id.internal, NCCL_UNIQUE_ID_BYTES), env_global_rank(), &c);
-  if (r != ncclSuccess) return r;
+  uint64_t cid = fnv1a(id.internal, NCCL_UNIQUE_ID_BYTES);
+  int grank = env_global_rank(), device = current_device(); /* the caller's device, as NCCL takes it */
+  ncclComm* c = new ncclComm;
+  c->blocking = blocking;
+  if (!blocking) {
+    /* Nonblocking (src/init.cc ncclCommInitRankDev: the comm is handed out at once with
+     * initState ncclInProgress, an async job thread does the init). */
+    c->device = device;
+    start_job(c);
+    *comm = c;
+    std::thread([=] {
+      ncclResult_t r = attach(name, nranks, rank, cid, grank, device, c);
+      if (r == ncclSuccess) wait_joined(c);
+      finish_job(c, r);
+    }).detach();
+    return ncclInProgress;
+  }
+  ncclResult_t r = attach(name, nranks, rank, cid, grank, device, c);
+  if (r != ncclSuccess) {
+    delete c;
+    return r;
+  }
   wait_joined(c);
   *comm = c;
   return ncclSuccess;
 }
 
 ncclResult_t detach(ncclComm* c) {
+  if (!c->ctl) { /* a nonblocking init that failed: nothing attached */
+    c->magic = 0;
+    delete c;
+    return ncclSuccess;
+  }
   profiler_comm_finalize(c);
   shm_unlink(data_name(c, c->rank).c_str());
   if (c->ctl->ndetached.fetch_add(1) + 1 == uint32_t(c->nranks)) shm_unlink(c->name.c_str());
@@ -208,9 +253,15 @@ ncclResult_t detach(ncclComm* c) {
   return ncclSuccess;
 }
 
-/* Waits until the stream worker finished every op issued on c (or c was aborted). */
-void drain(ncclComm* c, uint64_t timeout_ns) {
+/* Waits until the stream worker finished every op issued on c (or c was aborted); first
+ * (`jobs`) until the nonblocking launches on helper threads are done. */
+void drain(ncclComm* c, uint64_t timeout_ns, bool jobs = true) {
   uint64_t deadline = timeout_ns ? now_ns() + timeout_ns : 0;
+  for (; jobs;) {
+    uint32_t j = c->jobs.load();
+    if (j == 0 || (deadline && now_ns() > deadline)) break;
+    futex_wait(&c->jobs, j, 20000000ull, false);
+  }
   for (;;) {
     uint32_t d = c->ticket_done.load();
     if (d == c->ticket_issued) return;
@@ -220,6 +271,24 @@ void drain(ncclComm* c, uint64_t timeout_ns) {
 }
 
 }  // namespace
+
+void start_job(ncclComm* c) {
+  c->async_error.store(ncclInProgress);
+  c->jobs.fetch_add(1);
+}
+
+void finish_job(ncclComm* c, ncclResult_t r) {
+  int in_progress = ncclInProgress; /* an error found meanwhile stays */
+  c->async_error.compare_exchange_strong(in_progress, int(r));
+  c->jobs.fetch_sub(1);
+  futex_wake_all(&c->jobs, false);
+}
+
+ncclResult_t ensure_ready(ncclComm* c) {
+  if (c->async_error.load() != ncclInProgress) return ncclSuccess; /* (a blocking comm: only while revoked) */
+  warnf("Attempt to use communicator before the previous operation returned ncclSuccess");
+  return ncclInvalidArgument;
+}
 
 void ring_bell(ncclComm* c) {
   Member& me = c->members[c->rank];
@@ -232,12 +301,12 @@ bool ensure_data(ncclComm* c, size_t bytes) {
   size_t want = std::max((bytes + (1u << 20) - 1) & ~size_t((1u << 20) - 1), c->data_len * 2);
   int err = posix_fallocate(c->data_fd, 0, off_t(want)); /* reserve: no SIGBUS on a full /dev/shm */
   if (err != 0) {
-    logf("growing %s to %zu bytes: %s (is /dev/shm full?)", data_name(c, c->rank).c_str(), want, strerror(err));
+    warnf("growing %s to %zu bytes: %s (is /dev/shm full?)", data_name(c, c->rank).c_str(), want, strerror(err));
     return false;
   }
   void* p = mmap(nullptr, want, PROT_READ | PROT_WRITE, MAP_SHARED, c->data_fd, 0);
   if (p == MAP_FAILED) {
-    logf("mapping %s (%zu bytes): %s", data_name(c, c->rank).c_str(), want, strerror(errno));
+    warnf("mapping %s (%zu bytes): %s", data_name(c, c->rank).c_str(), want, strerror(errno));
     return false;
   }
   if (c->data) munmap(c->data, c->data_len);
@@ -296,6 +365,13 @@ SIM_API const char* ncclGetErrorString(ncclResult_t result) {
 }
 SIM_ALIAS(ncclGetErrorString)
 
+/* The last WARN's message, whatever NCCL_DEBUG says (src/init.cc ncclGetLastError). */
+SIM_API const char* ncclGetLastError(ncclComm_t comm) {
+  (void)comm;
+  return last_error();
+}
+SIM_ALIAS(ncclGetLastError)
+
 SIM_API ncclResult_t ncclGetUniqueId(ncclUniqueId* uniqueId) {
   if (!uniqueId) return ncclInvalidArgument;
   static std::atomic<uint64_t> counter{0};
@@ -310,22 +386,24 @@ SIM_API ncclResult_t ncclGetUniqueId(ncclUniqueId* uniqueId) {
 SIM_ALIAS(ncclGetUniqueId)
 
 SIM_API ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank) {
-  return init_from_id(comm, nranks, commId, rank);
+  return init_from_id(comm, nranks, commId, rank, env_blocking());
 }
 SIM_ALIAS(ncclCommInitRank)
 
 SIM_API ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank,
                                             ncclConfig_t* config) {
-  (void)config; /* blocking semantics always; config fields are opaque to simnccl */
-  return init_from_id(comm, nranks, commId, rank);
+  bool blocking;
+  if (ncclResult_t r = config_blocking(config, env_blocking(), &blocking)) return r;
+  return init_from_id(comm, nranks, commId, rank, blocking);
 }
 SIM_ALIAS(ncclCommInitRankConfig)
 
 SIM_API ncclResult_t ncclCommInitRankScalable(ncclComm_t* newcomm, int nranks, int myrank, int nId,
                                               ncclUniqueId* commIds, ncclConfig_t* config) {
-  (void)config;
   if (nId < 1 || !commIds) return ncclInvalidArgument;
-  return init_from_id(newcomm, nranks, commIds[0], myrank); /* id 0 names the comm */
+  bool blocking;
+  if (ncclResult_t r = config_blocking(config, env_blocking(), &blocking)) return r;
+  return init_from_id(newcomm, nranks, commIds[0], myrank, blocking); /* id 0 names the comm */
 }
 SIM_ALIAS(ncclCommInitRankScalable)
 
@@ -340,11 +418,12 @@ SIM_API ncclResult_t ncclCommInitAll(ncclComm_t* comms, int ndev, const int* dev
   for (int i = 0; i < ndev; ++i) {
     int dev = devlist ? devlist[i] : i;
     if (dev < 0) return ncclInvalidArgument;
-    ncclComm* c = nullptr;
-    r = attach(name, ndev, i, hid, i, &c); /* one process holds every rank: global rank = i */
-    if (r != ncclSuccess) return r;
-    c->device = dev;
-    c->members[i].device = dev;
+    ncclComm* c = new ncclComm;
+    r = attach(name, ndev, i, hid, i, dev, c); /* one process holds every rank: global rank = i */
+    if (r != ncclSuccess) {
+      delete c;
+      return r;
+    }
     comms[i] = c;
   }
   for (int i = 0; i < ndev; ++i) wait_joined(comms[i]);
@@ -354,10 +433,12 @@ SIM_ALIAS(ncclCommInitAll)
 
 SIM_API ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm,
                                    ncclConfig_t* config) {
-  (void)config;
   ncclComm* c = as_comm(comm);
   if (!c || !newcomm || color < kNoColor) return ncclInvalidArgument;
   *newcomm = nullptr;
+  if (ncclResult_t r = ensure_ready(c)) return r;
+  bool blocking; /* a NULL config inherits the parent's; simnccl splits synchronously either way */
+  if (ncclResult_t r = config_blocking(config, c->blocking, &blocking)) return r;
   /* Exchange (color, key) over the parent. Split k uses slot k % 2: a member writes
    * slot k % 2 again only at split k + 2, after passing split k + 1's barrier, which
    * every member enters only after it finished reading split k. */
@@ -389,10 +470,14 @@ SIM_API ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm
     int32_t color;
   } key_bytes = {c->id, k - 1, color};
   uint64_t child_id = fnv1a(&key_bytes, sizeof key_bytes);
-  ncclComm* child = nullptr;
-  ncclResult_t r =
-      attach(name_prefix(c->name) + hex64(child_id), int(group.size()), child_rank, child_id, c->global_rank, &child);
-  if (r != ncclSuccess) return r;
+  ncclComm* child = new ncclComm;
+  child->blocking = blocking;
+  ncclResult_t r = attach(name_prefix(c->name) + hex64(child_id), int(group.size()), child_rank, child_id,
+                          c->global_rank, c->device, child);
+  if (r != ncclSuccess) {
+    delete child;
+    return r;
+  }
   wait_joined(child);
   *newcomm = child;
   return ncclSuccess;
@@ -401,12 +486,14 @@ SIM_ALIAS(ncclCommSplit)
 
 SIM_API ncclResult_t ncclCommShrink(ncclComm_t comm, int* excludeRanksList, int excludeRanksCount,
                                     ncclComm_t* newcomm, ncclConfig_t* config, int shrinkFlags) {
-  (void)config;
   (void)shrinkFlags;
   ncclComm* c = as_comm(comm);
   if (!c || !newcomm || excludeRanksCount < 0 || (excludeRanksCount > 0 && !excludeRanksList))
     return ncclInvalidArgument;
   *newcomm = nullptr;
+  if (ncclResult_t r = ensure_ready(c)) return r;
+  bool blocking;
+  if (ncclResult_t r = config_blocking(config, c->blocking, &blocking)) return r;
   std::vector<bool> excluded(size_t(c->nranks), false);
   for (int i = 0; i < excludeRanksCount; ++i) {
     int r = excludeRanksList[i];
@@ -414,7 +501,7 @@ SIM_API ncclResult_t ncclCommShrink(ncclComm_t comm, int* excludeRanksList, int 
     excluded[size_t(r)] = true;
   }
   if (excluded[size_t(c->rank)]) {
-    logf("ncclCommShrink: rank %d is in its own exclude list", c->rank);
+    warnf("ncclCommShrink: rank %d is in its own exclude list", c->rank);
     return ncclInvalidArgument;
   }
   /* Only the remaining ranks call Shrink: no exchange over the parent; every caller
@@ -434,19 +521,77 @@ SIM_API ncclResult_t ncclCommShrink(ncclComm_t comm, int* excludeRanksList, int 
   uint64_t child_id = fnv1a(&key_bytes, sizeof key_bytes); /* profiler_abi.h documents this id */
   if (excludeRanksCount > 0)
     child_id = fnv1a(excludeRanksList, sizeof(int) * size_t(excludeRanksCount), child_id);
-  ncclComm* child = nullptr;
-  ncclResult_t r =
-      attach(name_prefix(c->name) + hex64(child_id), child_n, child_rank, child_id, c->global_rank, &child);
-  if (r != ncclSuccess) return r;
+  ncclComm* child = new ncclComm;
+  child->blocking = blocking;
+  ncclResult_t r = attach(name_prefix(c->name) + hex64(child_id), child_n, child_rank, child_id, c->global_rank,
+                          c->device, child);
+  if (r != ncclSuccess) {
+    delete child;
+    return r;
+  }
   wait_joined(child);
   *newcomm = child;
   return ncclSuccess;
 }
 SIM_ALIAS(ncclCommShrink)
 
+/* NCCL 2.30: stops the comm's in-flight ops and refuses new ones; the comm is in progress
+ * until quiescent, then may be destroyed, split or shrunk (nccl.h, ncclCommRevoke). */
+SIM_API ncclResult_t ncclCommRevoke(ncclComm_t comm, int revokeFlags) {
+  ncclComm* c = as_comm(comm);
+  if (!c) return ncclInvalidArgument;
+  if (revokeFlags != 0) {
+    warnf("ncclCommRevoke: revokeFlags must be NCCL_REVOKE_DEFAULT (0)");
+    return ncclInvalidArgument;
+  }
+  if (c->revoked.exchange(true)) return ncclSuccess;
+  c->aborted.store(true); /* waiting workers give up within 20 ms; queued ops are skipped */
+  start_job(c);
+  std::thread([c] {
+    drain(c, 0, false); /* this job is one of c's: wait for the ops only */
+    c->aborted.store(false); /* quiescent: destroy may detach, a later split may use the parent */
+    finish_job(c, ncclSuccess);
+  }).detach();
+  return ncclSuccess;
+}
+SIM_ALIAS(ncclCommRevoke)
+
+SIM_API ncclResult_t ncclCommSuspend(ncclComm_t comm, int flags) {
+  (void)flags; /* NCCL_SUSPEND_MEM: simnccl holds no device memory to release */
+  ncclComm* c = as_comm(comm);
+  if (!c) return ncclInvalidArgument;
+  if (ncclResult_t r = ensure_ready(c)) return r;
+  drain(c, 0);
+  c->suspended.store(true);
+  return ncclSuccess;
+}
+SIM_ALIAS(ncclCommSuspend)
+
+SIM_API ncclResult_t ncclCommResume(ncclComm_t comm) {
+  ncclComm* c = as_comm(comm);
+  if (!c) return ncclInvalidArgument;
+  c->suspended.store(false);
+  return ncclSuccess;
+}
+SIM_ALIAS(ncclCommResume)
+
+/* Adding ranks to a live communicator is not simulated. */
+SIM_API ncclResult_t ncclCommGrow(ncclComm_t comm, int nRanks, const ncclUniqueId* uniqueId, int rank,
+                                  ncclComm_t* newcomm, ncclConfig_t* config) {
+  (void)comm, (void)nRanks, (void)uniqueId, (void)rank, (void)config;
+  if (newcomm) *newcomm = nullptr;
+  warnf("ncclCommGrow: not simulated by simnccl");
+  return ncclInvalidUsage;
+}
+SIM_ALIAS(ncclCommGrow)
+
 SIM_API ncclResult_t ncclCommFinalize(ncclComm_t comm) {
   ncclComm* c = as_comm(comm);
   if (!c) return ncclInvalidArgument;
+  if (c->revoked.load()) {
+    warnf("ncclCommFinalize: invalid after ncclCommRevoke");
+    return ncclInvalidUsage;
+  }
   drain(c, 0);
   return ncclSuccess;
 }
@@ -477,6 +622,7 @@ SIM_ALIAS(ncclCommAbort)
 SIM_API ncclResult_t ncclCommCount(const ncclComm_t comm, int* count) {
   ncclComm* c = as_comm(comm);
   if (!c || !count) return ncclInvalidArgument;
+  if (ncclResult_t r = ensure_ready(c)) return r; /* src/init.cc: ncclCommEnsureReady */
   *count = c->nranks;
   return ncclSuccess;
 }
@@ -485,6 +631,7 @@ SIM_ALIAS(ncclCommCount)
 SIM_API ncclResult_t ncclCommUserRank(const ncclComm_t comm, int* rank) {
   ncclComm* c = as_comm(comm);
   if (!c || !rank) return ncclInvalidArgument;
+  if (ncclResult_t r = ensure_ready(c)) return r; /* src/init.cc: ncclCommEnsureReady */
   *rank = c->rank;
   return ncclSuccess;
 }
@@ -493,6 +640,7 @@ SIM_ALIAS(ncclCommUserRank)
 SIM_API ncclResult_t ncclCommCuDevice(const ncclComm_t comm, int* device) {
   ncclComm* c = as_comm(comm);
   if (!c || !device) return ncclInvalidArgument;
+  if (ncclResult_t r = ensure_ready(c)) return r; /* src/init.cc: ncclCommEnsureReady */
   *device = c->device;
   return ncclSuccess;
 }

@@ -30,6 +30,7 @@ namespace sim {
 constexpr int kCollRing = 16; /* collectives a member may have published and not finished */
 constexpr int kP2PRing = 16;  /* sends in flight per ordered pair */
 constexpr uint64_t kCtlMagic = 0x53494d4e43434c31ull; /* "SIMNCCL1" */
+constexpr uint32_t kCommMagic = 0x434f4d4du;          /* "COMM": a live ncclComm */
 
 struct alignas(64) CollSlot {
   std::atomic<uint64_t> pub_seq;  /* collective seq published in this slot (0: none) */
@@ -85,7 +86,7 @@ struct alignas(64) CtlHeader {
 
 /* ncclComm_t points at this; private to simnccl. */
 struct ncclComm {
-  uint32_t magic;
+  uint32_t magic = sim::kCommMagic; /* from allocation on: a nonblocking init hands the comm out at once */
   std::string name; /* control segment name, with leading '/' */
   int nranks = 0, rank = 0, global_rank = -1, device = 0;
   uint64_t id = 0; /* comm id shared by all members (profiler_abi.h tells how it is derived) */
@@ -111,14 +112,17 @@ struct ncclComm {
   std::vector<uint32_t> send_idx, recv_idx; /* p2p ops executed per peer */
 
   std::atomic<bool> aborted{false};
-  std::atomic<int> async_error{0};
+  std::atomic<int> async_error{0}; /* ncclCommGetAsyncError: ncclInProgress while a nonblocking job runs */
+  bool blocking = true;            /* ncclConfig_t.blocking (0: calls return ncclInProgress, work goes on) */
+  std::atomic<bool> revoked{false};   /* ncclCommRevoke: in-flight ops stopped, new ones refused */
+  std::atomic<bool> suspended{false}; /* ncclCommSuspend .. ncclCommResume: no ops */
+  std::atomic<uint32_t> jobs{0};   /* nonblocking jobs (init, launches) on helper threads; futex word */
   bool prof_on = false;    /* the profiler plugin accepted this comm (init succeeded) */
+  uint64_t prof_seq[10] = {}; /* launching thread: next profiler seqNumber per collective function */
   void* prof_ctx = nullptr; /* its context */
 };
 
 namespace sim {
-
-constexpr uint32_t kCommMagic = 0x434f4d4du; /* "COMM" */
 
 inline ncclComm* as_comm(ncclComm_t c) { return (c && c->magic == kCommMagic) ? c : nullptr; }
 
@@ -133,6 +137,14 @@ bool wait_all(ncclComm* c, Pred pred);
 
 /* This rank changed its state: wake the peers waiting on it. */
 void ring_bell(ncclComm* c);
+
+/* Nonblocking communicators (NCCL 2.30.7 src/group.cc ncclGroupEndInternal, src/init.cc):
+ * a job (init, a group's launch) runs on a helper thread while ncclCommGetAsyncError says
+ * ncclInProgress; finish_job sets its result. ensure_ready is ncclCommEnsureReady: using a
+ * comm in progress is a WARN and ncclInvalidArgument. */
+void start_job(ncclComm* c);
+void finish_job(ncclComm* c, ncclResult_t r);
+ncclResult_t ensure_ready(ncclComm* c);
 
 /* Ensures the own data segment holds `bytes`; grows (never shrinks) it. */
 bool ensure_data(ncclComm* c, size_t bytes);

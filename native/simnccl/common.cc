@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 
 namespace sim {
 
@@ -38,13 +39,18 @@ void futex_wake_all(std::atomic<uint32_t>* addr, bool shared) {
   syscall(SYS_futex, reinterpret_cast<uint32_t*>(addr), op, 0x7fffffff, nullptr, nullptr, 0);
 }
 
-void logf(const char* fmt, ...) {
+namespace {
+std::mutex* g_last_mu = new std::mutex; /* leaked: stream workers may warn during exit */
+char g_last_error[1024] = "";
+
+void vlog(bool warn, const char* fmt, va_list ap) {
   char buf[768];
   int n = snprintf(buf, sizeof buf, "simnccl: ");
-  va_list ap;
-  va_start(ap, fmt);
   int m = vsnprintf(buf + n, sizeof buf - size_t(n) - 1, fmt, ap);
-  va_end(ap);
+  if (warn) {
+    std::lock_guard<std::mutex> lk(*g_last_mu);
+    snprintf(g_last_error, sizeof g_last_error, "%s", buf + n);
+  }
   size_t len = size_t(n) + (m < 0 ? 0 : size_t(m));
   if (len > sizeof buf - 2) len = sizeof buf - 2;
   buf[len++] = '\n';
@@ -52,6 +58,23 @@ void logf(const char* fmt, ...) {
   ssize_t w = write(2, buf, len);
   (void)w;
 }
+}  // namespace
+
+void logf(const char* fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vlog(false, fmt, ap);
+  va_end(ap);
+}
+
+void warnf(const char* fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vlog(true, fmt, ap);
+  va_end(ap);
+}
+
+const char* last_error() { return g_last_error; }
 
 double env_double(const char* name, double def, double lo, double hi) {
   const char* s = getenv(name);

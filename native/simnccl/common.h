@@ -33,6 +33,11 @@ void futex_wake_all(std::atomic<uint32_t>* addr, bool shared);
 /* One line on stderr, prefixed "simnccl: " (a trailing newline is added). */
 void logf(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 
+/* A WARN: logf, and the message becomes what ncclGetLastError returns (NCCL 2.30.7
+ * src/debug.cc ncclDebugLogV keeps the last WARN in ncclLastError, printed or not). */
+void warnf(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+const char* last_error();
+
 /* Environment values with range checks. A malformed or out-of-range value prints one
  * line naming the variable and the default, then returns the default. */
 double env_double(const char* name, double def, double lo, double hi);

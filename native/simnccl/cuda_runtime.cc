@@ -10,12 +10,21 @@
  *  - cudaEventQuery never blocks: 0 or 600 (cudaErrorNotReady).
  *  - cudaEventElapsedTime: signed milliseconds end - start; 600 while either event is
  *    incomplete, 400 for an event never recorded or created with DisableTiming.
+ *
+ * Contexts: the CUDA runtime creates a device's primary context (~500 MiB of GPU memory
+ * on real hardware) at the first call that needs one, on the calling thread's current
+ * device, which is device 0 until the thread calls cudaSetDevice (and cudaSetDevice itself
+ * initialises the context since CUDA 12.0). simnccl notes which devices got a context in
+ * this process; SIMNCCL_CONTEXT_DUMP=PATH writes them to PATH at exit ("contexts 3\n"), so
+ * a test can tell that a thread touched device 0 by accident.
  */
 #include <unistd.h>
 
 #include <climits>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -25,75 +34,6 @@
 
 namespace sim {
 
-constexpr uint32_t kStreamMagic = 0x5354524du;  // "STRM"
-constexpr uint32_t kEventMagic = 0x4556544eu;   // "EVTN"
-constexpr cudaError_t kErrInvalidValue = 1;
-constexpr cudaError_t kErrMemoryAllocation = 2;
-constexpr cudaError_t kErrInvalidDevice = 101;
-constexpr cudaError_t kErrInvalidHandle = 400;
-constexpr cudaError_t kErrNotReady = 600;
-
-struct Event {
-  uint32_t magic = kEventMagic;
-  unsigned flags = 0;
-  std::atomic<uint32_t> rec_gen{0};  /* records issued by the host */
-  std::atomic<uint32_t> done_gen{0}; /* latest record a stream reached (futex word) */
-  std::atomic<uint64_t> ts_ns{0};    /* CLOCK_MONOTONIC when done_gen was reached */
-  std::atomic<int> waiters{0};       /* threads blocked in futex_wait on done_gen */
-  std::atomic<int> refs{1};          /* host handle + queued markers */
-
-  bool complete() const { return int32_t(done_gen.load(std::memory_order_acquire) - rec_gen.load()) >= 0; }
-  void release() {
-    if (refs.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-      magic = 0;
-      delete this;
-    }
-  }
-  /* Called by whoever reaches record `gen` (a worker, or the fast path). */
-  void reach(uint32_t gen) {
-    uint32_t d = done_gen.load();
-    if (int32_t(gen - d) <= 0) return; /* a later record on another stream already completed */
-    ts_ns.store(now_ns(), std::memory_order_relaxed);
-    while (int32_t(gen - d) > 0 && !done_gen.compare_exchange_weak(d, gen)) {
-    }
-    if (waiters.load() > 0) futex_wake_all(&done_gen, false);
-  }
-  /* Blocks until record `gen` (or a later one) was reached. */
-  void wait_for(uint32_t gen) {
-    waiters.fetch_add(1);
-    for (;;) {
-      uint32_t d = done_gen.load();
-      if (int32_t(d - gen) >= 0) break;
-      futex_wait(&done_gen, d, 20000000ull, false);
-    }
-    waiters.fetch_sub(1);
-  }
-};
-
-struct Stream {
-  uint32_t magic = kStreamMagic;
-  int device = 0;
-  unsigned flags = 0;
-  std::mutex m;
-  std::condition_variable work_cv; /* the worker sleeps here when the queue is empty */
-  std::condition_variable idle_cv; /* host threads in cudaStreamSynchronize sleep here */
-  std::vector<Item> ring;          /* circular queue; the running item stays at head */
-  size_t head = 0, count = 0;
-  bool sleeping = false, destroyed = false;
-  int host_waiters = 0;
-
-  void push_locked(const Item& it) {
-    if (count == ring.size()) {
-      std::vector<Item> bigger(ring.empty() ? 64 : ring.size() * 2);
-      for (size_t i = 0; i < count; ++i) bigger[i] = ring[(head + i) % ring.size()];
-      ring.swap(bigger);
-      head = 0;
-    }
-    ring[(head + count) % ring.size()] = it;
-    ++count;
-  }
-};
-
 namespace {
 
 std::mutex* g_reg_mu = new std::mutex;                   /* leaked on purpose: workers may */
@@ -102,10 +42,34 @@ Stream* g_default = nullptr;
 std::once_flag g_default_once;
 thread_local int t_device = 0;
 thread_local cudaError_t t_last_error = 0;
+constexpr int kCtxWords = 16;
+std::atomic<uint64_t> g_contexts[kCtxWords]; /* bit d: device d has a context in this process */
 
-cudaError_t fail(cudaError_t e) {
-  if (e) t_last_error = e;
-  return e;
+void touch_device(int d) {
+  if (d >= 0 && d < 64 * kCtxWords) g_contexts[d / 64].fetch_or(1ull << (d % 64), std::memory_order_relaxed);
+}
+
+/* Every runtime call that needs a context makes one on the caller's current device. */
+void touch_context() { touch_device(t_device); }
+
+void dump_contexts() {
+  const char* path = getenv("SIMNCCL_CONTEXT_DUMP");
+  if (!path || !*path) return;
+  std::string line = "contexts";
+  for (int d = 0; d < 64 * kCtxWords; ++d)
+    if (g_contexts[d / 64].load() & (1ull << (d % 64))) line += " " + std::to_string(d);
+  line += "\n";
+  if (FILE* f = fopen(path, "w")) {
+    fputs(line.c_str(), f);
+    fclose(f);
+  }
+}
+
+/* At load, so that it runs after every atexit handler registered later (the shim's agent
+ * flushes in one of those, and may still call CUDA there). */
+__attribute__((constructor)) void register_context_dump() {
+  const char* path = getenv("SIMNCCL_CONTEXT_DUMP");
+  if (path && *path) atexit(dump_contexts);
 }
 
 int device_count() {
@@ -240,6 +204,11 @@ void sync_stream(Stream* s) {
 
 }  // namespace
 
+cudaError_t fail(cudaError_t e) {
+  if (e) t_last_error = e;
+  return e;
+}
+
 Stream* resolve_stream(cudaStream_t h) {
   uintptr_t v = reinterpret_cast<uintptr_t>(h);
   if (v <= 2) return default_stream();
@@ -248,12 +217,28 @@ Stream* resolve_stream(cudaStream_t h) {
 }
 
 void stream_enqueue(Stream* s, const Item& it) {
+  if (s->capturing.load(std::memory_order_relaxed) && capture_item(s, it)) return;
   std::lock_guard<std::mutex> lk(s->m);
   s->push_locked(it);
   if (s->sleeping) s->work_cv.notify_one(); /* a running worker finds the item itself */
 }
 
 int current_device() { return t_device; }
+
+void record_event(Event* e, Stream* s) {
+  e->captured.store(false, std::memory_order_relaxed);
+  uint32_t gen = e->rec_gen.fetch_add(1) + 1;
+  std::lock_guard<std::mutex> lk(s->m);
+  if (s->count == 0) {
+    e->reach(gen); /* idle stream: the "GPU" reaches the marker at once */
+    return;
+  }
+  e->refs.fetch_add(1, std::memory_order_relaxed);
+  s->push_locked(Item{ItemKind::EventRecord, e, nullptr, gen, 0});
+  if (s->sleeping) s->work_cv.notify_one();
+}
+
+void context_on_device(int device) { touch_device(device); }
 
 }  // namespace sim
 
@@ -274,10 +259,12 @@ SIM_API cudaError_t cudaGetDevice(int* device) {
 SIM_API cudaError_t cudaSetDevice(int device) {
   if (device < 0 || device >= device_count()) return fail(kErrInvalidDevice);
   t_device = device;
+  touch_context(); /* CUDA 12.0+: cudaSetDevice initialises the device's primary context */
   return 0;
 }
 
 SIM_API cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int flags) {
+  touch_context();
   if (!stream) return fail(kErrInvalidValue);
   *stream = reinterpret_cast<cudaStream_t>(new_stream(flags));
   return 0;
@@ -286,6 +273,7 @@ SIM_API cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int
 SIM_API cudaError_t cudaStreamCreate(cudaStream_t* stream) { return cudaStreamCreateWithFlags(stream, 0); }
 
 SIM_API cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+  touch_context();
   Stream* s = resolve_stream(stream);
   if (!s || s == default_stream()) return fail(kErrInvalidHandle);
   std::lock_guard<std::mutex> lk(s->m);
@@ -295,20 +283,27 @@ SIM_API cudaError_t cudaStreamDestroy(cudaStream_t stream) {
 }
 
 SIM_API cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+  touch_context();
+  if (cudaError_t g = capture_guard()) return g;
   Stream* s = resolve_stream(stream);
   if (!s) return fail(kErrInvalidHandle);
+  if (cudaError_t g = capture_guard_stream(s)) return g;
   sync_stream(s);
   return 0;
 }
 
 SIM_API cudaError_t cudaStreamQuery(cudaStream_t stream) {
+  touch_context();
+  if (cudaError_t g = capture_guard()) return g;
   Stream* s = resolve_stream(stream);
   if (!s) return fail(kErrInvalidHandle);
+  if (cudaError_t g = capture_guard_stream(s)) return g;
   std::lock_guard<std::mutex> lk(s->m);
   return s->count == 0 ? 0 : kErrNotReady;
 }
 
 SIM_API cudaError_t cudaStreamGetDevice(cudaStream_t stream, int* device) {
+  touch_context();
   Stream* s = resolve_stream(stream);
   if (!s || !device) return fail(s ? kErrInvalidValue : kErrInvalidHandle);
   *device = s->device;
@@ -316,6 +311,7 @@ SIM_API cudaError_t cudaStreamGetDevice(cudaStream_t stream, int* device) {
 }
 
 SIM_API cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags) {
+  touch_context();
   (void)flags;
   Stream* s = resolve_stream(stream);
   Event* e = as_event(event);
@@ -328,6 +324,8 @@ SIM_API cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, 
 }
 
 SIM_API cudaError_t cudaDeviceSynchronize(void) {
+  touch_context();
+  if (cudaError_t g = capture_guard()) return g;
   default_stream();
   std::lock_guard<std::mutex> rg(*g_reg_mu);
   for (Stream* s : *g_streams) sync_stream(s);
@@ -335,6 +333,7 @@ SIM_API cudaError_t cudaDeviceSynchronize(void) {
 }
 
 SIM_API cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags) {
+  touch_context();
   if (!event) return fail(kErrInvalidValue);
   Event* e = new Event;
   e->flags = flags;
@@ -345,35 +344,43 @@ SIM_API cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int fl
 SIM_API cudaError_t cudaEventCreate(cudaEvent_t* event) { return cudaEventCreateWithFlags(event, 0); }
 
 SIM_API cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+  touch_context();
   Event* e = as_event(event);
   Stream* s = resolve_stream(stream);
   if (!e || !s) return fail(kErrInvalidHandle);
-  uint32_t gen = e->rec_gen.fetch_add(1) + 1;
-  std::lock_guard<std::mutex> lk(s->m);
-  if (s->count == 0) {
-    e->reach(gen); /* idle stream: the "GPU" reaches the marker at once */
-    return 0;
+  if (s->capturing.load(std::memory_order_relaxed)) {
+    e->refs.fetch_add(1);
+    if (capture_item(s, Item{ItemKind::EventRecord, e, nullptr, 0, 0})) {
+      e->captured.store(true); /* queried now, it says cudaErrorCapturedEvent */
+      return 0;
+    }
+    e->release();
   }
-  e->refs.fetch_add(1, std::memory_order_relaxed);
-  s->push_locked(Item{ItemKind::EventRecord, e, nullptr, gen, 0});
-  if (s->sleeping) s->work_cv.notify_one();
+  record_event(e, s);
   return 0;
 }
 
 SIM_API cudaError_t cudaEventQuery(cudaEvent_t event) {
+  touch_context();
+  if (cudaError_t g = capture_guard()) return g;
   Event* e = as_event(event);
   if (!e) return fail(kErrInvalidHandle);
+  if (e->captured.load(std::memory_order_relaxed)) return fail(kErrCapturedEvent);
   return e->complete() ? 0 : kErrNotReady;
 }
 
 SIM_API cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+  touch_context();
+  if (cudaError_t g = capture_guard()) return g;
   Event* e = as_event(event);
   if (!e) return fail(kErrInvalidHandle);
+  if (e->captured.load(std::memory_order_relaxed)) return fail(kErrCapturedEvent);
   e->wait_for(e->rec_gen.load());
   return 0;
 }
 
 SIM_API cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+  touch_context();
   Event* a = as_event(start);
   Event* b = as_event(end);
   if (!ms) return fail(kErrInvalidValue);
@@ -387,6 +394,7 @@ SIM_API cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent
 }
 
 SIM_API cudaError_t cudaEventDestroy(cudaEvent_t event) {
+  touch_context();
   Event* e = as_event(event);
   if (!e) return fail(kErrInvalidHandle);
   e->release(); /* queued markers hold their own reference */
@@ -394,6 +402,8 @@ SIM_API cudaError_t cudaEventDestroy(cudaEvent_t event) {
 }
 
 SIM_API cudaError_t cudaMalloc(void** ptr, size_t size) {
+  touch_context();
+  if (cudaError_t g = capture_guard()) return g;
   if (!ptr) return fail(kErrInvalidValue);
   *ptr = nullptr;
   if (size == 0) return 0;
@@ -404,6 +414,8 @@ SIM_API cudaError_t cudaMalloc(void** ptr, size_t size) {
 }
 
 SIM_API cudaError_t cudaFree(void* ptr) {
+  touch_context();
+  if (cudaError_t g = capture_guard()) return g;
   free(ptr);
   return 0;
 }
@@ -413,6 +425,7 @@ SIM_API cudaError_t cudaMallocHost(void** ptr, size_t size) { return cudaMalloc(
 SIM_API cudaError_t cudaFreeHost(void* ptr) { return cudaFree(ptr); }
 
 SIM_API cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, int kind, cudaStream_t stream) {
+  touch_context();
   (void)kind;
   Stream* s = resolve_stream(stream);
   if (!s) return fail(kErrInvalidHandle);
@@ -422,6 +435,8 @@ SIM_API cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, in
 }
 
 SIM_API cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, int kind) {
+  touch_context();
+  if (cudaError_t g = capture_guard()) return g;
   (void)kind;
   if (count && (!dst || !src)) return fail(kErrInvalidValue);
   sync_stream(default_stream()); /* synchronous copy on the legacy default stream */
@@ -430,6 +445,7 @@ SIM_API cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, int kin
 }
 
 SIM_API cudaError_t cudaMemsetAsync(void* dst, int value, size_t count, cudaStream_t stream) {
+  touch_context();
   Stream* s = resolve_stream(stream);
   if (!s) return fail(kErrInvalidHandle);
   if (count && !dst) return fail(kErrInvalidValue);
@@ -438,6 +454,8 @@ SIM_API cudaError_t cudaMemsetAsync(void* dst, int value, size_t count, cudaStre
 }
 
 SIM_API cudaError_t cudaMemset(void* dst, int value, size_t count) {
+  touch_context();
+  if (cudaError_t g = capture_guard()) return g;
   if (count && !dst) return fail(kErrInvalidValue);
   sync_stream(default_stream());
   if (count) memset(dst, value, count);
@@ -458,11 +476,17 @@ SIM_API const char* cudaGetErrorString(cudaError_t error) {
     case kErrInvalidDevice: return "invalid device ordinal";
     case kErrInvalidHandle: return "invalid resource handle";
     case kErrNotReady: return "device not ready";
+    case kErrIllegalState: return "the operation cannot be performed in the present state";
+    case kErrCaptureUnsupported: return "operation not permitted when stream is capturing";
+    case kErrCaptureInvalidated: return "operation failed due to a previous error during capture";
+    case kErrCapturedEvent: return "operation not permitted on an event last recorded in a capturing stream";
+    case kErrCaptureWrongThread: return "attempt to terminate a thread-local capture sequence from another thread";
     default: return "unrecognized error code";
   }
 }
 
 SIM_API cudaError_t simLaunchCompute(cudaStream_t stream, uint64_t duration_ns) {
+  touch_context();
   Stream* s = resolve_stream(stream);
   if (!s) return fail(kErrInvalidHandle);
   stream_enqueue(s, Item{ItemKind::Compute, nullptr, nullptr, duration_ns, 0});

@@ -14,6 +14,8 @@
 
 namespace sim {
 
+struct ProxySet; /* profiler.h */
+
 /* Same numbering as c4d_op_kind in c4d/record.h. */
 enum OpKind : uint8_t {
   kAllReduce = 0,
@@ -40,6 +42,7 @@ struct OpDesc {
   ncclComm* comm;
   uint64_t seq; /* collectives: per-comm sequence, 1-based (profiler seqNumber = seq - 1) */
   int step;     /* simSetStep at issue time */
+  ProxySet* proxy = nullptr; /* its ProxyOps when a profiler plugin listens (profiler.h) */
 };
 
 struct GroupWork {

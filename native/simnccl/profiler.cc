@@ -1,7 +1,8 @@
 /*
- * The NCCL profiler plugin path: load a v5 plugin the way NCCL does, init it per
- * communicator, and emit Coll/P2p → ProxyOp → ProxyStep events from the stream worker
- * while the modeled transfers progress (profiler_abi.h says exactly what is emitted).
+ * The NCCL profiler plugin path (profiler.h draws the threads): load a v5 plugin the way
+ * NCCL does, init it per communicator, emit Coll/P2p task events on the launching thread
+ * and ProxyOp → ProxyStep events on a proxy progress thread as the modeled network
+ * transfers progress (profiler_abi.h says exactly what is emitted).
  *
  * Loading (once per process, at the first communicator), NCCL_PROFILER_PLUGIN:
  *   none          → off
@@ -14,9 +15,13 @@
 #include "profiler.h"
 
 #include <dlfcn.h>
+#include <pthread.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <climits>
+#include <condition_variable>
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
@@ -24,6 +29,7 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <thread>
 
 #include "c4d/profiler_abi.h"
 #include "comm.h"
@@ -89,35 +95,191 @@ void plugin_log(ncclDebugLogLevel level, unsigned long flags, const char* file, 
   logf("profiler plugin %s:%d: %s", file ? file : "?", line, msg);
 }
 
-/* One transfer of one op as the plugin sees it. */
-struct Xfer {
-  const Transfer* tr;
-  const Schedule* sched;
-  ncclComm* comm;
-  void* op_h = nullptr;
-  std::vector<void*> step_h;
-};
-
-enum EvKind { kStepEnd = 0, kOpEnd = 1, kStepStart = 2 }; /* ties: ends before starts */
-
-struct Ev {
-  uint64_t t;
-  int kind;
-  size_t x;
-  int step;
-  bool operator<(const Ev& o) const { return t != o.t ? t < o.t : kind < o.kind; }
-};
-
 void* start_event(ncclComm* c, ncclProfilerEventDescr_v5_t* d) {
   void* h = nullptr;
   if (g_api->startEvent(c->prof_ctx, &h, d) != ncclSuccess) return nullptr;
   return h;
 }
 
+int mask_now() { return __atomic_load_n(&g_mask, __ATOMIC_RELAXED); }
+
+/* Same node (SIMNCCL_RANKS_PER_NODE; 0: one node): NVLink/P2P/SHM, no proxy. */
+bool same_node(const ncclComm* c, int a, int b) {
+  int rpn = config().ranks_per_node;
+  return rpn <= 0 || c->granks[size_t(a)] / rpn == c->granks[size_t(b)] / rpn;
+}
+
+}  // namespace
+
+/* One ProxyOp: one network transfer of one op. Identity is set at post and read-only;
+ * timing and `cancelled` are written under g_px.m; the rest is the proxy thread's. */
+struct ProxyWork {
+  ProxySet* set;
+  ncclComm* comm;
+  void* parent; /* the op's task handle (stopped before this ProxyOp starts) */
+  int rank, peer;
+  bool is_send;
+  int first_step, nsteps;
+  uint64_t step_bytes;
+  size_t mine_idx; /* which transfer of the op's Schedule::mine */
+  /* g_px.m */
+  bool timed = false, cancelled = false;
+  uint64_t t0 = 0, step_ns = 0, move_ns = 0;
+  /* proxy thread */
+  bool started = false;
+  void* op_h = nullptr;
+  std::vector<void*> step_h;
+  int cursor = 0; /* next event: 2s = step s starts, 2s+1 = step s ends, 2*nsteps = ProxyOp stop */
+  uint64_t lag = 0;
+};
+
+struct ProxySet {
+  std::atomic<int> refs{1};              /* the stream worker + one per work */
+  std::atomic<uint32_t> remaining{0};    /* works not finished (futex word) */
+  std::vector<ProxyWork*> works;
+  bool published = false;                /* g_px.m */
+  void unref() {
+    if (refs.fetch_sub(1) == 1) delete this;
+  }
+};
+
+namespace {
+
+/* The proxy progress thread and what it owns. Leaked on purpose: it may outlive statics. */
+struct ProxyThread {
+  std::mutex m;
+  std::condition_variable cv;
+  std::vector<ProxyWork*> posted; /* not yet picked up */
+  std::vector<ProxyWork*> active; /* ProxyOp started */
+  bool running = false;
+};
+ProxyThread* g_px = new ProxyThread;
+
+/* The work is over (finished, cancelled or its comm gone): the worker may stop waiting. */
+void retire(ProxyWork* w) {
+  ProxySet* s = w->set;
+  s->remaining.fetch_sub(1);
+  futex_wake_all(&s->remaining, false);
+  delete w;
+  s->unref();
+}
+
+uint64_t event_time(const ProxyWork& w, int k) {
+  if (k >= 2 * w.nsteps) k = 2 * w.nsteps - 1; /* the ProxyOp stops with its last step */
+  uint64_t st = w.t0 + uint64_t(w.first_step + k / 2) * w.step_ns;
+  if (!(k & 1)) return st + w.lag;
+  return w.move_ns == kNever ? kNever : st + w.move_ns + w.lag;
+}
+
+/* Emits the work's events due by now (under g_px.m). Returns the time of its next event;
+ * 0 when it is finished. Events run on a virtual clock: ideal time + lag. Whenever a step
+ * would start late (the thread woke late on a busy host), the rest of the transfer slips by
+ * that much, so the plugin measures the modeled step durations. */
+uint64_t advance(ProxyWork& w) {
+  for (;;) {
+    if (w.cursor > 2 * w.nsteps) return 0;
+    uint64_t t = event_time(w, w.cursor), now = now_ns();
+    if (t == kNever) return kNever; /* a hung link: the open step never ends */
+    if (t > now + 50000) return t;  /* events < 50 us apart are coalesced */
+    int k = w.cursor++;
+    if (k == 2 * w.nsteps) {
+      if (w.op_h) g_api->stopEvent(w.op_h);
+      return 0;
+    }
+    int s = k / 2;
+    if (k & 1) {
+      if (void* h = w.step_h[size_t(s)]) g_api->stopEvent(h);
+      continue;
+    }
+    if (now > t + 50000) w.lag += now - t;
+    if (!(mask_now() & ncclProfileProxyStep) || !w.op_h) continue;
+    ncclProfilerEventDescr_v5_t d;
+    memset(&d, 0, sizeof d);
+    d.type = ncclProfileProxyStep;
+    d.parentObj = w.op_h;
+    d.rank = w.rank;
+    d.proxyStep.step = s;
+    void* h = start_event(w.comm, &d);
+    w.step_h[size_t(s)] = h;
+    if (h) {
+      ncclProfilerEventStateArgs_v5_t a;
+      memset(&a, 0, sizeof a);
+      a.proxyStep.transSize = w.step_bytes;
+      g_api->recordEventState(h, w.is_send ? ncclProfilerProxyStepSendWait : ncclProfilerProxyStepRecvWait, &a);
+    }
+  }
+}
+
+void start_proxy_op(ProxyWork& w) {
+  w.started = true;
+  w.step_h.assign(size_t(w.nsteps), nullptr);
+  ncclProfilerEventDescr_v5_t d;
+  memset(&d, 0, sizeof d);
+  d.type = ncclProfileProxyOp;
+  d.parentObj = w.parent;
+  d.rank = w.rank;
+  d.proxyOp.pid = getpid();
+  d.proxyOp.channelId = 0;
+  d.proxyOp.peer = w.peer;
+  d.proxyOp.nSteps = w.nsteps;
+  d.proxyOp.chunkSize = int(std::min<uint64_t>(w.step_bytes, INT32_MAX));
+  d.proxyOp.isSend = w.is_send ? 1 : 0;
+  w.op_h = start_event(w.comm, &d);
+}
+
+void proxy_main() {
+  std::unique_lock<std::mutex> lk(g_px->m);
+  for (;;) {
+    for (ProxyWork* w : g_px->posted) {
+      if (!w->cancelled) start_proxy_op(*w);
+      g_px->active.push_back(w);
+    }
+    g_px->posted.clear();
+    uint64_t wake = now_ns() + 100000000ull; /* re-check aborted comms every 100 ms */
+    size_t keep = 0;
+    for (ProxyWork* w : g_px->active) {
+      uint64_t next = kNever;
+      if (w->cancelled || w->comm->aborted.load()) {
+        next = 0; /* dropped: an aborted op's ProxyOp is never stopped */
+      } else if (w->timed) {
+        next = advance(*w);
+      }
+      if (next == 0) {
+        retire(w);
+        continue;
+      }
+      g_px->active[keep++] = w;
+      wake = std::min(wake, next);
+    }
+    g_px->active.resize(keep);
+    if (!g_px->posted.empty()) continue;
+    g_px->cv.wait_until(lk, std::chrono::steady_clock::time_point(std::chrono::nanoseconds(wake)));
+  }
+}
+
+void post(std::vector<ProxyWork*>& works) {
+  if (works.empty()) return;
+  std::lock_guard<std::mutex> lk(g_px->m);
+  if (!g_px->running) {
+    g_px->running = true;
+    std::thread(proxy_main).detach();
+  }
+  g_px->posted.insert(g_px->posted.end(), works.begin(), works.end());
+  g_px->cv.notify_one();
+}
+
+/* Fork child: the proxy thread is gone, and so are the parent's in-flight ops. */
+void proxy_after_fork() {
+  g_px = new ProxyThread; /* the parent's may be locked by a thread that does not exist here */
+}
+
 }  // namespace
 
 void profiler_comm_init(ncclComm* c) {
-  std::call_once(g_once, load_plugin);
+  std::call_once(g_once, [] {
+    load_plugin();
+    pthread_atfork(nullptr, nullptr, proxy_after_fork);
+  });
   if (!g_api) return;
   int rpn = config().ranks_per_node;
   std::set<int> nodes;
@@ -132,146 +294,126 @@ void profiler_comm_init(ncclComm* c) {
 
 void profiler_comm_finalize(ncclComm* c) {
   if (!c->prof_on) return;
+  {
+    /* No callback of this comm may run once finalize was called: drop its ProxyOps now
+     * (the thread holds the lock while it calls the plugin). */
+    std::lock_guard<std::mutex> lk(g_px->m);
+    for (ProxyWork* w : g_px->posted)
+      if (w->comm == c) w->cancelled = true;
+    for (ProxyWork* w : g_px->active)
+      if (w->comm == c) w->cancelled = true;
+    g_px->cv.notify_one();
+  }
   g_api->finalize(c->prof_ctx);
   c->prof_on = false;
 }
 
-bool profiler_active(const std::vector<TimedOp>& ops) {
-  if (!g_api) return false;
-  int mask = __atomic_load_n(&g_mask, __ATOMIC_RELAXED);
-  if (!(mask & (ncclProfileColl | ncclProfileP2p | ncclProfileProxyOp | ncclProfileProxyStep))) return false;
-  for (const TimedOp& t : ops)
-    if (t.op->comm->prof_on) return true;
-  return false;
-}
-
-void profiler_run_timeline(std::vector<TimedOp>& ops) {
-  const int mask = __atomic_load_n(&g_mask, __ATOMIC_RELAXED);
-  const bool want_step = mask & ncclProfileProxyStep;
-  const bool want_op = want_step || (mask & ncclProfileProxyOp);
+void profiler_enqueue(std::vector<OpDesc>& ops, bool persistent) {
+  const int mask = g_api ? mask_now() : 0;
+  const bool want_op = mask & (ncclProfileProxyOp | ncclProfileProxyStep);
   const bool want_coll = want_op || (mask & ncclProfileColl);
   const bool want_p2p = want_op || (mask & ncclProfileP2p);
-  const pid_t pid = getpid();
-
-  std::vector<Xfer> xs;
-  std::vector<Ev> evs;
-  uint64_t end = 0;
-  for (TimedOp& t : ops) {
-    end = std::max(end, t.sched.finish);
-    ncclComm* c = t.op->comm;
-    if (!c->prof_on) continue;
-    const OpDesc& op = *t.op;
+  std::vector<void*> tasks;
+  std::vector<ProxyWork*> works;
+  for (OpDesc& op : ops) {
+    ncclComm* c = op.comm;
     bool p2p = op.kind == kSend || op.kind == kRecv;
-    void* parent = nullptr;
-    if (p2p ? want_p2p : want_coll) {
-      ncclProfilerEventDescr_v5_t d;
-      memset(&d, 0, sizeof d);
-      d.rank = c->rank;
-      if (p2p) {
-        d.type = ncclProfileP2p;
-        d.p2p.func = op_func_name(op.kind);
-        d.p2p.buff = op.kind == kSend ? const_cast<void*>(op.send) : op.recv;
-        d.p2p.datatype = dtype_name(op.dtype);
-        d.p2p.count = op.count;
-        d.p2p.peer = op.peer;
-        d.p2p.nChannels = 1;
-      } else {
-        d.type = ncclProfileColl;
-        d.coll.seqNumber = op.seq - 1;
-        d.coll.func = op_func_name(op.kind);
-        d.coll.sendBuff = op.send;
-        d.coll.recvBuff = op.recv;
-        d.coll.count = op.count;
-        d.coll.root = op.peer;
-        d.coll.datatype = dtype_name(op.dtype);
-        d.coll.nChannels = 1;
-        d.coll.algo = "RING";
-        d.coll.proto = "SIMPLE";
-      }
-      parent = start_event(c, &d);
+    /* NCCL counts per (comm, function), graph-captured (persistent) plans excluded:
+     * src/plugin/profiler.cc ncclProfilerStartTaskEvents, comm->seqNumber[ct->func]. */
+    uint64_t seq_number = p2p ? 0 : c->prof_seq[op.kind];
+    if (!p2p && !persistent) ++c->prof_seq[op.kind];
+    if (!c->prof_on || !(p2p ? want_p2p : want_coll)) continue;
+    ncclProfilerEventDescr_v5_t d;
+    memset(&d, 0, sizeof d);
+    d.rank = c->rank;
+    if (p2p) {
+      d.type = ncclProfileP2p;
+      d.p2p.func = op_func_name(op.kind);
+      d.p2p.buff = op.kind == kSend ? const_cast<void*>(op.send) : op.recv;
+      d.p2p.datatype = dtype_name(op.dtype);
+      d.p2p.count = op.count;
+      d.p2p.peer = op.peer;
+      d.p2p.nChannels = 1;
+    } else {
+      d.type = ncclProfileColl;
+      d.coll.seqNumber = seq_number;
+      d.coll.func = op_func_name(op.kind);
+      d.coll.sendBuff = op.send;
+      d.coll.recvBuff = op.recv;
+      d.coll.count = op.count;
+      d.coll.root = op.peer;
+      d.coll.datatype = dtype_name(op.dtype);
+      d.coll.nChannels = 1;
+      d.coll.algo = "RING";
+      d.coll.proto = "SIMPLE";
     }
-    for (const Transfer& tr : t.sched.mine) {
-      Xfer x{&tr, &t.sched, c, nullptr, {}};
-      if (want_op) {
-        ncclProfilerEventDescr_v5_t d;
-        memset(&d, 0, sizeof d);
-        d.type = ncclProfileProxyOp;
-        d.parentObj = parent;
-        d.rank = c->rank;
-        d.proxyOp.pid = pid;
-        d.proxyOp.channelId = 0;
-        d.proxyOp.peer = tr.peer;
-        d.proxyOp.nSteps = tr.nsteps;
-        d.proxyOp.chunkSize = int(std::min<uint64_t>(tr.step_bytes, INT32_MAX));
-        d.proxyOp.isSend = tr.is_send ? 1 : 0;
-        x.op_h = start_event(c, &d);
-      }
-      x.step_h.assign(size_t(tr.nsteps), nullptr);
-      size_t xi = xs.size();
-      xs.push_back(x);
-      /* step s starts at t0 + (first + s) * step_ns and takes move_ns; a hung link's
-       * first step starts and never ends, and nothing after it starts */
-      uint64_t last_end = 0;
-      for (int s = 0; s < tr.nsteps; ++s) {
-        uint64_t st = t.sched.t0 + uint64_t(tr.first_step + s) * t.sched.step_ns;
-        if (want_step) evs.push_back({st, kStepStart, xi, s});
-        if (tr.move_ns == kNever) {
-          last_end = kNever;
-          break;
-        }
-        last_end = st + tr.move_ns;
-        if (want_step) evs.push_back({last_end, kStepEnd, xi, s});
-      }
-      if (want_op && last_end != kNever) evs.push_back({last_end, kOpEnd, xi, -1});
+    void* task = start_event(c, &d);
+    if (task) tasks.push_back(task);
+    if (!want_op) continue;
+    /* The transfers' shape (peers, steps, chunk) does not depend on timing. */
+    uint64_t bytes = op.count * c4d_dtype_size(op.dtype);
+    Schedule shape = p2p ? (op.kind == kSend ? model_p2p(c, c->rank, op.peer, true, bytes, op.step, 0, 0)
+                                             : model_p2p(c, op.peer, c->rank, false, bytes, op.step, 0, 0))
+                         : model_coll(c, op.kind, bytes, op.peer, op.step, op.seq, 0);
+    ProxySet* set = nullptr;
+    for (size_t i = 0; i < shape.mine.size(); ++i) {
+      const Transfer& tr = shape.mine[i];
+      if (same_node(c, c->rank, tr.peer)) continue;
+      if (!set) set = new ProxySet;
+      ProxyWork* w = new ProxyWork;
+      w->set = set;
+      w->comm = c;
+      w->parent = task;
+      w->rank = c->rank;
+      w->peer = tr.peer;
+      w->is_send = tr.is_send;
+      w->first_step = tr.first_step;
+      w->nsteps = tr.nsteps;
+      w->step_bytes = tr.step_bytes;
+      w->mine_idx = i;
+      set->works.push_back(w);
+      works.push_back(w);
     }
-    if (parent) g_api->stopEvent(parent); /* "enqueued": completion is the last ProxyOp stop */
-  }
-  std::sort(evs.begin(), evs.end());
-  /* Events run on a virtual clock: ideal time + lag. The worker reaches this point after
-   * the input exchange, possibly past the first steps' ideal times, and a busy host may
-   * wake it late; whenever a step would start late, the rest of the schedule slips by
-   * that much, so the plugin always measures the modeled step durations (the op then
-   * ends with its last event, a little after `finish`). */
-  uint64_t lag = 0;
-  for (const Ev& e : evs) {
-    uint64_t t = e.t + lag, now = now_ns();
-    if (t > now + 50000) {
-      sleep_until_ns(t); /* events < 50 us apart are coalesced */
-    } else if (e.kind == kStepStart && now > t + 50000) {
-      lag += now - t;
-    }
-    Xfer& x = xs[e.x];
-    if (e.kind == kStepStart) {
-      ncclProfilerEventDescr_v5_t d;
-      memset(&d, 0, sizeof d);
-      d.type = ncclProfileProxyStep;
-      d.parentObj = x.op_h;
-      d.rank = x.comm->rank;
-      d.proxyStep.step = e.step;
-      void* h = start_event(x.comm, &d);
-      x.step_h[size_t(e.step)] = h;
-      if (h) {
-        ncclProfilerEventStateArgs_v5_t a;
-        memset(&a, 0, sizeof a);
-        a.proxyStep.transSize = x.tr->step_bytes;
-        g_api->recordEventState(h, x.tr->is_send ? ncclProfilerProxyStepSendWait : ncclProfilerProxyStepRecvWait,
-                                &a);
-      }
-    } else if (e.kind == kStepEnd) {
-      if (void* h = x.step_h[size_t(e.step)]) g_api->stopEvent(h);
-    } else if (x.op_h) {
-      g_api->stopEvent(x.op_h);
+    if (set) {
+      set->refs.fetch_add(int(set->works.size()));
+      set->remaining.store(uint32_t(set->works.size()));
+      op.proxy = set;
     }
   }
-  if (end != kNever) {
-    sleep_until_ns(end);
-    return;
+  for (void* t : tasks) g_api->stopEvent(t); /* "enqueued"; completion is the last ProxyOp stop */
+  post(works); /* the proxy thread starts their ProxyOps after this */
+}
+
+void profiler_publish(ProxySet* p, const Schedule& s) {
+  std::lock_guard<std::mutex> lk(g_px->m);
+  p->published = true;
+  for (ProxyWork* w : p->works) {
+    const Transfer& tr = s.mine[w->mine_idx];
+    w->t0 = s.t0;
+    w->step_ns = s.step_ns;
+    w->move_ns = tr.move_ns;
+    w->timed = true;
   }
-  for (;;) { /* hung: the stalled steps stay open; sleep until a comm is aborted */
-    for (const TimedOp& t : ops)
-      if (t.op->comm->aborted.load()) return;
-    sleep_until_ns(now_ns() + 100000000ull);
+  g_px->cv.notify_one();
+}
+
+void profiler_wait(ProxySet* p, ncclComm* c) {
+  for (;;) {
+    uint32_t left = p->remaining.load();
+    if (left == 0 || c->aborted.load()) return;
+    futex_wait(&p->remaining, left, 20000000ull, false);
   }
+}
+
+void profiler_release(ProxySet* p) {
+  {
+    std::lock_guard<std::mutex> lk(g_px->m);
+    if (!p->published) {
+      for (ProxyWork* w : p->works) w->cancelled = true; /* never ran (aborted): drop its ProxyOps */
+      g_px->cv.notify_one();
+    }
+  }
+  p->unref();
 }
 
 }  // namespace sim

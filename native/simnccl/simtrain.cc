@@ -4,7 +4,7 @@
  * the c4d shim sees what it would see in a real job.
  *
  *   c4d-simtrain --steps S --tp T --pp P --job-dir DIR [--compute-us U]
- *                [--tp-bytes B] [--dp-bytes B] [--pp-bytes B] [--progress]
+ *                [--tp-bytes B] [--dp-bytes B] [--pp-bytes B] [--progress] [--nonblocking]
  *   c4d-simtrain --job-dir DIR --verify     every collective, results checked exactly
  *   c4d-simtrain --bench N                  N x ncclAllReduce(count=0), host ns per call
  *   c4d-simtrain --bench-cuda N             cudaEventRecord/Query host cost
@@ -21,6 +21,11 @@
  * TP all-gather → group{send activations to the next stage, recv its gradients} →
  * backward compute (2U/3) → TP reduce-scatter → [send gradients to the previous
  * stage] → DP all-reduce → cudaStreamSynchronize.
+ *
+ * --nonblocking: communicators made with ncclConfig_t.blocking = 0 (PyTorch 2.6-2.7 when a
+ * device_id is bound, TORCH_NCCL_USE_COMM_NONBLOCKING=1 later). A call may return
+ * ncclInProgress; the driver then polls ncclCommGetAsyncError until the comm settles, as
+ * PyTorch's C10D_NCCL_CHECK_TIMEOUT does, and prints ncclGetLastError at the end.
  */
 #include <fcntl.h>
 #include <signal.h>
@@ -86,6 +91,28 @@ void die(const char* fmt, ...) {
     if (e_ != 0) die("%s failed: %s (%d)", #call, cudaGetErrorString(e_), int(e_));       \
   } while (0)
 
+bool g_nonblocking = false;
+
+/* A call on a nonblocking comm may return ncclInProgress: poll until the comm settles. */
+void settle(ncclResult_t r, ncclComm_t comm, const char* what) {
+  while (r == ncclInProgress) {
+    ncclResult_t ae = ncclSuccess;
+    ncclResult_t q = ncclCommGetAsyncError(comm, &ae);
+    if (q != ncclSuccess) die("ncclCommGetAsyncError after %s failed: %s (%d)", what, ncclGetErrorString(q), int(q));
+    r = ae;
+    if (r == ncclInProgress) {
+      timespec ts{0, 20000};
+      nanosleep(&ts, nullptr);
+    }
+  }
+  if (r != ncclSuccess) die("%s failed: %s (%d)", what, ncclGetErrorString(r), int(r));
+}
+#define NB_OK(call, comm)        \
+  do {                           \
+    ncclResult_t r_ = (call);    \
+    settle(r_, (comm), #call);   \
+  } while (0)
+
 uint64_t mono_ns() {
   timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -96,13 +123,13 @@ struct Args {
   long steps = 10, tp = 1, pp = 1, compute_us = 2000;
   long tp_bytes = 256 << 10, dp_bytes = 1 << 20, pp_bytes = 128 << 10;
   long bench = 0, bench_cuda = 0, init_timeout_s = 120;
-  bool verify = false, progress = false;
+  bool verify = false, progress = false, nonblocking = false;
   std::string job_dir;
 };
 
 const char* kUsage =
     "usage: c4d-simtrain --steps S --tp T --pp P --job-dir DIR [--compute-us U] [--tp-bytes B]\n"
-    "                    [--dp-bytes B] [--pp-bytes B] [--progress] [--init-timeout S]\n"
+    "                    [--dp-bytes B] [--pp-bytes B] [--progress] [--init-timeout S] [--nonblocking]\n"
     "       c4d-simtrain --job-dir DIR --verify\n"
     "       c4d-simtrain --bench N | --bench-cuda N\n";
 
@@ -151,6 +178,7 @@ Args parse_args(int argc, char** argv) {
       ++i;
     } else if (!strcmp(f, "--verify")) a.verify = true;
     else if (!strcmp(f, "--progress")) a.progress = true;
+    else if (!strcmp(f, "--nonblocking")) a.nonblocking = true;
     else if (!strcmp(f, "-h") || !strcmp(f, "--help")) {
       fputs(kUsage, stdout);
       exit(0);
@@ -582,9 +610,12 @@ int run_training(const Args& a, ncclComm_t world, cudaStream_t s, int rank, int 
   const int dp = world_size / (tp * pp);
   const int tp_idx = rank % tp, dp_idx = (rank / tp) % dp, pp_idx = rank / (tp * dp);
   ncclComm_t tpc, dpc, ppc;
-  NCCL_OK(ncclCommSplit(world, rank / tp, rank, &tpc, nullptr));
-  NCCL_OK(ncclCommSplit(world, pp_idx * tp + tp_idx, rank, &dpc, nullptr));
-  NCCL_OK(ncclCommSplit(world, dp_idx * tp + tp_idx, rank, &ppc, nullptr));
+  NB_OK(ncclCommSplit(world, rank / tp, rank, &tpc, nullptr), world);
+  if (g_nonblocking) NB_OK(ncclInProgress, tpc); /* a split child inherits nonblocking */
+  NB_OK(ncclCommSplit(world, pp_idx * tp + tp_idx, rank, &dpc, nullptr), world);
+  if (g_nonblocking) NB_OK(ncclInProgress, dpc); /* a split child inherits nonblocking */
+  NB_OK(ncclCommSplit(world, dp_idx * tp + tp_idx, rank, &ppc, nullptr), world);
+  if (g_nonblocking) NB_OK(ncclInProgress, ppc); /* a split child inherits nonblocking */
 
   /* this rank's driver-level faults (simnccl reports malformed specs) */
   long crash_step = -1, hang_step = -1, slow_step = -1;
@@ -641,24 +672,24 @@ int run_training(const Args& a, ncclComm_t world, cudaStream_t s, int rank, int 
     if (pp_idx > 0) { /* forward: activations from the previous stage */
       NCCL_OK(ncclGroupStart());
       NCCL_OK(ncclRecv(act_in, ppn, ncclFloat32, pp_idx - 1, ppc, s));
-      NCCL_OK(ncclGroupEnd());
+      NB_OK(ncclGroupEnd(), ppc);
     }
     compute(step, 1.0 / 3.0);
-    NCCL_OK(ncclAllGather(ag_in, ag_out, tpn, ncclFloat32, tpc, s));
+    NB_OK(ncclAllGather(ag_in, ag_out, tpn, ncclFloat32, tpc, s), tpc);
     if (pp_idx < pp - 1) { /* activations out, their gradients back */
       NCCL_OK(ncclGroupStart());
       NCCL_OK(ncclSend(act_out, ppn, ncclFloat32, pp_idx + 1, ppc, s));
       NCCL_OK(ncclRecv(g_in, ppn, ncclFloat32, pp_idx + 1, ppc, s));
-      NCCL_OK(ncclGroupEnd());
+      NB_OK(ncclGroupEnd(), ppc);
     }
     compute(step, 2.0 / 3.0);
-    NCCL_OK(ncclReduceScatter(rs_in, rs_out, tpn, ncclFloat32, ncclSum, tpc, s));
+    NB_OK(ncclReduceScatter(rs_in, rs_out, tpn, ncclFloat32, ncclSum, tpc, s), tpc);
     if (pp_idx > 0) {
       NCCL_OK(ncclGroupStart());
       NCCL_OK(ncclSend(g_out, ppn, ncclFloat32, pp_idx - 1, ppc, s));
-      NCCL_OK(ncclGroupEnd());
+      NB_OK(ncclGroupEnd(), ppc);
     }
-    NCCL_OK(ncclAllReduce(grad, grad, dpn, ncclFloat32, ncclSum, dpc, s));
+    NB_OK(ncclAllReduce(grad, grad, dpn, ncclFloat32, ncclSum, dpc, s), dpc);
     CUDA_OK(cudaStreamSynchronize(s));
     for (ncclComm_t c : {tpc, dpc, ppc}) { /* what a framework's NCCL watchdog does */
       ncclResult_t ae = ncclSuccess;
@@ -702,7 +733,13 @@ int main(int argc, char** argv) {
     id = wait_id(a.job_dir, a.init_timeout_s);
   }
   ncclComm_t world;
-  NCCL_OK(ncclCommInitRank(&world, world_size, id, g_rank));
+  g_nonblocking = a.nonblocking;
+  if (a.nonblocking) {
+    c4d_nccl_config_head config{sizeof(c4d_nccl_config_head), NCCL_API_MAGIC, 23102, 0};
+    NB_OK(ncclCommInitRankConfig(&world, world_size, id, g_rank, reinterpret_cast<ncclConfig_t*>(&config)), world);
+  } else {
+    NCCL_OK(ncclCommInitRank(&world, world_size, id, g_rank));
+  }
   if (a.progress) fprintf(stderr, "c4d-simtrain: rank %d ready (world %d)\n", g_rank, world_size);
 
   int rc = a.verify ? run_verify(world, s) : run_training(a, world, s, g_rank, world_size);
@@ -710,6 +747,7 @@ int main(int argc, char** argv) {
   if (rc != 0) return rc;
   NCCL_OK(ncclCommDestroy(world));
   CUDA_OK(cudaStreamDestroy(s));
+  if (a.nonblocking) printf("nccl last error: '%s'\n", ncclGetLastError(nullptr));
   if (a.progress) fprintf(stderr, "c4d-simtrain: rank %d finished\n", g_rank);
   return 0;
 }

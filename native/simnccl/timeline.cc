@@ -132,14 +132,14 @@ Schedule model_p2p(const ncclComm* c, int src, int dst, bool me_is_src, uint64_t
 }
 
 void wait_timeline(std::vector<TimedOp>& ops) {
-  if (profiler_active(ops)) {
-    profiler_run_timeline(ops);
-    return;
-  }
+  for (const TimedOp& t : ops)
+    if (t.op->proxy) profiler_publish(t.op->proxy, t.sched); /* its ProxySteps may start */
   uint64_t end = 0;
   for (const TimedOp& t : ops) end = std::max(end, t.sched.finish);
   if (end != kNever) {
     sleep_until_ns(end);
+    for (const TimedOp& t : ops) /* the kernel ends after its network transfers */
+      if (t.op->proxy) profiler_wait(t.op->proxy, t.op->comm);
     return;
   }
   /* A hung link: nobody finishes. Sleep (100 ms at a time) until a comm is aborted. */

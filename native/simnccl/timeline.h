@@ -59,7 +59,7 @@ struct TimedOp {
 };
 
 /* Sleeps until every op's finish (forever, while the comm is not aborted, if one is
- * hung), emitting profiler events as modeled time passes where a plugin is loaded. */
+ * hung); hands each op's schedule to its ProxyOps (profiler.h) and waits for them. */
 void wait_timeline(std::vector<TimedOp>& ops);
 
 }  // namespace sim

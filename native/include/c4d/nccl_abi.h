@@ -61,11 +61,43 @@ typedef enum {
   ncclNumTypes = 12
 } ncclDataType_t;
 
+/* The head of ncclConfig_t, stable since NCCL 2.14 (nccl.h: size, magic, version, then
+ * blocking). Only simnccl reads it; the shim never reads a config. */
+#define NCCL_API_MAGIC 0xcafebeefu
+#define NCCL_CONFIG_UNDEF_INT (-2147483647 - 1) /* INT_MIN */
+typedef struct {
+  size_t size;
+  unsigned int magic;
+  unsigned int version;
+  int blocking;
+} c4d_nccl_config_head;
+
 /* Opaque to us: passed through untouched, never read (layout changes per release). */
 typedef struct ncclConfig_v c4d_opaque_config;
 typedef c4d_opaque_config ncclConfig_t;
 typedef struct ncclCollConfig_v c4d_opaque_coll_config;
 typedef c4d_opaque_coll_config ncclCollConfig_t;
+
+/* ncclGroupSimulateEnd's argument (nccl.h ncclSimInfo_v22200, NCCL 2.22+): a public struct
+ * the caller fills with NCCL_SIM_INFO_INITIALIZER; simnccl fills estimatedTime, the shim
+ * passes it through. */
+#define NCCL_SIM_INFO_MAGIC 0x74685283u
+typedef struct ncclSimInfo_v22200 {
+  size_t size;
+  unsigned int magic;
+  unsigned int version;
+  float estimatedTime;
+} ncclSimInfo_t;
+
+/* One-sided RMA (NCCL 2.29+, nccl.h): a registered memory window and ncclWaitSignal's
+ * descriptor. */
+typedef struct ncclWindow_vidmem* ncclWindow_t;
+typedef struct {
+  int opCnt;  /* signal operations to wait for */
+  int peer;
+  int sigIdx;
+  int ctx;
+} ncclWaitSignalDesc_t;
 
 /* Size in bytes of one element of `t`; 0 for an unknown type. */
 static inline size_t c4d_dtype_size(int t) {
@@ -82,6 +114,7 @@ static inline size_t c4d_dtype_size(int t) {
 ncclResult_t ncclGetVersion(int* version);
 ncclResult_t ncclGetUniqueId(ncclUniqueId* uniqueId);
 const char* ncclGetErrorString(ncclResult_t result);
+const char* ncclGetLastError(ncclComm_t comm);
 ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank);
 ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank,
                                     ncclConfig_t* config);
@@ -99,6 +132,12 @@ ncclResult_t ncclCommCount(const ncclComm_t comm, int* count);
 ncclResult_t ncclCommUserRank(const ncclComm_t comm, int* rank);
 ncclResult_t ncclCommCuDevice(const ncclComm_t comm, int* device);
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError);
+/* Recent communicator management (NCCL 2.27-2.30, nccl.h). */
+ncclResult_t ncclCommRevoke(ncclComm_t comm, int revokeFlags);
+ncclResult_t ncclCommGrow(ncclComm_t comm, int nRanks, const ncclUniqueId* uniqueId, int rank, ncclComm_t* newcomm,
+                          ncclConfig_t* config);
+ncclResult_t ncclCommSuspend(ncclComm_t comm, int flags);
+ncclResult_t ncclCommResume(ncclComm_t comm);
 
 ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
                            ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream);
@@ -122,8 +161,14 @@ ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatyp
                       cudaStream_t stream);
 ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
                       cudaStream_t stream);
+ncclResult_t ncclPutSignal(const void* localbuff, size_t count, ncclDataType_t datatype, int peer,
+                           ncclWindow_t peerWin, size_t peerWinOffset, int sigIdx, int ctx, unsigned int flags,
+                           ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclSignal(int peer, int sigIdx, int ctx, unsigned int flags, ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclWaitSignal(int nDesc, ncclWaitSignalDesc_t* signalDescs, ncclComm_t comm, cudaStream_t stream);
 ncclResult_t ncclGroupStart(void);
 ncclResult_t ncclGroupEnd(void);
+ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t* simInfo);
 
 /* 2.31.2+ per-call config variants: the config pointer is the last argument. */
 ncclResult_t ncclAllReduceConfig(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,

@@ -23,19 +23,23 @@
  * where parent_id is the parent's commId by the same rules. simnccl uses this id to name
  * its shared memory too, so every member derives it without talking.
  *
- * ---- what simnccl emits (from the stream worker, as modeled time passes) ----
- *   Coll {seqNumber = per-comm collective index from 0 over count > 0 calls (NCCL counts
- *         per (comm, function) instead; the shim tells them apart: native/shim/profiler.h),
- *         func "AllReduce"..., count,
- *         root (-1 unrooted), datatype "ncclFloat32"..., nChannels 1, algo "RING",
- *         proto "SIMPLE"}  or  P2p {func "Send"/"Recv", buff, count, datatype, peer}
- *     └ ProxyOp {pid, channelId 0, peer = the other end of one transfer (comm rank),
- *                nSteps, chunkSize = bytes per step, isSend} — one per transfer
- *         └ ProxyStep {step}: recordEventState(SendWait | RecvWait, transSize) when the
- *                step starts, stopEvent when its data moved. On a hung link the step
- *                stays in SendWait/RecvWait on exactly the two ranks of that link.
- * Coll/P2p are stopped right after their ProxyOps start ("enqueued", as in NCCL):
- * completion is the last ProxyOp's stop. parentObj of Coll/P2p is NULL (no Group events).
+ * ---- what simnccl emits, in NCCL 2.30.7's order (native/simnccl/profiler.h) ----
+ *   on the launching thread, at the group's end (ncclGroupEnd, a bare op, a graph replay):
+ *   Coll {seqNumber = per (comm, function) index from 0 over count > 0 calls, not advanced
+ *         by graph replays (NCCL: comm->seqNumber[func], persistent plans excluded),
+ *         func "AllReduce"..., count, root (-1 unrooted), datatype "ncclFloat32"...,
+ *         nChannels 1, algo "RING", proto "SIMPLE"}  or  P2p {func "Send"/"Recv", buff,
+ *         count, datatype, peer}; then the op's proxy ops are posted and the event stopped
+ *         ("enqueued": completion is the last ProxyOp's stop)
+ *   later, on the proxy progress thread, for transfers to a rank on another node only
+ *   (SIMNCCL_RANKS_PER_NODE; inside a node NCCL's NVLink/P2P/SHM transports have no proxy):
+ *     ProxyOp {pid, channelId 0, peer = the other end of one transfer (comm rank),
+ *              nSteps, chunkSize = bytes per step, isSend}, parentObj = the stopped task
+ *       └ ProxyStep {step}: recordEventState(SendWait | RecvWait, transSize) when the
+ *              step starts (once every rank reached the op), stopEvent when its data
+ *              moved. On a hung link the step stays in SendWait/RecvWait on exactly the
+ *              two ranks of that link.
+ * parentObj of Coll/P2p is NULL (no Group or API events).
  */
 #ifndef C4D_PROFILER_ABI_H
 #define C4D_PROFILER_ABI_H

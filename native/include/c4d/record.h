@@ -10,8 +10,9 @@
  * against this header and checks every size and offset byte for byte.
  *
  * Version bump rule: C4D_SCHEMA_VERSION changes whenever a field moves, changes type
- * or changes meaning. Adding a new record kind, or giving meaning to reserved bytes
- * that were zero, does not bump it (old readers skip unknown kinds; zero = "unknown").
+ * or changes meaning. Adding a new record kind, a new value of an enum field (a comm
+ * event), or giving meaning to reserved bytes that were zero, does not bump it (old
+ * readers skip unknown kinds and values; zero = "unknown").
  * Readers normalise old versions in one place (c4d/schema.py: upgrade()).
  *
  * Clocks: every *_ns field is nanoseconds since the Unix epoch on the rank's host
@@ -85,7 +86,10 @@ enum c4d_comm_event {
   C4D_COMM_SHRINK = 6,
   C4D_COMM_FINALIZE = 7,
   C4D_COMM_DESTROY = 8,
-  C4D_COMM_ABORT = 9
+  C4D_COMM_ABORT = 9,
+  C4D_COMM_REVOKE = 10,  /* ncclCommRevoke: in-flight ops stopped, the comm stays until destroyed */
+  C4D_COMM_SUSPEND = 11, /* ncclCommSuspend: no ops until ncclCommResume */
+  C4D_COMM_RESUME = 12
 };
 
 typedef struct c4d_batch_header {

@@ -6,7 +6,8 @@
  *      SIMNCCL_TEST_PROFILER_MASK activation mask (default 4095: every v5 event)
  *      SIMNCCL_TEST_PROFILER_FAIL_INIT=1  init returns ncclInternalError
  *
- * Lines (t = CLOCK_MONOTONIC ns; h/parent = small event ids, 0 = none):
+ * Lines (t = CLOCK_MONOTONIC ns; tid = the calling thread; h/parent = small event ids,
+ * 0 = none):
  *   init t= comm=<hex> name= nnodes= nranks= rank=
  *   coll t= h= comm= rank= seq= func= count= root= dtype= algo= proto=
  *   p2p t= h= comm= rank= func= peer= count= dtype=
@@ -24,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -51,6 +53,7 @@ static void out(const char* fmt, ...) {
   int n = vsnprintf(buf, sizeof buf - 1, fmt, ap);
   va_end(ap);
   if (n < 0) return;
+  if (n < (int)sizeof buf - 24) n += snprintf(buf + n, sizeof buf - (size_t)n, " tid=%ld", (long)syscall(SYS_gettid));
   if (n > (int)sizeof buf - 2) n = (int)sizeof buf - 2;
   buf[n++] = '\n';
   if (g_fd >= 0 && write(g_fd, buf, (size_t)n) < 0) { /* best effort */
