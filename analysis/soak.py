@@ -5,7 +5,7 @@
 Two jobs, each with its own real ``c4d master`` process (one master per job, as in production):
 
 * sim: 32 c4d-simtrain ranks on simnccl with the shim preloaded (TP 4 x PP 2 x DP 4, 8 ranks a
-  node), clean for half of its steps; then link 9-10 slows 4x, at 65% rank 5's compute slows 3x,
+  node), clean for half of its steps; then link 9-10 slows 4x, at 70% rank 5's compute slows 3x,
   and at 85% rank 20 hangs (its ERROR ends the job);
 * synthetic: a 4,096-rank stream generated here with the shim's record semantics (TP 8 x DP 512,
   REGISTER and COMM repeats, heartbeats every 4 s, a step every 8 s), clean until 80% of the run,
@@ -395,12 +395,13 @@ def run(args) -> dict:
     world = 8 if quick else 32
     tp, pp = (2, 2) if quick else (4, 2)
     base = SimConfig(ranks=world, ranks_per_node=4 if quick else 8, tp=tp, pp=pp, steps=30, seed=args.seed,
-                     driver_args=["--compute-us", "60000" if quick else "150000", "--tp-bytes", "65536",
+                     driver_args=["--compute-us", "60000" if quick else "150000", "--tp-bytes", "1048576",
                                   "--dp-bytes", "262144", "--pp-bytes", "32768", "--progress"],
                      env={"C4D_CONN_BW_CHECK_PERIOD": "2" if quick else "10"})  # fmt: skip
     step_s = calibrate(base)  # faults are placed by step: learn this box's step time first
     steps = max(60, int(dur / step_s))
-    s_link, s_slow, s_hang = int(steps * 0.5), int(steps * 0.65), int(steps * 0.85)
+    # a slow link needs a few check periods of its own before the next fault
+    s_link, s_slow, s_hang = (int(steps * x) for x in ((0.35, 0.65, 0.85) if quick else (0.5, 0.7, 0.85)))
     slow_rank, link, hang_rank = (1, (2, 3), 6) if quick else (5, (9, 10), 20)
     specs = [
         f"comm-slow@link={link[0]}-{link[1]},step={s_link},factor=4",

@@ -105,10 +105,10 @@ def load(key_dir: str | os.PathLike) -> Keys:
     except (OSError, ValueError) as e:
         raise CurveKeyError(f"--curve: {sec_f} is not a ZeroMQ certificate: {e}") from None
     try:
-        paired = bool(secret) and len(public) == 40 and zmq.curve_public(secret) == public
+        paired = secret is not None and len(public) == 40 and zmq.curve_public(secret) == public
     except (zmq.ZMQError, ValueError):
         paired = False
-    if not paired:
+    if not paired or secret is None:
         raise CurveKeyError(
             f"--curve: {sec_f} holds no matching public-key and secret-key (40 Z85 characters each)"
         )

@@ -294,7 +294,7 @@ def test_analyze_reads_every_complete_record_of_a_damaged_real_trace_and_says_wh
     hit = {
         k for k in range(f) if frames[k][0] <= flip_at < ends[k] or (frames[k][0] < z0 + 300 and ends[k] > z0)
     }
-    assert len(hit) == 3
+    assert f // 4 in hit and len(hit) >= 3  # the flipped frame, and the two or more the zeroed run spans
     # edits from the end backwards, so offsets stay valid
     del blob[cut_at:]
     blob[ins:ins] = rng.randbytes(1000)
