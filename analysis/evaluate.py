@@ -1,20 +1,37 @@
-"""Detection quality of the engine on the fault scenario matrix (real simulated jobs).
+"""Detection quality of the engine on real simulated jobs: the scenario matrix, or a randomized
+fault benchmark with calibration of the engine's confidence against outcomes.
 
-Prints, per diagnosis kind: scenarios, precision, recall, localization accuracy and
-detection latency from fault onset to WARNING and to ERROR (hangs) or to the first
-finding (slow kinds), plus the clean runs' false positives.
+    python analysis/evaluate.py                        # the scenario matrix (~10 minutes on 2 cores)
+    python analysis/evaluate.py --random 200 --seed 1  # 200 random jobs (about an hour)
+    python analysis/evaluate.py --quick                # the CI variant: 6 small random jobs, checked
+    python analysis/evaluate.py --random 120 --seed 2 --learn   # measure the bases, write the table
 
-    python analysis/evaluate.py            # the full matrix (~10 minutes on 2 cores)
-    python analysis/evaluate.py --quick    # the CI subset
+Per diagnosis kind: faults, recall (observable faults found), diagnoses, precision (diagnoses
+about an injected fault of that kind), localization (those naming exactly the culprit: the
+rank, the link, the node's ranks, the cycle), latency from onset to the first WARNING / ERROR
+(hangs) or INFO (slow kinds). Then false alarms on clean jobs, transient faults (a hang that
+was only a stall, a slowdown that recovered: never an ERROR, never a blacklist), and
+calibration: per confidence bucket, how many diagnoses said it and the share that named the
+culprit exactly (c4d/engine/calibration.py). ``--learn`` writes each basis's counts into
+c4d/engine/calibration_table.py; learn on one seed, check on another.
+
+A fault is *observable* when its rank reached the fault's step and the job then ran long
+enough to see it (T + 1 s for hangs, two check periods + 1 s for slow kinds), and it is not
+a transient stall shorter than 1.5 T or a transient slowdown. Thresholds: T = 1 s,
+C4D_HANG_TIMES = 3, 1 s check periods (c4d.scenarios.SCENARIO_ENV).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -23,59 +40,293 @@ from rich.console import Console
 from rich.table import Table
 
 from c4d import scenarios
+from c4d.engine.calibration import wilson_lower
+
+T_S, TIMES, PERIOD_S = 1.0, 3, 1.0
+BUCKETS = [(0.0, 0.2), (0.2, 0.4), (0.4, 0.6), (0.6, 0.8), (0.8, 0.9), (0.9, 1.01)]
+TABLE_PATH = Path(__file__).resolve().parents[1] / "c4d/engine/calibration_table.py"
+KINDS = list(dict.fromkeys(scenarios.EXPECTED_KIND.values()))
+
+
+@dataclass
+class FaultResult:
+    expect: scenarios.Expect
+    onset: float | None
+    observable: bool
+    transient: bool
+    found: bool = False
+    warn_s: float | None = None
+    error_s: float | None = None
+    info_s: float | None = None
+    errors: int = 0  # ERROR diagnoses about it
+    blacklisted: bool = False
+    effect: float = math.inf  # comm-slow: how much it slows the most affected communicator
+
+
+@dataclass
+class JobResult:
+    sc: scenarios.Scenario
+    status: int
+    seconds: float
+    diagnoses: list[dict]
+    faults: list[FaultResult]
+    labels: list[tuple[int, bool]] = field(default_factory=list)  # per diagnosis: (fault index or -1, exact)
+    uptime: str = ""
+
+
+def _uptime() -> str:
+    try:
+        return subprocess.run(["uptime"], capture_output=True, text=True, timeout=5).stdout.strip()
+    except OSError:
+        return ""
+
+
+def score(o: scenarios.Outcome) -> JobResult:
+    """Which diagnosis is about which fault, and whether it named the culprit exactly."""
+    sc = o.scenario
+    frs = []
+    for spec in sc.specs:
+        e = sc.expect(spec)
+        onset = o.onsets.get(spec)
+        f = e.fault
+        transient = f.transient
+        hang = e.kind in scenarios.HANG_KINDS
+        need = T_S + 1.0 if hang else 2 * PERIOD_S + 1.0
+        ran = onset is not None and o.end_s is not None and o.end_s - onset >= need
+        if hang and onset is not None and o.status == 2:
+            ran = True  # stopped on an ERROR: hung for good
+        short = (f.secs is not None and f.secs < 1.5 * T_S) or f.until is not None
+        effect = scenarios.slow_effect(sc, spec)
+        hidden = effect < 1.5  # the faulty link never paces a communicator (see slow_effect)
+        frs.append(FaultResult(e, onset, bool(ran) and not short and not hidden, transient, effect=effect))
+    labels = []
+    for d in o.diagnoses:
+        idx, exact = -1, False
+        for i, fr in enumerate(frs):
+            if fr.expect.matches(d):
+                idx, exact = i, fr.expect.exact(d)
+                break
+        labels.append((idx, exact))
+        if idx < 0:
+            continue
+        fr = frs[idx]
+        fr.found = True
+        if d["level"] == "ERROR":
+            fr.errors += 1
+            if any(n in o.blacklist for n in d["nodes"]):
+                fr.blacklisted = True
+        if fr.onset is not None:
+            lat = d["time"] - fr.onset
+            key = {"WARNING": "warn_s", "ERROR": "error_s", "INFO": "info_s"}[d["level"]]
+            if getattr(fr, key) is None:
+                setattr(fr, key, lat)
+    return JobResult(sc, o.status, o.seconds, o.diagnoses, frs, labels)
+
+
+def run_jobs(jobs: list[scenarios.Scenario], con: Console, out: Path | None) -> list[JobResult]:
+    results = []
+    for i, sc in enumerate(jobs):
+        up = _uptime()
+        with tempfile.TemporaryDirectory(prefix="c4d-eval-") as wd:  # traces are not kept
+            o = scenarios.run(sc, Path(wd), timeout=400)
+        r = score(o)
+        r.uptime = up
+        results.append(r)
+        right = sum(1 for i2, ex in r.labels if i2 >= 0 and ex)
+        wrong = sum(1 for i2, _ in r.labels if i2 < 0)
+        found = sum(f.found for f in r.faults)
+        con.print(f"{i + 1:3d}/{len(jobs)} {sc.name[:90]:90s} found {found}/{len(r.faults)} "
+                  f"exact {right}/{len(r.labels)} wrong {wrong} {o.seconds:5.1f} s", markup=False,
+                  highlight=False)  # fmt: skip
+        if out is not None:
+            with out.open("a") as fh:
+                fh.write(json.dumps(_dump(r)) + "\n")
+    return results
+
+
+def _dump(r: JobResult) -> dict:
+    return {
+        "scenario": r.sc.name,
+        "status": r.status,
+        "seconds": r.seconds,
+        "uptime": r.uptime,
+        "faults": [{k: getattr(f, k) for k in FAULT_FIELDS} | {"spec": f.expect.spec, "kind": f.expect.kind}
+                   for f in r.faults],
+        "diagnoses": [
+            {"level": d["level"], "kind": d["kind"], "ranks": d["ranks"], "fault": i, "exact": ex,
+             "basis": _loc(d).get("basis"), "confidence": _loc(d).get("confidence")}
+            for d, (i, ex) in zip(r.diagnoses, r.labels, strict=True)
+        ],
+    }  # fmt: skip
+
+
+FAULT_FIELDS = (
+    "onset",
+    "observable",
+    "transient",
+    "found",
+    "warn_s",
+    "error_s",
+    "info_s",
+    "errors",
+    "blacklisted",
+)
+
+
+def _loc(d: dict) -> dict:
+    return d.get("localization") or {}
+
+
+def _med_max(vals: list[float]) -> str:
+    return f"{statistics.median(vals):.2f} / {max(vals):.2f}" if vals else "-"
+
+
+def report(results: list[JobResult], con: Console, title: str) -> dict:
+    t = Table(title=title)
+    cols = ["kind", "faults", "observable", "recall", "diagnoses", "precision", "localization",
+            "→ WARNING (s)", "→ ERROR (s)", "→ INFO (s)"]  # fmt: skip
+    for c in cols:
+        t.add_column(c, justify="left" if c == "kind" else "right")
+    summary: dict = {"kinds": {}}
+    for kind in KINDS:
+        frs = [f for r in results for f in r.faults if f.expect.kind == kind]
+        obs = [f for f in frs if f.observable]
+        said = [
+            (d, lab)
+            for r in results
+            for d, lab in zip(r.diagnoses, r.labels, strict=True)
+            if d["kind"] == kind
+        ]
+        about = [lab for _, lab in said if lab[0] >= 0]
+        exact = [lab for lab in about if lab[1]]
+        recall = sum(f.found for f in obs) / len(obs) if obs else math.nan
+        precision = len(about) / len(said) if said else math.nan
+        loc = len(exact) / len(about) if about else math.nan
+        t.add_row(kind, str(len(frs)), str(len(obs)), _pct(recall), str(len(said)), _pct(precision),
+                  _pct(loc), _med_max([f.warn_s for f in obs if f.warn_s is not None]),
+                  _med_max([f.error_s for f in obs if f.error_s is not None]),
+                  _med_max([f.info_s for f in obs if f.info_s is not None]))  # fmt: skip
+        summary["kinds"][kind] = dict(faults=len(frs), observable=len(obs), recall=recall,
+                                      diagnoses=len(said), precision=precision, localization=loc)  # fmt: skip
+    con.print(t)
+    rows = []
+    for kind in ("RankNonCommSlow", "RankCommSlow"):
+        for lo, hi in ((1.5, 2.0), (2.0, 4.0), (4.0, math.inf)):
+            fs = [f for r in results for f in r.faults if f.observable and f.expect.kind == kind
+                  and lo <= min(f.expect.fault.factor or 0, f.effect) < hi]  # fmt: skip
+            if fs:
+                rows.append(f"{kind} ×{lo:g}–{hi:g}: {sum(f.found for f in fs)}/{len(fs)}")
+    hidden = sum(1 for r in results for f in r.faults if f.effect < 1.5)
+    con.print("slow recall by factor (comm-slow: its effect on the slowest communicator it touches): "
+              + "; ".join(rows))  # fmt: skip
+    con.print(f"comm faults on links that pace no communicator (not counted as observable): {hidden}")
+    clean = [r for r in results if not r.faults]
+    fa = sum(len(r.diagnoses) for r in clean)
+    fa_jobs = sum(1 for r in clean if r.diagnoses)
+    con.print(f"clean jobs: {len(clean)}, with a diagnosis: {fa_jobs}, diagnoses on them: {fa}")
+    unrelated = sum(1 for r in results if r.faults for i, _ in r.labels if i < 0)
+    con.print(f"diagnoses about no injected fault, in faulty jobs: {unrelated}")
+    trans = [f for r in results for f in r.faults if f.transient]
+    bad = [f for f in trans if f.errors or f.blacklisted]
+    con.print(f"transient faults: {len(trans)}, found: {sum(f.found for f in trans)}, "
+              f"ERROR or blacklist on one: {len(bad)}")  # fmt: skip
+    mism = [f for r in results for f in r.faults if f.expect.kind == "CollectiveMismatch"]
+    con.print(f"mismatch faults blacklisted: {sum(f.blacklisted for f in mism)} of {len(mism)}")
+    ct = Table(title="calibration: every diagnosis, by its confidence")
+    for c in ("confidence", "diagnoses", "mean confidence", "exactly right", "right (90% lower bound)"):
+        ct.add_column(c, justify="right")
+    labs = [(d.get("localization", {}).get("confidence", 0.0), lab[0] >= 0 and lab[1])
+            for r in results for d, lab in zip(r.diagnoses, r.labels, strict=True)]  # fmt: skip
+    summary["calibration"] = []
+    for lo, hi in BUCKETS:
+        b = [(c, ok) for c, ok in labs if lo <= c < hi]
+        if not b:
+            continue
+        mean_c = sum(c for c, _ in b) / len(b)
+        right = sum(ok for _, ok in b)
+        ct.add_row(f"{lo:.1f}–{min(hi, 1.0):.1f}", str(len(b)), f"{mean_c:.2f}", _pct(right / len(b)),
+                   _pct(wilson_lower(right, len(b))))  # fmt: skip
+        summary["calibration"].append(
+            {"lo": lo, "hi": hi, "n": len(b), "mean": mean_c, "right": right / len(b)}
+        )
+    con.print(ct)
+    summary.update(clean_jobs=len(clean), false_alarms=fa, unrelated=unrelated, transient_bad=len(bad),
+                   mismatch_blacklisted=sum(f.blacklisted for f in mism))  # fmt: skip
+    return summary
+
+
+def _pct(x: float) -> str:
+    return "-" if x != x else f"{x:.0%}"
+
+
+def learn(results_or_rows: list[dict], path: Path = TABLE_PATH) -> dict[str, tuple[int, int]]:
+    """Per basis: (diagnoses, exactly right), from dumped job results; write the table module."""
+    counts: dict[str, list[int]] = {}
+    for job in results_or_rows:
+        for d in job["diagnoses"]:
+            if not d.get("basis"):
+                continue
+            c = counts.setdefault(d["basis"], [0, 0])
+            c[0] += 1
+            c[1] += int(d["fault"] >= 0 and d["exact"])
+    table = {k: (v[0], v[1]) for k, v in sorted(counts.items())}
+    body = "\n".join(f"    {k!r}: {v!r}," for k, v in table.items())
+    path.write_text(
+        '"""Measured outcomes per localization basis: {basis: (diagnoses, exactly right)}.\n\n'
+        "Written by ``python analysis/evaluate.py --random N --seed S --learn`` (see calibration.py);\n"
+        'do not edit by hand.\n"""\n\n'
+        f"TABLE: dict[str, tuple[int, int]] = {{\n{body}\n}}\n"
+    )
+    return table
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="the CI subset of the matrix")
-    ap.add_argument("--only", default="", help="run only scenarios whose name contains this")
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--random", type=int, metavar="N", help="N randomly drawn jobs instead of the matrix")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--max-ranks", type=int, default=64)
+    ap.add_argument(
+        "--quick", action="store_true", help="CI: 6 random jobs of at most 16 ranks, with --check"
+    )
+    ap.add_argument("--check", action="store_true",
+                    help="exit 2 when a transient fault got an ERROR or a blacklist, a mismatch was "
+                         "blacklisted, or a clean job an ERROR")  # fmt: skip
+    ap.add_argument("--results", type=Path, help="append one JSON line per job here")
+    ap.add_argument("--learn", action="store_true", help="write the calibration table from these jobs")
+    ap.add_argument("--learn-from", type=Path, help="write the calibration table from a --results file")
+    ap.add_argument("--only", default="", help="matrix: run only scenarios whose name contains this")
     args = ap.parse_args()
-    con = Console(width=max(Console().width, 120))  # the table's columns, also when piped
-    outcomes = []
+    con = Console(width=max(Console().width, 140))
+    if args.learn_from:
+        rows = [json.loads(line) for line in args.learn_from.read_text().splitlines() if line.strip()]
+        table = learn(rows)
+        con.print(f"wrote {len(table)} bases to {TABLE_PATH}")
+        return 0
     t0 = time.time()
-    for sc in scenarios.matrix(full=not args.quick):
-        if args.only and args.only not in sc.name:
-            continue
-        with tempfile.TemporaryDirectory(prefix="c4d-scn-") as wd:  # traces are not kept
-            o = scenarios.run(sc, Path(wd))
-        outcomes.append(o)
-        mark = "ok" if (o.correct if sc.fault else not o.diagnoses) and not o.wrong else "MISS"
-        con.print(f"{mark:4s} {sc.name:60s} {len(o.correct)} right, {len(o.wrong)} wrong, {o.seconds:5.1f} s",
-                  markup=False, highlight=False)  # fmt: skip
-    t = Table(title=f"c4d engine on {len(outcomes)} simulated jobs ({time.time() - t0:.0f} s)")
-    for c in (
-        "kind",
-        "runs",
-        "precision",
-        "recall",
-        "localization",
-        "→ WARNING (s)",
-        "→ ERROR (s)",
-        "→ INFO (s)",
-    ):
-        t.add_column(c, justify="left" if c == "kind" else "right")
-    for kind in scenarios.EXPECTED_KIND.values():
-        runs = [o for o in outcomes if o.scenario.expected_kind == kind]
-        said = [d for o in outcomes for d in o.diagnoses if d["kind"] == kind]
-        right = [d for o in runs for d in o.correct]
-        detected = [o for o in runs if o.of_kind(kind)]
-        localized = [o for o in runs if o.correct]
-        precision = len(right) / len(said) if said else float("nan")
-        recall = len(detected) / len(runs) if runs else float("nan")
-        loc = len(localized) / len(detected) if detected else float("nan")
-
-        def lat(level: str, runs=runs) -> str:
-            vals = [v for o in runs if (v := o.latency(level)) is not None]
-            return f"{statistics.median(vals):.2f} / {max(vals):.2f}" if vals else "-"
-
-        t.add_row(kind, str(len(runs)), f"{precision:.0%}", f"{recall:.0%}", f"{loc:.0%}", lat("WARNING"),
-                  lat("ERROR"), lat("INFO"))  # fmt: skip
-    clean = [o for o in outcomes if o.scenario.fault is None]
-    fp = sum(len(o.diagnoses) for o in clean)
-    con.print(t)
-    con.print(f"clean runs: {len(clean)}, diagnoses on them: {fp}")
-    con.print("latency columns: median / max seconds from fault onset; thresholds T = 1 s, "
-              "C4D_HANG_TIMES = 3, check period 1 s")  # fmt: skip
+    up0 = _uptime()
+    if args.quick:
+        args.random, args.max_ranks, args.check = 6, 16, True
+    if args.random:
+        jobs = scenarios.random_jobs(args.random, args.seed, args.max_ranks)
+        title = f"c4d engine on {len(jobs)} random jobs, seed {args.seed}"
+    else:
+        jobs = [sc for sc in scenarios.matrix(full=True) if args.only in sc.name]
+        title = f"c4d engine on the scenario matrix ({len(jobs)} jobs)"
+    results = run_jobs(jobs, con, args.results)
+    summary = report(results, con, f"{title} ({time.time() - t0:.0f} s)")
+    con.print(f"uptime before: {up0}")
+    con.print(f"uptime after:  {_uptime()}")
+    con.print(f"thresholds: T = {T_S:g} s, C4D_HANG_TIMES = {TIMES}, check period {PERIOD_S:g} s; latency "
+              "columns: median / max seconds from the fault's onset")  # fmt: skip
+    if args.learn:
+        table = learn([_dump(r) for r in results])
+        con.print(f"wrote {len(table)} bases to {TABLE_PATH}")
+    if args.check:
+        clean_errors = sum(1 for r in results if not r.faults for d in r.diagnoses if d["level"] == "ERROR")
+        bad = summary["transient_bad"] + summary["mismatch_blacklisted"] + clean_errors
+        if bad:
+            con.print(f"check failed: {bad} transient ERRORs / mismatch blacklists / ERRORs on clean jobs")
+            return 2
     return 0
 
 

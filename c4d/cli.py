@@ -347,7 +347,6 @@ def cmd_demo(args) -> int:
 
 def cmd_analyze(args) -> int:
     from c4d import analyze
-    from c4d.master import make_engine
 
     tr = _load_for_offline(args)
     if tr is None:
@@ -367,7 +366,7 @@ def cmd_analyze(args) -> int:
     from c4d.ingest import Ingest
     from c4d.validate import Edge, Limits
 
-    engine = make_engine(_engine_overrides(args))
+    engine = analyze.make_engine(_engine_overrides(args))
     ingest = Ingest(engine, Edge(Limits.from_env()))
     diags = analyze.replay(tr.raw, engine, ingest)
     _report_edge(ingest)
@@ -439,8 +438,9 @@ def _report_edge(ingest) -> None:
 
 def _load_for_offline(args):
     """Load PATH in any supported format; one line on stderr and None when it can't be read."""
+    from c4d.analyze import load
     from c4d.formats.to_records import ImportOptions
-    from c4d.trace import TraceError, load_any
+    from c4d.trace import TraceError
 
     over = _engine_overrides(args)
     opts = ImportOptions(**{k: v for k, v in over.items() if k in ("hang_timeout_us", "hang_times")})
@@ -449,7 +449,7 @@ def _load_for_offline(args):
         print(f"c4d {args.command}: {line}", file=sys.stderr)
 
     try:
-        return load_any(args.path, getattr(args, "format", None), opts=opts, on_warning=warn)
+        return load(args.path, getattr(args, "format", None), opts=opts, on_warning=warn, overrides=over)
     except (TraceError, OSError, ValueError) as e:
         print(f"c4d {args.command}: {e}", file=sys.stderr)
         return None
@@ -461,7 +461,7 @@ def cmd_report(args) -> int:
     tr = _load_for_offline(args)
     if tr is None:
         return EXIT_BAD
-    out = report.write(report.from_trace(tr, tr.diagnoses_list()), Path(args.out))
+    out = report.write(report.from_trace(tr), Path(args.out))
     for name, p in out.items():
         print(f"{name}: {p}")
     return 0
@@ -580,8 +580,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="SPEC",
-        help="inject KIND@rank=R|node=NAME|link=R-S[,step=S][,factor=F]; KIND one of noncomm-hang, "
-        "comm-hang, noncomm-slow, comm-slow, crash (repeatable)",
+        help="inject KIND@rank=R|node=NAME|link=R-S[,dir=fwd|rev][,step=S][,until=U][,secs=X][,factor=F]; "
+        "KIND one of noncomm-hang, comm-hang, noncomm-slow, comm-slow, crash, mismatch (repeatable)",
     )
     _add_quick(p)
     p.add_argument(

@@ -31,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+from c4d.analyze import make_engine
 from c4d.collector import DEFAULT_ENDPOINT, Collector
 from c4d.incidents import Change, Incidents, incident_key
 from c4d.ingest import Ingest
@@ -56,13 +57,6 @@ class MasterConfig:
     job: str | None = None  # the job served; None: the first one heard (c4d.collector)
 
 
-def make_engine(overrides: dict[str, Any] | None = None):
-    """The diagnosis engine, configured from the job's registered values plus ``overrides``."""
-    from c4d.engine import Engine, EngineConfig
-
-    return Engine(EngineConfig.from_env(**(overrides or {})))
-
-
 class Master:
     def __init__(
         self,
@@ -86,7 +80,8 @@ class Master:
         self.collector = collector
         self.endpoint = self.collector.endpoint
         self.received = Received()
-        self.engine = make_engine(cfg.engine_overrides)
+        # the metrics read the engine's per-rank wait / transfer split (one computation)
+        self.engine = make_engine(cfg.engine_overrides, split=cfg.metrics_port is not None)
         self.trace = TraceWriter(cfg.trace, {"endpoint": self.endpoint, **cfg.meta}) if cfg.trace else None
         self.metrics = None
         if cfg.metrics_port is not None:
@@ -157,8 +152,9 @@ class Master:
         self.collector.ratelog.flush()
         if self.metrics is not None:
             try:
-                snap = self.engine.state() if hasattr(self.engine, "state") else None
-                self.metrics.tick(self.received.dropped, self.collector.bad_messages, snap)
+                snap = self.engine.state()
+                split = self.engine.take_split()  # the engine's own waits and transfers
+                self.metrics.tick(self.received.dropped, self.collector.bad_messages, snap, split)
                 self.metrics.edge(self.edge, self.collector, self.ingest)
             except Exception as e:
                 self.ingest.failed("metrics", e, 0)

@@ -28,9 +28,8 @@ import numpy as np
 import pandas as pd
 from matplotlib.ticker import MaxNLocator
 
-from c4d.opstats import split_wait_transfer
+from c4d.engine.types import Level
 from c4d.run.stacks_view import html_section, load_sidecar
-from c4d.schema import OpFlag
 
 LEVEL_COLOR = {"ERROR": "#c0392b", "WARNING": "#e67e22", "INFO": "#2980b9"}
 
@@ -44,10 +43,13 @@ class ReportInput:
     stacks: list[dict[str, Any]] = field(default_factory=list)  # hung ranks' stacks kept by c4d run
 
 
-def from_trace(tr: Any, diagnoses: list[Any], offsets_ns: dict[int, int] | None = None) -> ReportInput:
-    """Report input from a loaded ``c4d.trace.Trace`` and the diagnoses its replay produced."""
+def from_trace(tr: Any, diagnoses: list[Any] | None = None) -> ReportInput:
+    """Report input from a ``c4d.analyze.load``-ed trace: its ops with the engine's wait/transfer
+    split, and its diagnoses (the replay's, unless given)."""
+    if diagnoses is None:
+        diagnoses = tr.diagnoses_list()
     return ReportInput(
-        ops=split_wait_transfer(tr.ops, offsets_ns),
+        ops=tr.ops_split,
         nodes=tr.nodes,
         diagnoses=[d.to_json() if hasattr(d, "to_json") else d for d in diagnoses],
         title=Path(tr.raw.path).name or "trace",
@@ -56,28 +58,16 @@ def from_trace(tr: Any, diagnoses: list[Any], offsets_ns: dict[int, int] | None 
 
 
 def extra_compute(ops: pd.DataFrame) -> pd.DataFrame:
-    """Per collective op row: ``arrive_s`` (rank clock, s) and ``extra_ms``, its compute gap minus
-    the median gap of the op's members (NaN where a gap is unknown: a rank's first op)."""
-    if ops.empty:
+    """Per collective op row: ``arrive_s`` (master clock, s) and ``extra_ms``, the rank's compute
+    before the op minus the median of the op's members. ``ops`` is ``ops_split`` (the engine's
+    own numbers: its compute since its previous op of that communicator, docs/engine.md;
+    NaN where unknown: a rank's first op)."""
+    if ops.empty or "compute_ns" not in ops:
         return pd.DataFrame({"rank": [], "arrive_s": [], "extra_ms": []})
-    start = ops["start_ns"].astype("int64")
-    arrive = start.where(start > 0, ops["issue_ns"].astype("int64"))
-    df = pd.DataFrame(
-        {
-            "rank": ops["rank"].to_numpy(),
-            "comm": ops["comm_id"].to_numpy(),
-            "seq": ops["seq"].to_numpy(),
-            "coll": (ops["flags"].to_numpy() & int(OpFlag.P2P)) == 0,
-            "arrive": arrive.to_numpy(),
-            "end": ops["end_ns"].astype("int64").to_numpy(),
-        }
-    ).sort_values(["rank", "arrive"], kind="stable")
-    prev_end = df.groupby("rank")["end"].transform(lambda e: e.cummax().shift())
-    df["gap"] = (df["arrive"] - prev_end).clip(lower=0)
-    df = df[df["coll"] & df["gap"].notna()]
-    med = df.groupby(["comm", "seq"])["gap"].transform("median")
+    df = ops[ops["compute_ns"].notna() & ops["arrive_ns"].notna()]
+    med = df.groupby(["comm_id", "seq"])["compute_ns"].transform("median")
     return pd.DataFrame(
-        {"rank": df["rank"], "arrive_s": df["arrive"] / 1e9, "extra_ms": (df["gap"] - med) / 1e6}
+        {"rank": df["rank"], "arrive_s": df["arrive_ns"] / 1e9, "extra_ms": (df["compute_ns"] - med) / 1e6}
     ).reset_index(drop=True)
 
 
@@ -223,7 +213,7 @@ def write(inp: ReportInput, out_dir: Path) -> dict[str, Path]:
         "diagnoses": diagnosis_timeline(inp, out_dir / "diagnoses.png"),
     }
     rows = []
-    for d in sorted(inp.diagnoses, key=lambda d: ({"ERROR": 0, "WARNING": 1}.get(d["level"], 2), d["time"])):
+    for d in sorted(inp.diagnoses, key=lambda d: (-Level[d["level"]], d["time"])):
         culprit = ", ".join(
             f"rank {r} ({n})" for r, n in zip(d.get("ranks", []), d.get("nodes", []), strict=False)
         )

@@ -1,18 +1,21 @@
-"""The fault scenario matrix: run `c4d sim` with one injected fault and score the diagnoses.
+"""Fault scenarios: run `c4d sim` with injected faults and say what a right diagnosis is.
 
-Shared by tests/test_scenarios.py (a CI-sized matrix) and analysis/evaluate.py (the full
-matrix and the table in the README). Each scenario is a real simulated job: processes,
-shim, simnccl, ZeroMQ, master, engine.
+Shared by tests/test_scenarios.py (a CI-sized matrix and the issue-9 cases) and
+analysis/evaluate.py (the full matrix, and the randomized benchmark: ``random_jobs``). Each
+scenario is a real simulated job: processes, shim, simnccl, ZeroMQ, master, engine; the
+randomized ones also load the machine's CPU with busy processes while they run.
 
 Fault onset (for detection latency) is the start of step S on the faulty rank, read from
-the trace: the end of that rank's data-parallel all-reduce of step S-1 (one per step),
-after which the driver synchronises its stream and starts step S.
+the trace: the end of that rank's last op of step S-1 (the driver synchronises its stream
+after its ops of a step, then starts the next).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
+import random
 import re
 import subprocess
 import sys
@@ -30,8 +33,10 @@ EXPECTED_KIND = {
     "noncomm-slow": "RankNonCommSlow",
     "comm-slow": "RankCommSlow",
     "crash": "RankLost",
+    "mismatch": "CollectiveMismatch",
 }
-HANG_KINDS = {"RankNonCommHang", "RankCommHang", "RankLost"}
+HANG_KINDS = {"RankNonCommHang", "RankCommHang", "RankLost", "CollectiveMismatch"}
+ISOLATING_KINDS = HANG_KINDS - {"CollectiveMismatch"}  # a program bug takes no node out
 SLOW_STEPS = 250  # enough for the onset window and two more at the slowed pace
 
 # small thresholds so a matrix runs in minutes: T = 1 s, ERROR after 3 × T, 1 s slow windows;
@@ -52,6 +57,32 @@ SCENARIO_ENV = {
 
 
 @dataclass(frozen=True)
+class Expect:
+    """What a right diagnosis of one injected fault is."""
+
+    spec: str
+    fault: faults.Fault
+    kind: str  # the DiagKind value
+    ranks: frozenset[int]  # exactly these culprits (a link: both ends; a mismatch: its cycle)
+    is_link: bool
+
+    def matches(self, d: dict) -> bool:
+        """The diagnosis is about this fault: its kind, and a culprit among the fault's ranks."""
+        return d["kind"] == self.kind and bool(self.ranks & set(d["ranks"]))
+
+    def exact(self, d: dict) -> bool:
+        """It names exactly the culprit: the rank(s), the link, or the cycle."""
+        if not self.matches(d) or set(d["ranks"]) != self.ranks:
+            return False
+        target = (d.get("localization") or {}).get("target")
+        if target is None:  # a diagnosis from before typed localizations
+            return True
+        return target == (
+            "link" if self.is_link else "cycle" if self.kind == "CollectiveMismatch" else "rank"
+        )
+
+
+@dataclass(frozen=True)
 class Scenario:
     ranks: int
     ranks_per_node: int
@@ -60,26 +91,55 @@ class Scenario:
     fault: str | None  # None: a clean run
     steps: int = 400
     clock_skew: float = 0.0
+    more: tuple[str, ...] = ()  # further faults in the same job
+    cpu_load: int = 0  # busy processes beside the job (the machine's load as a factor)
+    seed: int = 0
+
+    @property
+    def specs(self) -> tuple[str, ...]:
+        return ((self.fault,) if self.fault else ()) + self.more
 
     @property
     def name(self) -> str:
-        shape = f"{self.ranks}r{self.ranks // self.ranks_per_node}n-tp{self.tp}pp{self.pp}"
+        shape = f"{self.ranks}r{-(-self.ranks // self.ranks_per_node)}n-tp{self.tp}pp{self.pp}"
         skew = f"-skew{self.clock_skew:g}" if self.clock_skew else ""
-        return f"{shape}{skew}:{self.fault or 'clean'}"
+        load = f"-load{self.cpu_load}" if self.cpu_load else ""
+        return f"{shape}{skew}{load}:{'+'.join(self.specs) or 'clean'}"
+
+    @property
+    def nodes(self) -> int:
+        return -(-self.ranks // self.ranks_per_node)
+
+    @property
+    def layout(self) -> list[str]:
+        return faults.block_layout(self.ranks, self.ranks_per_node)
 
     def parsed(self) -> faults.Fault | None:
-        nodes = (self.ranks + self.ranks_per_node - 1) // self.ranks_per_node
-        return faults.parse(self.fault, world=self.ranks, nodes=nodes) if self.fault else None
+        return faults.parse(self.fault, world=self.ranks, nodes=self.nodes) if self.fault else None
+
+    def expect(self, spec: str) -> Expect:
+        f = faults.parse(spec, world=self.ranks, nodes=self.nodes)
+        if f.kind == "mismatch" and f.rank is not None:
+            # the rank that left out its op and the ranks of that op's group waiting in it: its
+            # TP group, or with tp = 1 its DP group (the ranks of its pipeline stage)
+            if self.tp > 1:
+                first = f.rank - f.rank % self.tp
+                ranks = set(range(first, first + self.tp))
+            else:
+                dp = self.ranks // self.pp
+                first = f.rank - f.rank % dp
+                ranks = set(range(first, first + dp))
+        else:
+            ranks = set(f.ranks(self.layout))
+        return Expect(spec, f, EXPECTED_KIND[f.kind], frozenset(ranks), f.link is not None)
 
     @property
     def expected_kind(self) -> str | None:
-        f = self.parsed()
-        return EXPECTED_KIND[f.kind] if f else None
+        return self.expect(self.fault).kind if self.fault else None
 
     @property
     def expected_ranks(self) -> set[int]:
-        f = self.parsed()
-        return set(f.ranks(faults.block_layout(self.ranks, self.ranks_per_node))) if f else set()
+        return set(self.expect(self.fault).ranks) if self.fault else set()
 
     @property
     def expected_nodes(self) -> set[str]:
@@ -97,6 +157,8 @@ class Outcome:
     stderr: str = ""
     trace_path: str = ""
     kinds_seen: set[str] = field(default_factory=set)
+    onsets: dict[str, float | None] = field(default_factory=dict)  # per fault spec
+    end_s: float | None = None  # the last op the trace saw end (master clock, s)
 
     def of_kind(self, kind: str, levels=("WARNING", "ERROR", "INFO")) -> list[dict]:
         return [d for d in self.diagnoses if d["kind"] == kind and d["level"] in levels]
@@ -122,21 +184,64 @@ class Outcome:
         return min(hits) - self.onset_s
 
 
-def _onset_s(trace_path: Path, sc: Scenario) -> float | None:
-    f = sc.parsed()
-    if f is None:
-        return None
-    r = min(sc.expected_ranks)
-    tr = trace.read_raw(trace_path)
+def node_offsets_s(sc: Scenario) -> list[float]:
+    """The clock offset `c4d sim --clock-skew --seed` gives each node (c4d.sim.SimJob)."""
+    rng = random.Random(sc.seed)
+    return [0.0] + [int(rng.uniform(-sc.clock_skew, sc.clock_skew) * 1e9) / 1e9 for _ in range(sc.nodes - 1)]
+
+
+def _step_start(ops: np.ndarray, rank: int, step: int) -> float | None:
+    """When ``rank`` started ``step`` (rank clock, s): the end of its step-1 DP all-reduce (the
+    driver calls one a step, then synchronises); None when the trace has no such op."""
+    mine = ops[(ops["rank"] == rank) & (ops["op"] == schema.Op.AllReduce)]
+    if step == 0:
+        m = ops[ops["rank"] == rank]
+        return float(m["issue_ns"].min()) / 1e9 if len(m) else None
+    mine = mine[np.argsort(mine["issue_ns"], kind="stable")]
+    return float(mine["end_ns"][step - 1]) / 1e9 if len(mine) >= step else None
+
+
+def _onsets(tr: trace.RawTrace, sc: Scenario) -> dict[str, float | None]:
+    """Per fault: the start of its step on its (first) rank, on the master's clock; None when
+    the job never got there. A crashed rank's last records die with it: then the median over
+    the ranks that did start that step."""
     ops = tr.kinds[schema.Kind.OP]
-    mine = ops[ops["rank"] == r]
-    if f.step == 0 or not len(mine):
-        return float(mine["issue_ns"].min()) / 1e9 if len(mine) else None
-    ar = mine[mine["op"] == schema.Op.AllReduce]
-    prev = ar[ar["seq"] == f.step - 1]
-    if len(prev):
-        return float(prev["end_ns"].max()) / 1e9
-    return float(np.max(mine["end_ns"])) / 1e9
+    skew = node_offsets_s(sc)
+    rpn = sc.ranks_per_node
+    out: dict[str, float | None] = {}
+    for spec in sc.specs:
+        f = sc.expect(spec).fault
+        r = min(f.ranks(sc.layout)) if f.kind != "mismatch" else int(f.rank or 0)
+        t = _step_start(ops, r, f.step)
+        if t is not None:
+            out[spec] = t - skew[r // rpn]
+            continue
+        others = [
+            x - skew[g // rpn] for g in range(sc.ranks) if (x := _step_start(ops, g, f.step)) is not None
+        ]
+        out[spec] = float(np.median(others)) if others and f.kind == "crash" else None
+    return out
+
+
+class CpuLoad:
+    """``n`` busy processes for as long as the context lasts: a loaded machine."""
+
+    def __init__(self, n: int):
+        self.n = n
+        self.procs: list[subprocess.Popen] = []
+
+    def __enter__(self) -> CpuLoad:
+        for _ in range(self.n):
+            self.procs.append(
+                subprocess.Popen([sys.executable, "-c", "while True: pass"], stdin=subprocess.DEVNULL)
+            )
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for p in self.procs:
+            p.kill()
+        for p in self.procs:
+            p.wait()
 
 
 def run(sc: Scenario, workdir: Path | None = None, timeout: float = 300) -> Outcome:
@@ -145,27 +250,70 @@ def run(sc: Scenario, workdir: Path | None = None, timeout: float = 300) -> Outc
     tpath, bl = wd / "trace.c4d", wd / "blacklist.txt"
     args = [sys.executable, "-m", "c4d", "sim", "--ranks", str(sc.ranks), "--ranks-per-node",
             str(sc.ranks_per_node), "--tp", str(sc.tp), "--pp", str(sc.pp), "--steps", str(sc.steps),
-            "--json", "--trace", str(tpath), "--blacklist", str(bl), "--max-seconds", "120"]  # fmt: skip
-    if sc.fault:
-        args += ["--fault", sc.fault]
+            "--json", "--trace", str(tpath), "--blacklist", str(bl), "--max-seconds", "120",
+            "--seed", str(sc.seed)]  # fmt: skip
+    for spec in sc.specs:
+        args += ["--fault", spec]
     if sc.clock_skew:
         args += ["--clock-skew", str(sc.clock_skew)]
     env = {**os.environ, **SCENARIO_ENV}
-    p = subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=env)
+    with CpuLoad(sc.cpu_load):
+        p = subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=env)
     diags = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
     m = re.search(r"^c4d sim: .* \(([0-9.]+) s\)$", p.stderr, re.M)
     seconds = float(m.group(1)) if m else 0.0
+    onsets: dict[str, float | None] = dict.fromkeys(sc.specs)
+    end = None
+    if tpath.exists():
+        tr = trace.read_raw(tpath)
+        onsets = _onsets(tr, sc)
+        ends = tr.kinds[schema.Kind.OP]["end_ns"]
+        end = float(ends.max()) / 1e9 if len(ends) else None
+    first = onsets.get(sc.fault) if sc.fault else None
     return Outcome(
         scenario=sc,
         status=p.returncode,
         diagnoses=diags,
         blacklist=bl.read_text().split() if bl.exists() else [],
-        onset_s=_onset_s(tpath, sc) if tpath.exists() else None,
+        onset_s=first,
         seconds=seconds,
         stderr=p.stderr,
         trace_path=str(tpath),
         kinds_seen={d["kind"] for d in diags},
+        onsets=onsets,
+        end_s=end,
     )
+
+
+def issue9_cases() -> list[Scenario]:
+    """The cases issue 9 was filed with, and the rank-vs-link cases it asks for.
+
+    * a slow rank in pure data parallel (tp = pp = 1): no diagnosis at all before (its compute
+      gap was measured from its one-rank TP group's op, which waits for nobody);
+    * rank vs link in rings of 4 and 8 whose links all cross nodes (one rank per node), where
+      per-peer progress sees both links of a rank: a rank's fault stalls or slows both of its
+      links (two links show it: the rank), a link's fault one (the link);
+    * the issue's rank-7 case: its slow DP ring is paced by its link to rank 1, its two-rank TP
+      communicator is slowed too — two of its links, so the rank;
+    * a rank that leaves out a collective: a wait cycle with its TP peer (CollectiveMismatch).
+    """
+    out = [
+        Scenario(8, 2, 1, 1, "noncomm-slow@rank=6,step=20,factor=3", steps=SLOW_STEPS),
+        Scenario(16, 4, 1, 1, "noncomm-slow@rank=9,step=20,factor=2", steps=SLOW_STEPS),
+        Scenario(8, 4, 2, 1, "comm-slow@rank=7,step=20,factor=5", steps=SLOW_STEPS),
+        Scenario(8, 4, 2, 1, "mismatch@rank=5,step=20"),
+    ]
+    for ranks in (4, 8):
+        r, a = ranks // 2, ranks // 2 - 1
+        out += [
+            Scenario(ranks, 1, 1, 1, f"comm-hang@rank={r},step=20"),
+            Scenario(ranks, 1, 1, 1, f"comm-hang@link={a}-{r},step=20"),
+            # one communicator: its own earlier windows are the reference, so the fault starts
+            # after a few clean ones
+            Scenario(ranks, 1, 1, 1, f"comm-slow@rank={r},step=120,factor=4", steps=SLOW_STEPS + 100),
+            Scenario(ranks, 1, 1, 1, f"comm-slow@link={a}-{r},step=120,factor=4", steps=SLOW_STEPS + 100),
+        ]
+    return out
 
 
 def matrix(full: bool = False) -> list[Scenario]:
@@ -212,4 +360,142 @@ def matrix(full: bool = False) -> list[Scenario]:
         out.append(Scenario(16, 4, 2, 2, "noncomm-hang@rank=9,step=20", clock_skew=0.05))
         slow9 = "noncomm-slow@rank=9,step=20,factor=4"
         out.append(Scenario(16, 4, 2, 2, slow9, steps=SLOW_STEPS, clock_skew=0.05))
+    return out
+
+
+# -- the randomized benchmark ---------------------------------------------------------------
+KIND_WEIGHTS = {
+    "noncomm-hang": 18,
+    "comm-hang": 18,
+    "noncomm-slow": 20,
+    "comm-slow": 22,
+    "crash": 10,
+    "mismatch": 8,
+}
+RANK_WEIGHTS = {8: 4, 12: 1, 16: 4, 24: 2, 32: 2, 48: 1, 64: 1}
+
+
+def _links(ranks: int, tp: int, pp: int) -> list[tuple[int, int]]:
+    """The links the job's communicators use (simtrain's Megatron layout; rings over comm ranks)."""
+    dp = ranks // (tp * pp)
+    out = set()
+    for r in range(ranks):
+        t, d, p = r % tp, (r // tp) % dp, r // (tp * dp)
+        if tp > 1:
+            out.add(tuple(sorted((r, p * dp * tp + d * tp + (t + 1) % tp))))
+        if dp > 1:
+            out.add(tuple(sorted((r, p * dp * tp + ((d + 1) % dp) * tp + t))))
+        if p + 1 < pp:
+            out.add((r, r + dp * tp))
+    return sorted(out)  # type: ignore[arg-type]
+
+
+def _comm_groups(ranks: int, tp: int, pp: int) -> list[list[int]]:
+    """Each communicator's members in ring order (simtrain's layout): TP groups, DP groups and
+    the pipeline pairs of adjacent stages."""
+    dp = ranks // (tp * pp)
+    out = []
+    for p in range(pp):
+        for d in range(dp):
+            out.append([p * dp * tp + d * tp + t for t in range(tp)])
+        for t in range(tp):
+            out.append([p * dp * tp + d * tp + t for d in range(dp)])
+    for r in range(ranks - dp * tp):
+        out.append([r, r + dp * tp])
+    return [g for g in out if len(g) > 1]
+
+
+def slow_effect(sc: Scenario, spec: str) -> float:
+    """How much a comm fault slows the most affected communicator of the simulated job: its
+    slowest link before / after (simnccl's links: SCENARIO_ENV's bandwidths, a ring over its
+    members in order, two-rank groups both ways). A link inside a node slowed less than the
+    network links of its ring stays hidden (effect 1), and so does a direction (dir=) no
+    communicator uses, even hung; a used hung link is infinitely slow."""
+    f = sc.expect(spec).fault
+    if f.kind not in ("comm-slow", "comm-hang"):
+        return math.inf
+    factor = f.factor if f.kind == "comm-slow" and f.factor else math.inf  # a hung link: infinitely slow
+    intra, inter = float(SCENARIO_ENV["SIMNCCL_INTRA_GBPS"]), float(SCENARIO_ENV["SIMNCCL_INTER_GBPS"])
+    node = [r // sc.ranks_per_node for r in range(sc.ranks)]
+
+    def hit(a: int, b: int) -> bool:
+        if f.link is None:
+            return f.rank in (a, b)
+        x, y = f.link
+        return ((a, b) == (x, y) and f.dir != "rev") or ((a, b) == (y, x) and f.dir != "fwd")
+
+    best = 1.0
+    for g in _comm_groups(sc.ranks, sc.tp, sc.pp):
+        n = len(g)
+        edges = [(g[0], g[1]), (g[1], g[0])] if n == 2 else [(g[i], g[(i + 1) % n]) for i in range(n)]
+        base = [intra if node[a] == node[b] else inter for a, b in edges]
+        after = [bw / factor if hit(a, b) else bw for (a, b), bw in zip(edges, base, strict=True)]
+        best = max(best, min(base) / min(after) if min(after) > 0 else math.inf)
+    return best
+
+
+def _fault(
+    rng: random.Random, kind: str, ranks: int, rpn: int, tp: int, pp: int, step: int, taken: set[int]
+) -> str:
+    nodes = -(-ranks // rpn)
+    free = [r for r in range(ranks) if r not in taken] or list(range(ranks))
+    where = f"rank={rng.choice(free)}"
+    if kind in ("comm-hang", "comm-slow") and rng.random() < 0.4:
+        links = [lk for lk in _links(ranks, tp, pp) if not set(lk) & taken] or _links(ranks, tp, pp)
+        a, b = rng.choice(links)
+        where = f"link={a}-{b}" + (f",dir={rng.choice(('fwd', 'rev'))}" if rng.random() < 0.2 else "")
+    elif kind in ("noncomm-hang", "crash") and rng.random() < 0.15 and nodes > 1:
+        node = rng.randrange(nodes)
+        if not any(r // rpn == node for r in taken):
+            where = f"node=node-{node}"
+    spec = f"{kind}@{where},step={step}"
+    if kind in ("noncomm-slow", "comm-slow"):
+        spec += f",factor={math.exp(rng.uniform(math.log(1.5), math.log(10))):.2f}"
+        if rng.random() < 0.2:
+            spec += f",until={step + rng.randint(3, 30)}"  # recovers
+    elif kind == "noncomm-hang" and rng.random() < 0.2:
+        spec += f",secs={rng.uniform(0.3, 2.5):.2f}"  # a compute stall that ends
+    return spec
+
+
+def random_jobs(n: int, seed: int, max_ranks: int = 64) -> list[Scenario]:
+    """``n`` jobs drawn from ``seed``: shape (8 to ``max_ranks`` ranks, tp / pp / dp, ranks per
+    node), none (a clean job, 12 %), one or two faults of any kind at any rank, link or node,
+    onset step, factor 1.5–10 (log-uniform), transient faults that recover (20 % of the slow and
+    compute-hang faults), clock skew up to ±0.1 s (half the jobs) and zero to two busy processes
+    loading the machine."""
+    rng = random.Random(seed)
+    sizes = [r for r in RANK_WEIGHTS if r <= max_ranks]
+    out = []
+    for i in range(n):
+        ranks = rng.choices(sizes, [RANK_WEIGHTS[r] for r in sizes])[0]
+        shapes = [
+            (tp, pp)
+            for tp in (1, 2, 4)
+            for pp in (1, 2, 4)
+            if ranks % (tp * pp) == 0 and ranks // (tp * pp) >= 2
+        ]
+        tp, pp = rng.choice(shapes)
+        rpn = rng.choice([x for x in (1, 2, 4, 8) if x < ranks])
+        post = max(60, 2400 // ranks)  # steps after the onset: a few check periods at any size
+        onset = rng.randint(25, 60)
+        specs: list[str] = []
+        if rng.random() >= 0.12:
+            kinds = list(KIND_WEIGHTS)
+            taken: set[int] = set()
+            for _ in range(2 if rng.random() < 0.2 else 1):
+                kind = rng.choices(kinds, [KIND_WEIGHTS[k] for k in kinds])[0]
+                if kind == "mismatch" and any(x.startswith("mismatch") for x in specs):
+                    kind = "noncomm-slow"  # one program bug a job: the first one deadlocks it
+                step = onset + (rng.randint(0, 15) if specs else 0)
+                spec = _fault(rng, kind, ranks, rpn, tp, pp, step, taken)
+                specs.append(spec)
+                sc0 = Scenario(ranks, rpn, tp, pp, spec)
+                taken |= set(sc0.expected_ranks)
+        skew = round(rng.uniform(0.005, 0.1), 3) if rng.random() < 0.5 else 0.0
+        load = rng.choices([0, 1, 2], [5, 3, 2])[0]
+        out.append(
+            Scenario(ranks, rpn, tp, pp, specs[0] if specs else None, steps=onset + post, clock_skew=skew,
+                     more=tuple(specs[1:]), cpu_load=load, seed=seed * 1000 + i)
+        )  # fmt: skip
     return out

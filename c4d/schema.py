@@ -78,22 +78,48 @@ class CommEvent(enum.IntEnum):
     RESUME = 12
 
 
-# ncclDataType_t -> bytes per element (nccl_abi.h: c4d_dtype_size)
+# Op names for arrays of op codes (unknown codes read "?"): OP_NAMES[ops["op"]]
+OP_NAMES = np.array([o.name for o in Op] + ["?"] * (256 - len(Op)), dtype=object)
+
+
+def op_name(op: int | None) -> str | None:
+    """The name of an op code (``Op``), ``op<N>`` for a code this version does not know."""
+    if op is None:
+        return None
+    try:
+        return Op(int(op)).name
+    except ValueError:
+        return f"op{int(op)}"
+
+
+class DType(enum.IntEnum):
+    """ncclDataType_t (nccl_abi.h); 255 = unknown (imports of tools that do not say)."""
+
+    int8 = 0
+    uint8 = 1
+    int32 = 2
+    uint32 = 3
+    int64 = 4
+    uint64 = 5
+    float16 = 6
+    float32 = 7
+    float64 = 8
+    bfloat16 = 9
+    float8e4m3 = 10
+    float8e5m2 = 11
+    unknown = 255
+
+
+# bytes per element by ncclDataType_t (nccl_abi.h: c4d_dtype_size); index with a DType
 DTYPE_SIZE = np.array([1, 1, 4, 4, 8, 8, 2, 4, 8, 2, 1, 1], dtype=np.uint64)
-DTYPE_NAMES = [
-    "int8",
-    "uint8",
-    "int32",
-    "uint32",
-    "int64",
-    "uint64",
-    "float16",
-    "float32",
-    "float64",
-    "bfloat16",
-    "float8e4m3",
-    "float8e5m2",
-]
+DTYPE_NAMES = [d.name for d in DType if d is not DType.unknown]
+
+# DESIGN.md's job-side threshold defaults (REGISTER carries the job's values; the engine and
+# the importers fall back to these)
+DEFAULT_HANG_TIMEOUT_US = 10_000_000  # C4D_HANG_TIMEOUT
+DEFAULT_HANG_TIMES = 18  # C4D_HANG_TIMES
+DEFAULT_BW_CHECK_PERIOD_S = 10  # C4D_CONN_BW_CHECK_PERIOD
+DEFAULT_HEARTBEAT_MS = 1000  # C4D_HEARTBEAT_MS
 
 LOG_LEVELS = ["TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL"]
 

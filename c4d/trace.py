@@ -174,7 +174,11 @@ def _names(col: np.ndarray) -> np.ndarray:
 
 @dataclass
 class Trace:
-    """A trace as pandas DataFrames (the notebook-facing API)."""
+    """A trace as pandas DataFrames, one per record kind: what the ranks sent, decoded.
+
+    This is the loader's output and knows no analysis. The engine's view of the same trace
+    (``ops_split`` with the wait/transfer split, ``diagnoses``) comes from ``c4d.analyze.load``,
+    which returns a Trace that has them (docs/trace-api.md)."""
 
     meta: dict[str, Any]
     registrations: pd.DataFrame
@@ -184,45 +188,15 @@ class Trace:
     peers: pd.DataFrame
     raw: RawTrace
 
-    _diagnoses: list[Any] | None = None
-
-    def diagnoses_list(self) -> list[Any]:
-        """The engine's diagnoses for this trace (an offline replay; computed once)."""
-        if self._diagnoses is None:
-            from c4d.analyze import replay
-            from c4d.master import make_engine
-
-            self._diagnoses = replay(self.raw, make_engine())
-        return self._diagnoses
-
-    @property
-    def diagnoses(self) -> pd.DataFrame:
-        """One row per diagnosis (columns of DESIGN.md's JSON; detail kept as a dict)."""
-        rows = [d.to_json() for d in self.diagnoses_list()]
-        cols = ["time", "level", "kind", "comm", "op", "seq", "ranks", "nodes", "hang_times", "detail"]
-        df = pd.DataFrame(rows, columns=cols)
-        return df.astype(
-            {
-                "time": "float64",
-                "level": "str",
-                "kind": "str",
-                "comm": "object",
-                "op": "object",
-                "seq": "Int64",
-                "hang_times": "int64",
-            }
-        )
-
-    @property
-    def ops_split(self) -> pd.DataFrame:
-        """Ops with the wait/transfer split and bus bandwidth (c4d.opstats)."""
-        from c4d.opstats import split_wait_transfer
-
-        return split_wait_transfer(self.ops)
+    def __getattr__(self, name: str) -> Any:
+        if name in ("ops_split", "diagnoses", "diagnoses_list"):
+            raise AttributeError(
+                f"{name} needs the engine: load the trace with c4d.analyze.load(path) (c4d.trace.load "
+                "only decodes the records)"
+            )
+        raise AttributeError(name)
 
     def table(self, name: str) -> pd.DataFrame:
-        if name == "ops":
-            return self.ops_split
         return getattr(self, name)
 
     @property
@@ -252,11 +226,9 @@ def from_raw(rt: RawTrace) -> Trace:
         reg["node"] = _names(k[schema.Kind.REGISTER]["node"])
         reg["job"] = _names(k[schema.Kind.REGISTER]["job"])
     ops = _frame(k[schema.Kind.OP], drop=("version", "kind"))
-    if len(ops):
-        names = np.array([o.name for o in schema.Op] + ["?"] * (256 - len(schema.Op)), dtype=object)
-        ops["op_name"] = names[ops["op"].to_numpy()]
-        dur = ops["end_ns"].astype("int64") - ops["start_ns"].astype("int64")
-        ops["duration_ns"] = dur.where((ops["end_ns"] > 0) & (ops["start_ns"] > 0)).astype("float64")
+    ops["op_name"] = pd.Series(schema.OP_NAMES[ops["op"].to_numpy()], index=ops.index, dtype=object)
+    dur = ops["end_ns"].astype("int64") - ops["start_ns"].astype("int64")
+    ops["duration_ns"] = dur.where((ops["end_ns"] > 0) & (ops["start_ns"] > 0)).astype("float64")
     return Trace(
         meta=rt.meta,
         registrations=reg,
@@ -266,23 +238,3 @@ def from_raw(rt: RawTrace) -> Trace:
         peers=_frame(k[schema.Kind.PEER], drop=("version", "kind")),
         raw=rt,
     )
-
-
-def load_any(
-    path: str | os.PathLike,
-    fmt: str | None = None,
-    opts: Any = None,
-    on_warning: Any = None,
-) -> Trace:
-    """Load a c4d trace or an import (Flight Recorder dumps, NCCL Inspector, nccl-tests) as a Trace.
-
-    ``opts`` (c4d.formats.to_records.ImportOptions) gives the thresholds an import assumes;
-    ``on_warning`` receives one line per non-fatal import problem.
-    """
-    if fmt in (None, "c4d"):
-        p = Path(path)
-        if fmt == "c4d" or (p.is_file() and p.open("rb").read(8) == MAGIC):
-            return load(path)
-    from c4d.formats.detect import load_any as load_raw_any
-
-    return from_raw(load_raw_any(path, fmt, opts=opts, on_warning=on_warning))

@@ -14,11 +14,17 @@ issues, in program order::
     tp all_gather, tp _reduce_scatter_base, pp send (lower rank) or recv (upper), dp all_reduce,
     world all_reduce
 
-so five entries per step. A ``Hang`` freezes the job at one op of the last step:
+so five entries per step (``Job.step_ops`` replaces that program). A ``Hang`` freezes the job at
+one op of the last step:
 
 * ``missing``: those ranks never issue it (they stopped before it; all their ops completed) while
   every other rank issued it and is waiting in it — a non-communication hang;
 * no ``missing``: every rank issued and entered it, none completed — a communication hang.
+
+A ``Skip`` makes one rank leave out one op of the last step (a program-order bug). Who then
+completes what is simulated: an op completes once every member of its group has reached it
+(same group, same sequence number); a rank stops at the first op that cannot complete, which
+is pending in its dump, and issues nothing after it.
 
 ``timing=True`` mimics ``TORCH_NCCL_ENABLE_TIMING=1`` (start times, ``state`` "started",
 ``duration_ms``); ``timing=False`` leaves start times None and pending ops "scheduled".
@@ -46,11 +52,22 @@ class Hang:
 
 
 @dataclass
+class Skip:
+    """Rank ``rank`` leaves out op ``op_index`` of the last step and goes on with the next."""
+
+    rank: int
+    op_index: int
+
+
+@dataclass
 class Job:
     tp: int = 2
     dp: int = 4
     steps: int = 10
     hang: Hang | None = None
+    skip: Skip | None = None
+    step_ops: tuple[tuple[str, str], ...] = tuple(zip(STEP_OPS, STEP_GROUP, strict=True))
+    """(op, group) per op of a step; op "p2p" is the pipeline send/recv."""
     timing: bool = True
     frames: int = 0  # stack frames per entry (real timeout dumps carry them)
     t0_ns: int = 1_732_270_000_000_000_000
@@ -100,14 +117,14 @@ def _sizes(op: str, job: Job, gsize: int) -> tuple[list[list[int]], list[list[in
 def build(job: Job) -> dict[int, dict]:
     """Rank -> the dict FlightRecorder would pickle for that rank."""
     members, desc, of_rank = groups(job)
-    hang = job.hang
     # torch symbolizes each unique frame once and every entry's list refers to those dicts, so its
     # pickler memoizes them (BINGET): one stack per call site (op of the step) here, shared likewise
     stacks = [
         [{"name": f"{op}_{k}" if i == 0 else f"fn{i}", "filename": _FRAME_FILES[i % len(_FRAME_FILES)],
           "line": 100 + 10 * k + i} for i in range(job.frames)]
-        for k, op in enumerate(STEP_OPS)
+        for k, (op, _) in enumerate(job.step_ops)
     ]  # fmt: skip
+    fate = _resolve(job, members, of_rank)
     dumps: dict[int, dict] = {}
     for r in range(job.world):
         mine = of_rank[r]
@@ -117,72 +134,64 @@ def build(job: Job) -> dict[int, dict]:
         status = {str(i): {"last_enqueued_collective": -1, "last_started_collective": -1,
                            "last_completed_collective": -1} for i in pg_ids.values()}  # fmt: skip
         entries: list[dict] = []
-        op_id = 0
-        for step in range(job.steps):
-            last = step == job.steps - 1
-            for k, (op, grp) in enumerate(zip(STEP_OPS, STEP_GROUP, strict=True)):
-                pending = False
-                if hang is not None and last and k >= hang.op_index:
-                    if r in hang.missing or k > hang.op_index:
-                        break
-                    pending = True
-                name = mine[grp]
-                gr = members[name]
-                me = gr.index(r)
-                p2p = op == "p2p"
-                if p2p:
-                    pseq[name] += 1
-                    op = "send" if me == 0 else "recv"
-                    pname = "nccl:send 0->1" if me == 0 else "nccl:recv 1<-0"
-                else:
-                    cseq[name] += 1
-                    pname = f"nccl:{op}"
-                op_id += 1
-                # deterministic per-rank jitter
-                created = job.t0_ns + step * job.step_ns + k * job.step_ns // 8 + (r * 7919 % 50_000)
-                started = created + 20_000 + (r % 5) * 1000
-                dur_ns = 3_000_000 + (k * 250_000)
-                completed = started + dur_ns + 150_000
-                ins, outs = _sizes(op, job, len(gr))
-                e = {
-                    "record_id": len(entries),
-                    "pg_id": pg_ids[name],
-                    "process_group": (name, desc[name]),
-                    "collective_seq_id": cseq[name],
-                    "p2p_seq_id": pseq[name],
-                    "op_id": op_id,
-                    "profiling_name": pname,
-                    "time_created_ns": created,
-                    "input_sizes": ins,
-                    "input_dtypes": [_DTYPE] * len(ins),
-                    "output_sizes": outs,
-                    "output_dtypes": [_DTYPE] * len(outs),
-                    "state": "completed",
-                    "time_discovered_started_ns": started if job.timing else None,
-                    "time_discovered_completed_ns": completed,
-                    "retired": True,
-                    "timeout_ms": job.timeout_ms,
-                    "is_p2p": p2p,
-                    "thread_name": "pt_main_thread",
-                    "thread_id": "140000000000000",
-                }
-                if job.timing:
-                    e["duration_ms"] = dur_ns / 1e6
-                if pending:
-                    e["state"] = "started" if job.timing else "scheduled"
-                    e["time_discovered_completed_ns"] = None
-                    e["retired"] = False
-                    e.pop("duration_ms", None)
-                if job.frames:
-                    e["frames"] = list(stacks[k])  # a new list of shared frame dicts, as torch builds it
-                st = status[str(pg_ids[name])]
-                if not p2p:
-                    st["last_enqueued_collective"] = cseq[name]
-                    if e["state"] != "scheduled" and job.timing:
-                        st["last_started_collective"] = cseq[name]
-                    if e["state"] == "completed":
-                        st["last_completed_collective"] = cseq[name]
-                entries.append(e)
+        for op_id, (step, k, op0, grp, pending) in enumerate(fate[r], start=1):
+            op = op0
+            name = mine[grp]
+            gr = members[name]
+            me = gr.index(r)
+            p2p = op == "p2p"
+            if p2p:
+                pseq[name] += 1
+                op = "send" if me == 0 else "recv"
+                pname = "nccl:send 0->1" if me == 0 else "nccl:recv 1<-0"
+            else:
+                cseq[name] += 1
+                pname = f"nccl:{op}"
+            # deterministic per-rank jitter
+            created = job.t0_ns + step * job.step_ns + k * job.step_ns // 8 + (r * 7919 % 50_000)
+            started = created + 20_000 + (r % 5) * 1000
+            dur_ns = 3_000_000 + (k * 250_000)
+            completed = started + dur_ns + 150_000
+            ins, outs = _sizes(op, job, len(gr))
+            e = {
+                "record_id": len(entries),
+                "pg_id": pg_ids[name],
+                "process_group": (name, desc[name]),
+                "collective_seq_id": cseq[name],
+                "p2p_seq_id": pseq[name],
+                "op_id": op_id,
+                "profiling_name": pname,
+                "time_created_ns": created,
+                "input_sizes": ins,
+                "input_dtypes": [_DTYPE] * len(ins),
+                "output_sizes": outs,
+                "output_dtypes": [_DTYPE] * len(outs),
+                "state": "completed",
+                "time_discovered_started_ns": started if job.timing else None,
+                "time_discovered_completed_ns": completed,
+                "retired": True,
+                "timeout_ms": job.timeout_ms,
+                "is_p2p": p2p,
+                "thread_name": "pt_main_thread",
+                "thread_id": "140000000000000",
+            }
+            if job.timing:
+                e["duration_ms"] = dur_ns / 1e6
+            if pending:
+                e["state"] = "started" if job.timing else "scheduled"
+                e["time_discovered_completed_ns"] = None
+                e["retired"] = False
+                e.pop("duration_ms", None)
+            if job.frames:
+                e["frames"] = list(stacks[k])  # a new list of shared frame dicts, as torch builds it
+            st = status[str(pg_ids[name])]
+            if not p2p:
+                st["last_enqueued_collective"] = cseq[name]
+                if e["state"] != "scheduled" and job.timing:
+                    st["last_started_collective"] = cseq[name]
+                if e["state"] == "completed":
+                    st["last_completed_collective"] = cseq[name]
+            entries.append(e)
         entries = entries[-job.buffer :]
         dumps[r] = {
             "version": FR_VERSION,
@@ -192,6 +201,51 @@ def build(job: Job) -> dict[int, dict]:
             "entries": entries,
         }
     return dumps
+
+
+def _resolve(
+    job: Job, members: dict[str, list[int]], of_rank: dict[int, dict[str, str]]
+) -> dict[int, list[tuple[int, int, str, str, bool]]]:
+    """Per rank, the ops it issued as (step, op index, op, group, pending), in program order."""
+    hang, skip = job.hang, job.skip
+    last = job.steps - 1
+    prog: dict[int, list[tuple[int, int, str, str]]] = {}
+    for r in range(job.world):
+        ops = []
+        for step in range(job.steps):
+            for k, (op, grp) in enumerate(job.step_ops):
+                stop = hang is not None and (k > hang.op_index or (k == hang.op_index and r in hang.missing))
+                if step == last and stop:
+                    break
+                if step == last and skip is not None and skip.rank == r and k == skip.op_index:
+                    continue
+                ops.append((step, k, op, grp))
+        prog[r] = ops
+    # an op is (group name, its sequence number in that group on this rank)
+    ident: dict[int, list[tuple[str, int]]] = {}
+    for r, ops in prog.items():
+        count: dict[str, int] = {}
+        ident[r] = []
+        for _, _, _, grp in ops:
+            name = of_rank[r][grp]
+            count[name] = count.get(name, 0) + 1
+            ident[r].append((name, count[name]))
+    stuck = (last, hang.op_index) if hang is not None and not hang.missing else None
+    pos = dict.fromkeys(prog, 0)
+    moved = True
+    while moved:
+        moved = False
+        for r in sorted(prog):
+            i = pos[r]
+            if i >= len(prog[r]) or prog[r][i][:2] == stuck:
+                continue
+            name, seq = ident[r][i]
+            peers = members[name]
+            if all(pos[q] < len(prog[q]) and ident[q][pos[q]] == (name, seq) for q in peers):
+                for q in peers:
+                    pos[q] += 1
+                moved = True
+    return {r: [(*prog[r][i], i == pos[r]) for i in range(min(pos[r] + 1, len(prog[r])))] for r in prog}
 
 
 def write(dumps: dict[int, dict], directory: str | Path, prefix: str = "nccl_trace_rank_") -> list[Path]:

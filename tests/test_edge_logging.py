@@ -51,7 +51,8 @@ def test_the_metrics_carry_every_reason_and_forget_freed_communicators():
     t = H.now_ns()
     m = Metrics()
     sink = [lambda ok, kinds: m.ingest(kinds)]
-    ing = Ingest(Engine(EngineConfig()), Edge(Limits(comm_idle_s=1)), sinks=sink, on_free=[m.forget])
+    eng = Engine(EngineConfig(), split=True)  # the metrics read the engine's own waits (OP_SPLIT rows)
+    ing = Ingest(eng, Edge(Limits(comm_idle_s=1)), sinks=sink, on_free=[m.forget])
     ing.feed(H.as_header(H.registers(8, t), H.comm_init(range(8), H.WORLD_COMM, 8, t)), t)
     ing.feed(H.as_header(H.allreduces(8, range(6), t)), t)
     bad = H.allreduces(8, [6], t)
@@ -61,7 +62,8 @@ def test_the_metrics_carry_every_reason_and_forget_freed_communicators():
     class Coll:
         bad_reasons: ClassVar[dict[str, int]] = {"bad magic": 3}
 
-    m.tick(0, 3)
+    ing.tick(t)
+    m.tick(0, 3, None, eng.take_split())
     m.edge(ing.edge, Coll, ing)
     text = generate_latest(m.registry).decode()
     assert 'c4d_records_rejected_total{reason="bad op"} 8.0' in text

@@ -66,6 +66,7 @@ def test_json_object_is_designs_shape():
         "nodes",
         "hang_times",
         "detail",
+        "localization",
     ]
     assert obj["level"] == "WARNING" and obj["kind"] == "RankNonCommHang"
     assert obj["ranks"] == [6] and obj["nodes"] == ["node-1"] and obj["hang_times"] == 1
@@ -74,6 +75,10 @@ def test_json_object_is_designs_shape():
     det = obj["detail"]
     for key in ("localized_by", "localized", "confidence", "suspects", "missing", "waited_s", "victims"):
         assert key in det, key
+    loc = obj["localization"]
+    assert loc["how"] == det["localized_by"] == "arrival" and loc["target"] == "rank" and loc["ranks"] == [6]
+    assert loc["confidence"] == det["confidence"] and 0 <= loc["confidence"] <= 1
+    assert loc["basis"].startswith("RankNonCommHang:arrival/rank") and loc["evidence"]
     assert "RankNonCommHang" in d.summary() and "rank 6" in d.summary()
 
 
@@ -81,6 +86,7 @@ def test_levels_and_kinds_are_documented_enums():
     assert Level.INFO < Level.WARNING < Level.ERROR
     assert {k.value for k in DiagKind} == {
         "RankNonCommHang", "RankCommHang", "RankNonCommSlow", "RankCommSlow", "RankLost",
+        "CollectiveMismatch",
     }  # fmt: skip
 
 

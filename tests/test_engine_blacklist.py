@@ -7,13 +7,26 @@ import os
 from factories import Fault, Job, run_cached
 
 from c4d.actions import blacklist
-from c4d.engine import DiagKind, Diagnosis, Level
+from c4d.engine import CycleMember, DiagKind, Diagnosis, How, Level, Localization, OpRef, Target
 
 
-def diag(level: Level, nodes: tuple[str, ...], localized: bool) -> Diagnosis:
-    return Diagnosis(
-        0, level, DiagKind.RankNonCommHang, 1, "AllReduce", 3, (5,), nodes, 3, {"localized": localized}
+def diag(level: Level, nodes: tuple[str, ...], localized: bool, kind=DiagKind.RankNonCommHang) -> Diagnosis:
+    target = Target.rank if localized else Target.suspects
+    loc = Localization(How.arrival if localized else How.none, target, (5,), 0.9, "test", "test")
+    return Diagnosis(0, level, kind, 1, "AllReduce", 3, (5,), nodes, 3, loc)
+
+
+def test_a_mismatch_error_never_blacklists(tmp_path):
+    """A wait cycle is a program-order bug: no node is at fault."""
+    a, b = OpRef(1, 5, "AllReduce"), OpRef(2, 3, "AllReduce")
+    cyc = (CycleMember(2, a, b), CycleMember(3, b, a))
+    loc = Localization(How.cycle, Target.cycle, (2, 3), 0.9, "test", "cycle", cycle=cyc)
+    d = Diagnosis(
+        0, Level.ERROR, DiagKind.CollectiveMismatch, 1, "AllReduce", 5, (2, 3), ("n0", "n1"), 18, loc
     )
+    assert d.localized and not loc.isolates
+    assert d.blacklist_nodes == ()
+    assert blacklist.apply(d, tmp_path / "bl") == []
 
 
 def test_append_dedups_and_keeps_existing_lines(tmp_path):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 from factories import Fault, Job, run_cached
 
-from c4d.engine import DiagKind, Level
+from c4d.engine import DiagKind, How, Level, Target
 
 T_S, TIMES = 1.0, 3
 
@@ -65,7 +65,7 @@ def test_noncomm_hang_blames_only_the_stuck_rank(shape, where):
     err = localized_error(run)
     assert err.blacklist_nodes == (j.node_name(r),)
     d = err.detail
-    assert d["localized_by"] == "arrival"
+    assert err.localization.how is How.arrival and err.localization.target is Target.rank
     assert r not in d["victims"] and len(d["victims"]) == j.world - 1  # everyone else waits, directly or not
     # dp8 hangs in the first of four compute segments (no op issued yet); with TP the host
     # has already issued the next TP all-reduce; with PP a pipeline peer waits on a p2p op
@@ -91,18 +91,20 @@ def test_comm_hang_rank_localized_by_peer_progress(r):
     j = job("dp8")
     run = run_cached(job("dp8", Fault("comm-hang", rank=r, step=10)))
     check_hang(run, DiagKind.RankCommHang, [r], [j.node_name(r)])
-    d = localized_error(run).detail
-    assert d["localized_by"] == "peer-progress"
-    assert len(d["stalled_links"]) == 2
+    err = localized_error(run)
+    assert err.localization.how is How.peer_progress and err.localization.target is Target.rank
+    assert len(err.detail["stalled_links"]) == 2
 
 
 def test_comm_hang_link_across_nodes_names_both_ends():
     j = job("dp8")
     run = run_cached(job("dp8", Fault("comm-hang", link=(3, 4), step=10)))
     check_hang(run, DiagKind.RankCommHang, [3, 4], [j.node_name(3), j.node_name(4)])
-    d = localized_error(run).detail
-    assert d["localized_by"] == "peer-progress" and d["link"] == [3, 4]
-    assert d["stalled_links"] == ["3->4"]
+    err = localized_error(run)
+    loc = err.localization
+    assert loc.how is How.peer_progress and loc.target is Target.link and loc.link == (3, 4)
+    assert err.detail["stalled_links"] == ["3->4"]
+    assert err.to_json()["detail"]["link"] == [3, 4]  # the keys older readers know stay
 
 
 def test_comm_hang_on_a_pipeline_link_is_a_p2p_pair():
@@ -110,8 +112,8 @@ def test_comm_hang_on_a_pipeline_link_is_a_p2p_pair():
     j = job("tp2pp2dp4")
     run = run_cached(job("tp2pp2dp4", Fault("comm-hang", link=(4, 6), step=10)))
     check_hang(run, DiagKind.RankCommHang, [4, 6], [j.node_name(4)])
-    d = localized_error(run).detail
-    assert d["localized_by"] == "p2p-pair" and d["link"] == [4, 6]
+    loc = localized_error(run).localization
+    assert loc.how is How.p2p_pair and loc.link == (4, 6)
 
 
 def test_comm_hang_without_peer_progress_names_suspects_and_blacklists_nothing():
@@ -120,7 +122,7 @@ def test_comm_hang_without_peer_progress_names_suspects_and_blacklists_nothing()
     assert {d.kind for d in ds} == {DiagKind.RankCommHang}
     for d in ds:
         assert sorted(d.ranks) == list(range(8))  # all members are suspects
-        assert not d.localized and d.detail["localized_by"] == "heartbeat"
+        assert not d.localized and d.localization.how is How.none
         assert d.blacklist_nodes == ()
         assert d.detail["no_peer_progress"] == list(range(8))
     assert any(d.level is Level.ERROR for d in ds)

@@ -29,6 +29,20 @@ def test_a_node_fault_follows_the_node_not_the_rank():
     assert n.ranks(["node-1", "node-0", "node-1", "node-0"]) == [0, 2]
 
 
+def test_hardware_model_keys_round_trip():
+    """dir= picks a link's direction, until= ends a slowdown, secs= makes a compute hang a stall; each
+    survives lowering for simnccl and printing back as a SPEC."""
+    d = faults.parse("comm-slow@link=2-5,dir=rev,step=3,until=9,factor=2.5", world=8)
+    assert (d.dir, d.until, d.factor, d.transient) == ("rev", 9, 2.5, True)
+    assert d.lower(faults.block_layout(8, 4)) == ["comm-slow@link=2-5,dir=rev,step=3,until=9,factor=2.5"]
+    h = faults.parse("noncomm-hang@rank=1,step=4,secs=1.5", world=8)
+    assert h.secs == 1.5 and h.lower(faults.block_layout(8, 4)) == ["noncomm-hang@rank=1,step=4,secs=1.5"]
+    m = faults.parse("mismatch@rank=3,step=7", world=8)
+    assert m.kind == "mismatch" and not m.transient
+    for f in (d, h, m):
+        assert faults.parse(f.spec(), world=8) == f
+
+
 @pytest.mark.parametrize(
     "spec",
     [
@@ -47,6 +61,15 @@ def test_a_node_fault_follows_the_node_not_the_rank():
         "crash@rank=1,rank=2",
         "crash@rank=1,step=-2",
         "crash@rank=1,color=red",
+        "comm-hang@rank=1,dir=fwd",
+        "comm-hang@link=1-2,dir=up",
+        "noncomm-hang@rank=1,until=9",
+        "comm-slow@rank=1,step=5,until=5",
+        "comm-slow@rank=1,secs=2",
+        "comm-hang@rank=1,secs=2",
+        "noncomm-hang@rank=1,secs=0",
+        "mismatch@link=1-2",
+        "mismatch@rank=1,factor=2",
     ],
 )
 def test_bad_specs_get_one_line_reasons(spec):

@@ -64,6 +64,49 @@ def test_all_entered_and_stuck_inside_is_comm_hang(tmp_path):
     assert hangs[-1]["detail"]["localized"] is False
 
 
+@pytest.mark.parametrize("timing", [True, False])
+def test_a_skipped_subgroup_collective_is_a_mismatch_not_a_node(tmp_path, timing):
+    """The issue-9 case: 4 ranks, sub-groups {0, 1} and {2, 3}; rank 3 skips its sub-group
+    all_reduce of the last step and goes on to the world all_reduce. Rank 2 waits for it in the
+    sub-group, ranks 0, 1 and 3 wait for rank 2 in the world group: a wait cycle between 2 and
+    3, and 0 and 1 are victims, never suspects. Counted like a hang, never blacklisted."""
+    job = frf.Job(
+        tp=2, dp=2, steps=6, timing=timing, step_ops=(("all_reduce", "tp"), ("all_reduce", "world")),
+        skip=frf.Skip(rank=3, op_index=0),
+    )  # fmt: skip
+    diags = _diagnose(_write(tmp_path, job))
+    assert diags and {x["kind"] for x in diags} == {"CollectiveMismatch"}, [
+        (x["kind"], x["ranks"]) for x in diags
+    ]
+    last = diags[-1]
+    assert last["level"] == "ERROR" and last["hang_times"] == 18
+    assert diags[0]["level"] == "WARNING"
+    assert all(x["ranks"] == [2, 3] for x in diags)
+    assert last["detail"]["victims"] == [0, 1]
+    loc = last["localization"]
+    assert loc["how"] == "cycle" and loc["target"] == "cycle" and loc["ranks"] == [2, 3]
+    tp23 = frf.group_of(job, 3, "tp")
+    world = frf.group_of(job, 3, "world")
+    assert tp23 == [2, 3] and world == [0, 1, 2, 3]
+    by_rank = {m["rank"]: m for m in loc["cycle"]}
+    # rank 3 never entered sub-group op #5 (FR seq 6) and is blocked in world op #5; rank 2 the
+    # other way round (c4d seqs count from 0: the last step's ops are #5)
+    assert by_rank[3]["never_entered"]["seq"] == 5 and by_rank[3]["blocked_in"]["seq"] == 5
+    assert by_rank[3]["never_entered"]["comm"] == by_rank[2]["blocked_in"]["comm"]
+    assert by_rank[2]["never_entered"]["comm"] == by_rank[3]["blocked_in"]["comm"]
+    assert by_rank[2]["blocked_in"]["comm"] != by_rank[3]["blocked_in"]["comm"]
+    assert all(m["blocked_in"]["op"] == "AllReduce" for m in loc["cycle"])
+    from c4d.engine import Level
+
+    assert not any(
+        d.blacklist_nodes for d in _replay(_write(tmp_path, job, "again")) if d.level is Level.ERROR
+    )
+
+
+def _replay(path):
+    return analyze.replay(load_any(path), _engine())
+
+
 def test_clean_dump_gives_no_hang(tmp_path):
     diags = _diagnose(_write(tmp_path, frf.Job(tp=2, dp=4, steps=8)))
     assert [x for x in diags if x["kind"] in HANGS] == []

@@ -7,7 +7,7 @@ import json
 import logging
 import subprocess
 
-from c4d.engine import DiagKind, Diagnosis, Engine, Level
+from c4d.engine import DiagKind, Diagnosis, Engine, How, Level, Localization, Target
 from c4d.incidents import End, Incidents, incident_key
 from c4d.trace import TraceWriter
 from tests.conftest import c4d_cmd
@@ -26,6 +26,11 @@ HANG = Job(
 )
 
 
+def _loc(ranks, confidence: float) -> Localization:
+    """The typed localization every Diagnosis carries (issue 9): a rank found by arrival."""
+    return Localization(How.arrival, Target.rank, tuple(ranks), confidence, "test", "test")
+
+
 def hang(t_s: float, n: int, level=Level.WARNING, ranks=(6,), seq=8, kind=DiagKind.RankNonCommHang, T=1.0):
     return Diagnosis(
         time_ns=int(t_s * S),
@@ -37,6 +42,7 @@ def hang(t_s: float, n: int, level=Level.WARNING, ranks=(6,), seq=8, kind=DiagKi
         ranks=tuple(ranks),
         nodes=tuple(f"node-{r // 4}" for r in ranks),
         hang_times=n,
+        localization=_loc(ranks, 0.9),
         detail={
             "waited_s": n * T,
             "timeout_s": T,
@@ -58,6 +64,7 @@ def slow(t_s: float, rank=9, comm=0xCD, window=1.0):
         ranks=(rank,),
         nodes=(f"node-{rank // 4}",),
         hang_times=0,
+        localization=_loc((rank,), 0.8),
         detail={"window_s": window, "localized_by": "arrival", "confidence": 0.8},
     )
 

@@ -87,10 +87,7 @@ def _run(cmd: str, deadline_s: float) -> tuple[list[tuple[float, str]], int | No
 
 def _params():
     for e in EXAMPLES:
-        marks = []
-        if e.pure_dp and e.kind in ("RankNonCommSlow", "RankCommSlow"):
-            marks.append(pytest.mark.xfail(strict=True, reason="needs issue 9's pure-DP slow detection"))
-        yield pytest.param(e, id=f"{e.kind}{'-pure-dp' if e.pure_dp else ''}", marks=marks)
+        yield pytest.param(e, id=f"{e.kind}{'-pure-dp' if e.pure_dp else ''}")
 
 
 @pytest.mark.slow

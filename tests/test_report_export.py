@@ -11,7 +11,7 @@ import urllib.request
 import pandas as pd
 import pytest
 
-from c4d import trace
+from c4d import analyze, trace
 from tests.conftest import c4d_cmd, free_port, wait_for
 
 SLOW_RANK = 5
@@ -78,12 +78,12 @@ def test_lateness_picture_blames_the_slow_rank_not_its_partners(slow_trace):
 
     from c4d import report
 
-    tr = trace.load(slow_trace)
-    ex = report.extra_compute(tr.ops)
+    tr = analyze.load(slow_trace)
+    ex = report.extra_compute(tr.ops_split)  # the engine's compute per rank and op
     per_rank = ex[ex["arrive_s"] > ex["arrive_s"].quantile(0.5)].groupby("rank")["extra_ms"].median()
     assert per_rank.idxmax() == SLOW_RANK
     assert per_rank[1] < 0.2 * per_rank[SLOW_RANK], per_rank.to_dict()
-    inp = report.from_trace(tr, tr.diagnoses_list())
+    inp = report.from_trace(tr)
     # the busbw plot draws its medians (one marker per size, visible with a single size)
     fig = report.busbw_by_size_figure(inp)
     medians = [ln for ln in fig.axes[0].get_lines() if ln.get_label().endswith(" median")]
@@ -99,7 +99,7 @@ def test_lateness_picture_blames_the_slow_rank_not_its_partners(slow_trace):
 
 
 def test_pandas_api_columns_and_dtypes(slow_trace):
-    tr = trace.load(slow_trace)
+    tr = analyze.load(slow_trace)
     ops = tr.ops_split
     for col, kind in [
         ("rank", "i"),
@@ -120,6 +120,36 @@ def test_pandas_api_columns_and_dtypes(slow_trace):
     assert list(d.columns[:4]) == ["time", "level", "kind", "comm"]
     assert (d["kind"] == "RankNonCommSlow").any()
     assert all(r == [SLOW_RANK] for r in d[d["kind"] == "RankNonCommSlow"]["ranks"])
+
+
+def test_ops_split_is_the_engines_own_split(slow_trace):
+    """One wait/transfer computation: ops_split carries exactly the engine's per-rank rows, so
+    the report and the metrics agree with the diagnoses (clock offsets included)."""
+    tr = analyze.load(slow_trace)
+    ops = tr.ops_split
+    _, split = analyze.run_engine(tr.raw)
+    coll = ops[(ops["flags"].astype(int) & 4) == 0].dropna(subset=["wait_ns"])
+    assert len(coll) > 0.9 * ((ops["flags"].astype(int) & 4) == 0).sum()  # nearly every collective
+    eng = pd.DataFrame({k: split[k] for k in ("comm_id", "seq", "comm_rank", "wait_ns", "transfer_ns")})
+    eng = eng[split["peer"] == -1]
+    m = coll.merge(eng, on=["comm_id", "seq", "comm_rank"], suffixes=("", "_engine"))
+    assert len(m) == len(coll)
+    assert (m["wait_ns"] == m["wait_ns_engine"]).all() and (m["transfer_ns"] == m["transfer_ns_engine"]).all()
+    assert (coll["wait_ns"] >= 0).all()
+    # every op's last arriver waited 0, and all members of an op share its transfer
+    per_op = coll.groupby(["comm_id", "seq"])
+    assert (per_op["wait_ns"].min() == 0).all()
+    assert (per_op["transfer_ns"].nunique() == 1).all()
+    # the p2p transfers the engine could measure carry a transfer and no wait
+    p2p = ops[(ops["flags"].astype(int) & 4) != 0]
+    assert p2p["wait_ns"].isna().all()
+
+
+def test_the_record_loader_knows_no_engine(slow_trace):
+    tr = trace.load(slow_trace)
+    assert len(tr.ops) and tr.nodes
+    with pytest.raises(AttributeError, match=r"c4d\.analyze\.load"):
+        tr.ops_split  # noqa: B018
 
 
 def test_export_parquet_roundtrip(slow_trace, tmp_path):

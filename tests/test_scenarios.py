@@ -1,5 +1,6 @@
-"""Issue 3 acceptance: the scenario matrix on real simulated jobs (processes, shim, simnccl, ZeroMQ,
-master, engine). Thresholds: T = 1 s, C4D_HANG_TIMES = 3, check period 1 s (c4d.scenarios)."""
+"""Issue 3 and 9 acceptance: the scenario matrix and the issue-9 cases on real simulated jobs
+(processes, shim, simnccl, ZeroMQ, master, engine). Thresholds: T = 1 s, C4D_HANG_TIMES = 3,
+check period 1 s (c4d.scenarios)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,9 @@ T = 1.0
 TIMES = 3
 PERIOD = 1.0
 MATRIX = scenarios.matrix(full=False)
+# a slow rank in pure data parallel; rank vs link for comm-hang and comm-slow in rings of 4 and
+# 8; the issue's rank-7 case; a mismatch deadlock (scenarios.issue9_cases)
+ISSUE9 = scenarios.issue9_cases()
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +34,7 @@ def outcomes(tmp_path_factory, libc4d, simtrain):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sc", MATRIX, ids=[s.name for s in MATRIX])
+@pytest.mark.parametrize("sc", MATRIX + ISSUE9, ids=[s.name for s in MATRIX + ISSUE9])
 def test_scenario(sc, outcomes):
     o = outcomes(sc)
     if sc.fault is None:
@@ -47,7 +51,11 @@ def test_scenario(sc, outcomes):
         assert "WARNING" in levels and "ERROR" in levels
         assert levels.index("WARNING") < levels.index("ERROR")
         assert o.status == 2, "the sim stops on the ERROR"
-        assert sorted(o.blacklist) == sorted(sc.expected_nodes)
+        if sc.expected_kind in scenarios.ISOLATING_KINDS:
+            assert sorted(o.blacklist) == sorted(sc.expected_nodes)
+        else:  # a mismatch is a program bug: every rank of its cycle named, no node taken out
+            assert o.blacklist == []
+            assert all(d["localization"]["cycle"] for d in o.correct)
         assert o.latency("WARNING") <= T + 1.0
         assert o.latency("ERROR") <= T * TIMES + 1.0
     else:
@@ -55,8 +63,11 @@ def test_scenario(sc, outcomes):
         assert o.latency("INFO") <= 2 * PERIOD + 1.0
 
 
+FAULTY = [s for s in MATRIX + ISSUE9 if s.fault]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("sc", [s for s in MATRIX if s.fault], ids=[s.name for s in MATRIX if s.fault])
+@pytest.mark.parametrize("sc", FAULTY, ids=[s.name for s in FAULTY])
 def test_offline_replay_gives_the_live_diagnoses(sc, outcomes):
     o = outcomes(sc)
     p = subprocess.run([sys.executable, "-m", "c4d", "analyze", o.trace_path, "--json"], capture_output=True,

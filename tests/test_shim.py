@@ -770,13 +770,31 @@ def test_libzmq_found_beside_an_installed_package(libc4d, simnccl_dir, master, t
     wait_records(master, lambda r: len(r[schema.Kind.OP]) == 1, "the op record")
 
 
-def test_nccl_linked_into_a_library_loaded_rtld_local(libc4d, simnccl_dir, master):
+@pytest.fixture(scope="module")
+def framework_lib(simnccl_dir, tmp_path_factory):
+    """libsimnccl-framework.so: beside simnccl in a plain CMake build; a wheel (CI's editable
+    install included) leaves this test-only library out, so build just that target here."""
+    lib = simnccl_dir.parent / "tests" / "libsimnccl-framework.so"
+    if lib.exists():
+        return lib
+    if not shutil.which("cmake"):
+        pytest.skip("no cmake to build the test-only framework library")
+    root = Path(__file__).resolve().parents[1]
+    out, build = tmp_path_factory.mktemp("native-out"), tmp_path_factory.mktemp("native-build")
+    cfg = ["cmake", "-S", str(root), "-B", str(build), f"-DC4D_OUT={out}", "-DC4D_BUILD_SHIM=OFF"]
+    for cmd in (cfg, ["cmake", "--build", str(build), "--target", "simnccl-framework", "-j2"]):
+        p = subprocess.run(cmd, capture_output=True, text=True)
+        assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    return out / "tests" / "libsimnccl-framework.so"
+
+
+def test_nccl_linked_into_a_library_loaded_rtld_local(libc4d, framework_lib, master):
     """NCCL inside the library that calls it, loaded RTLD_LOCAL (a source build of PyTorch:
     NCCL static in libtorch_cuda.so, which Python dlopens locally). The library's calls reach
     the preloaded hooks; RTLD_NEXT and libnccl.so.2 find nothing, so the shim finds NCCL in
     the calling object (dladdr on the return address), says once which NCCL it bound, and
     records the ops (the CUDA runtime linked in beside it gives device timing)."""
-    lib = simnccl_dir.parent / "tests" / "libsimnccl-framework.so"
+    lib = framework_lib
     job = f"c4dshim-{uuid.uuid4().hex[:10]}"
     code = f"import ctypes, sys; sys.exit(ctypes.CDLL({str(lib)!r}).framework_allreduce_loop(5))"
     env = base_env(libc4d, C4D_MASTER_ADDR=master.endpoint, RANK="0", WORLD_SIZE="1", SIMNCCL_JOB=job)

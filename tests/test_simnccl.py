@@ -537,6 +537,42 @@ def test_comm_slow_link_slows_steps(jobs, simtrain):
     assert slow > 2.5 * fast, f"link slowed 4x, steps should be ~4x slower: {t}"
 
 
+def _step_ms(jobs, simtrain, n: int, fault: str, steps: int = 8) -> dict[int, float]:
+    """Rank 0's step times of an n-rank job that only all-reduces 1 MiB at 0.1 GB/s (~10 ms a step)."""
+    env = {"SIMNCCL_INTRA_GBPS": "0.1", "SIMNCCL_JITTER": "0", "SIMNCCL_FAULTS": fault}
+    args = ("--steps", str(steps), "--compute-us", "0", "--dp-bytes", str(1 << 20), "--tp-bytes", "4")
+    job = jobs(simtrain, n, *args, "--pp-bytes", "4", "--progress", env=env)
+    assert job.wait(timeout=90) == [0] * n
+    return job.steps_done(0)
+
+
+def test_until_ends_a_slowdown(jobs, simtrain):
+    """until=6: steps 4 and 5 run on the slowed link, from step 6 on it has recovered."""
+    t = _step_ms(jobs, simtrain, 2, "comm-slow@link=0-1,step=4,until=6")
+    fast = min(t[s] for s in (1, 2, 3, 6, 7))
+    assert min(t[4], t[5]) > 2.5 * fast, t
+    assert max(t[6], t[7]) < 2.0 * fast + 5, t
+
+
+def test_dir_slows_one_direction_of_a_link(jobs, simtrain):
+    """A ring of three all-reduces over 0 -> 1 -> 2 -> 0: slowing 0 -> 1 slows it, slowing only
+    1 -> 0 (a direction the ring never uses) does not; a rank fault slows both directions of
+    every link of the rank, so it slows the ring."""
+    fwd = _step_ms(jobs, simtrain, 3, "comm-slow@link=0-1,dir=fwd,step=3,factor=4")
+    rev = _step_ms(jobs, simtrain, 3, "comm-slow@link=0-1,dir=rev,step=3,factor=4")
+    rank = _step_ms(jobs, simtrain, 3, "comm-slow@rank=2,step=3,factor=4")
+    for t in (fwd, rank):
+        assert min(t[s] for s in (4, 5, 6)) > 2.5 * min(t[s] for s in (1, 2)), t
+    assert max(rev[s] for s in (4, 5, 6)) < 2.0 * min(rev[s] for s in (1, 2)) + 5, rev
+
+
+def test_secs_makes_a_compute_hang_a_stall_that_ends(jobs, simtrain):
+    """noncomm-hang with secs=0.6: rank 1's step 3 stalls that long, then the job finishes."""
+    t = _step_ms(jobs, simtrain, 2, "noncomm-hang@rank=1,step=3,secs=0.6", steps=6)
+    assert t[3] >= 600, t  # rank 0 waits for it in the all-reduce
+    assert max(t[s] for s in (1, 2, 4, 5)) < 300, t
+
+
 def test_jitter_makes_step_times_differ(jobs, simtrain):
     # ~10.5 ms modeled per step (1 MiB all-reduce at 0.1 GB/s). With jitter 0.5 each
     # collective draws a factor in [0.5, 1.5]: some steps run well below the steady time,

@@ -7,22 +7,41 @@
     snap = eng.state()            # for the live view
 
 Modules: ``state`` (numpy arrays per rank / communicator), ``clock`` (offsets), ``hang``
-(wait-for graph: hangs and lost ranks), ``slow`` (check windows), ``peer`` (link
-localization from PEER progress), ``types`` (Diagnosis, enums), ``config`` (thresholds).
+(wait-for graph: hangs, mismatches and lost ranks), ``slow`` (check windows), ``blame``
+(rank or link behind a slow unit), ``peer`` (link localization from PEER progress),
+``calibration`` (confidence measured on the randomized benchmark), ``types`` (Diagnosis,
+Localization, enums), ``config`` (thresholds).
 docs/engine.md explains the algorithms and every threshold.
 """
 
 from c4d.engine.config import EngineConfig
 from c4d.engine.engine import Engine
-from c4d.engine.types import CommSnapshot, DiagKind, Diagnosis, EngineSnapshot, Level, RankState
+from c4d.engine.types import (
+    CommSnapshot,
+    CycleMember,
+    DiagKind,
+    Diagnosis,
+    EngineSnapshot,
+    How,
+    Level,
+    Localization,
+    OpRef,
+    RankState,
+    Target,
+)
 
 __all__ = [
     "CommSnapshot",
+    "CycleMember",
     "DiagKind",
     "Diagnosis",
     "Engine",
     "EngineConfig",
     "EngineSnapshot",
+    "How",
     "Level",
+    "Localization",
+    "OpRef",
     "RankState",
+    "Target",
 ]

@@ -51,7 +51,9 @@ def on_tick(ranks: RankTable, now_ns: int, epoch_state: list[int]) -> None:
         epoch_state[0] = epoch
     got = ranks.pend_tmax > 0
     if not got.any():
+        _note_lag(ranks, now_ns, None)
         return
+    _note_lag(ranks, now_ns, got)
     cand = ranks.pend_tmax[got] - np.int64(now_ns)
     ranks.theta_cur[got] = np.maximum(ranks.theta_cur[got], cand)
     ranks.pend_tmax[got] = 0
@@ -68,6 +70,28 @@ def on_tick(ranks: RankTable, now_ns: int, epoch_state: list[int]) -> None:
     ranks.theta[have] = new[have]
     ranks.theta_ok[have] = True
     _place(ranks)
+
+
+LAG_WINDOW_NS = 5_000_000_000  # the delivery lag is the worst of the last few seconds
+
+
+def _note_lag(ranks: RankTable, now_ns: int, got: np.ndarray | None) -> None:
+    """How much later than usual the freshest records reach the engine: a master that falls
+    behind (a loaded host, a backlog of batches) delays every rank's records alike, and a
+    rank is not silent for the time its records wait in that backlog. Per tick: the median,
+    over the ranks that delivered, of their freshest record's age (master time minus its
+    aligned write time; the offsets come from the best receipt bounds, so the usual latency
+    is already in them); ``ranks.delivery_lag_ns`` = the worst of the last LAG_WINDOW_NS."""
+    hist = ranks.lag_hist
+    if got is not None:
+        ok = got & ranks.theta_ok
+        if ok.any():
+            g = np.flatnonzero(ok)
+            age = np.int64(now_ns) - (ranks.pend_tmax[g] - ranks.offsets(g))
+            hist.append((int(now_ns), max(0, int(np.median(age)))))
+    while hist and hist[0][0] < now_ns - LAG_WINDOW_NS:
+        hist.popleft()
+    ranks.delivery_lag_ns = max((lag for _, lag in hist), default=0)
 
 
 def _place(ranks: RankTable) -> None:

@@ -12,13 +12,16 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from c4d.schema import (
+    DEFAULT_BW_CHECK_PERIOD_S,
+    DEFAULT_HANG_TIMEOUT_US,
+    DEFAULT_HANG_TIMES,
+    DEFAULT_HEARTBEAT_MS,
+)
 
 log = logging.getLogger("c4d.engine")
-
-DEFAULT_HANG_TIMEOUT_US = 10_000_000
-DEFAULT_HANG_TIMES = 18
-DEFAULT_BW_CHECK_PERIOD_S = 10
-DEFAULT_HEARTBEAT_MS = 1000
 
 
 @dataclass(frozen=True)
@@ -37,17 +40,20 @@ class EngineConfig:
     slow_min_ops: int = 4
     """C4D_SLOW_MIN_OPS: a communicator needs this many complete ops in a window to be judged."""
     slow_last_frac: float = 0.6
-    """C4D_SLOW_LAST_FRAC: RankNonCommSlow needs the rank last-by-a-margin in this share of the ops."""
+    """C4D_SLOW_LAST_FRAC: RankNonCommSlow needs the rank's compute to stand out in this share of the ops."""
     slow_arrival_rel: float = 0.5
-    """C4D_SLOW_ARRIVAL_REL: "clear margin" = the last arrival leads the next-to-last by this
-    fraction of the others' own compute gap before the op (and by slow_arrival_min_ms)."""
+    """C4D_SLOW_ARRIVAL_REL: a slow rank computes longer than the other members by this fraction
+    of their compute between two ops of the communicator (and by slow_arrival_min_ms)."""
     slow_arrival_min_ms: float = 1.0
-    """C4D_SLOW_ARRIVAL_MIN_MS: absolute floor of that margin (clock alignment error, timer noise)."""
-    slow_own_share: float = 0.5
-    """C4D_SLOW_OWN_SHARE: at least this share of the margin must be the rank's own extra
-    compute gap (not a late finish of its previous op): victims of a cascade are not blamed."""
+    """C4D_SLOW_ARRIVAL_MIN_MS: absolute floor of that excess (timer noise, clock error)."""
     slow_bw_ratio: float = 0.5
     """C4D_SLOW_BW_RATIO: RankCommSlow when busbw < this x baseline (own earlier windows or siblings)."""
+    slow_degraded_ratio: float = 0.8
+    """C4D_SLOW_DEGRADED_RATIO: a unit below this x its reference (but not slow) is *degraded*:
+    evidence for the rank or link that would explain it (blame.py)."""
+    slow_clear_ratio: float = 0.9
+    """C4D_SLOW_CLEAR_RATIO: a unit at or above this x its reference, with hardly an op slow, is
+    *clear*: evidence against any rank or link that would have to slow it."""
     slow_pace_share: float = 0.6
     """C4D_SLOW_PACE_SHARE: in a slow ring, the link that sets the pace (finishes its steps last,
     PEER records) in this share of the window's ops is the slow link; two links of one rank
@@ -80,21 +86,21 @@ class EngineConfig:
         )
 
     @classmethod
-    def from_env(cls, env: dict[str, str] | None = None, **overrides) -> EngineConfig:
+    def from_env(cls, env: dict[str, str] | None = None, **overrides: Any) -> EngineConfig:
         """Read C4D_SLOW_* / C4D_CLOCK_GAIN (master side).
 
         A malformed value logs one line and keeps the default.
         """
         env = dict(os.environ if env is None else env)
         cfg = cls(**overrides)
-        changes = {}
+        changes: dict[str, Any] = {}
         for f in fields(cls):
             if not f.name.startswith(("slow_", "clock_")):
                 continue
             var = "C4D_" + f.name.upper()
             if var not in env:
                 continue
-            kind = int if isinstance(getattr(cfg, f.name), int) else float
+            kind: type[int] | type[float] = int if isinstance(getattr(cfg, f.name), int) else float
             try:
                 v = kind(env[var])
                 if v < 0:

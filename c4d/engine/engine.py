@@ -12,6 +12,8 @@ Call from one thread (the master's); nothing here blocks or sleeps.
 from __future__ import annotations
 
 import logging
+from collections.abc import Hashable, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -20,32 +22,41 @@ from c4d.engine import clock, hang
 from c4d.engine.config import EngineConfig, ResolvedThresholds
 from c4d.engine.slow import SlowFinding, SlowJudge
 from c4d.engine.stage import Stages
-from c4d.engine.state import GONE_EVENTS, IN_GROUP, MAX_NRANKS, MAX_RANK, P2P, Comm, P2PPairs, RankTable
-from c4d.engine.types import CommSnapshot, DiagKind, Diagnosis, EngineSnapshot, Level, RankState
+from c4d.engine.state import (
+    GONE_EVENTS,
+    IN_GROUP,
+    MAX_NRANKS,
+    MAX_RANK,
+    OP_SPLIT,
+    P2P,
+    Comm,
+    P2PPairs,
+    RankTable,
+)
+from c4d.engine.types import CommSnapshot, DiagKind, Diagnosis, EngineSnapshot, Level, Localization, RankState
 from c4d.ratelog import RateLimitedLog
-from c4d.schema import Kind, Op
+from c4d.schema import Kind, Op, op_name
 
 log = logging.getLogger("c4d.engine")
 
 CHUNK = 8192  # rows ingested at once (see feed)
 RATE_WINDOW_NS = 5_000_000_000  # the live view's ops/s
 _V = np.dtype((np.void, schema.RECORD_SIZE))
-_OP_NAMES = {int(o): o.name for o in Op}
-
-
-def op_name(op: int | None) -> str | None:
-    return None if op is None else _OP_NAMES.get(int(op), f"op{op}")
 
 
 class Engine:
-    def __init__(self, cfg: EngineConfig | None = None) -> None:
+    def __init__(self, cfg: EngineConfig | None = None, split: bool = False) -> None:
+        """``split``: keep every completed op's per-rank wait / transfer split (``OP_SPLIT`` rows)
+        for ``take_split`` — the one wait/transfer computation the metrics, the report and
+        ``ops_split`` use."""
         self.cfg = cfg or EngineConfig()
+        self._split = split
         self.ranks = RankTable()
         self.comms: dict[int, Comm] = {}  # by index (stable, never reused), in creation order
         self._comm_index: dict[int, int] = {}  # comm id -> index
         self._next_idx = 0
-        self._emitted: dict[tuple, int] = {}  # hang key -> highest count emitted
-        self._active: dict[tuple, Diagnosis] = {}  # hang key -> latest diagnosis (live view)
+        self._emitted: dict[Hashable, int] = {}  # hang key -> highest count emitted
+        self._active: dict[Hashable, Diagnosis] = {}  # hang key -> latest diagnosis (live view)
         self._epoch = [-1]
         self._slow = SlowJudge(self.cfg)
         self._pairs = P2PPairs()
@@ -72,11 +83,16 @@ class Engine:
                 return None
             i = self._comm_index[cid] = self._next_idx
             self._next_idx += 1
-            self.comms[i] = Comm(i, cid, n)
+            c = Comm(i, cid, n)
+            if self._split:
+                c.split = []
+            self.comms[i] = c
         c = self.comms[i]
         return c if c.n == n else None
 
-    def _by_comm(self, rows: np.ndarray, what: str, extra: np.ndarray | None = None):
+    def _by_comm(
+        self, rows: np.ndarray, what: str, extra: np.ndarray | None = None
+    ) -> Iterator[tuple[Comm, np.ndarray, np.ndarray]]:
         """Yield (comm, its rows, the matching slice of ``extra``) in comm-id order, rows kept in order.
 
         PEER records carry no communicator size: they only attach to a communicator some
@@ -84,10 +100,10 @@ class Engine:
         """
         if extra is None:
             extra = np.zeros(len(rows), np.int8)
-        sized = "comm_nranks" in rows.dtype.names
-        nr = rows["comm_nranks"] if sized else None
+        sized = "comm_nranks" in (rows.dtype.names or ())
         ok = (rows["comm_id"] != 0) & (rows["comm_rank"] >= 0)
         if sized:
+            nr = rows["comm_nranks"]
             ok &= (nr >= 1) & (nr <= MAX_NRANKS) & (rows["comm_rank"] < nr)
         if not ok.all():
             self._invalid(f"a bad comm id/rank/size in {what} records", int((~ok).sum()))
@@ -259,10 +275,10 @@ class Engine:
             if not len(ops):  # (an empty chunk of ops once crashed _gaps: issue 14)
                 return
         gain = self.cfg.clock_gain
-        extra = np.stack([self._gaps(ops), self._shares_events(ops)], axis=1)
+        gaps, cum = self._gaps(ops)
+        extra = np.stack([gaps, self._shares_events(ops), cum], axis=1)
         p2p_rows, p2p_comm, p2p_shared = [], [], []
         for c, part, ex in self._by_comm(ops, "OP", extra):
-            pg = ex[:, 0]
             n = len(part)
             self._member(c, part["comm_rank"].astype(np.int64), part["rank"].astype(np.int64))
             c.ops_seen += n
@@ -278,7 +294,7 @@ class Engine:
                     p2p_comm.append(np.full(int(okp.sum()), c.idx, np.int64))
                     p2p_shared.append(ex[p2p][okp, 1] != 0)
             if (~p2p).any():
-                c.add_collectives(part[~p2p], pg[~p2p], self.ranks, gain)
+                c.add_collectives(part[~p2p], ex[~p2p, 2], self.ranks, gain)
         if p2p_rows:  # one pass over every communicator's sends and receives
             self._pairs.feed(np.concatenate(p2p_rows), np.concatenate(p2p_comm), np.concatenate(p2p_shared),
                              self.comms, self.ranks)  # fmt: skip
@@ -295,14 +311,19 @@ class Engine:
             out[ing] = cnt[inv.ravel()] > 1
         return out
 
-    def _gaps(self, ops: np.ndarray) -> np.ndarray:
-        """Per op: arrival minus the end of the same rank's previous op (its compute gap), -1 unknown."""
+    def _gaps(self, ops: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Per op: arrival minus the end of the same rank's previous synchronizing op (its compute
+        gap), -1 unknown; and the rank's compute so far, this gap included (a running sum, so
+        the compute between any two of its ops is a difference). Ops of one-rank communicators
+        (a pure data-parallel job's TP and PP groups) wait for nobody, so they do not end a
+        compute gap: a rank's compute before its DP all-reduce spans them."""
         R = self.ranks
         start = ops["start_ns"].astype(np.int64)
         arr = np.where(start > 0, start, ops["issue_ns"].astype(np.int64))
-        end = ops["end_ns"].astype(np.int64)
+        end = np.where(ops["comm_nranks"] >= 2, ops["end_ns"].astype(np.int64), 0)
         g = ops["rank"].astype(np.int64)
         gaps = np.full(len(ops), -1, np.int64)
+        cum = np.zeros(len(ops), np.int64)
         order = np.lexsort((arr, g))
         gs = g[order]
         cuts = np.flatnonzero(gs[1:] != gs[:-1]) + 1
@@ -310,20 +331,40 @@ class Engine:
             r = int(g[seg[0]])
             prev = np.maximum.accumulate(np.r_[R.last_end[r], end[seg][:-1]])
             gaps[seg] = np.where(prev > 0, np.maximum(arr[seg] - prev, 0), -1)
+            cum[seg] = R.compute_ns[r] + np.cumsum(np.maximum(gaps[seg], 0))
+            R.compute_ns[r] = cum[seg][-1]
             R.last_end[r] = max(int(R.last_end[r]), int(end[seg].max()))
-        return gaps
+        return gaps, cum
+
+    def flush(self) -> None:
+        """Ingest everything fed so far without evaluating (tick does this first)."""
+        self._flush()
+
+    def take_split(self) -> np.ndarray:
+        """OP_SPLIT rows of the ops completed since the last call (needs ``split=True``).
+
+        Rows of ops still in the feed buffer come at a later call (after the next tick)."""
+        parts = []
+        for c in self.comms.values():
+            if c.split:
+                parts.extend(c.split)
+                c.split = []
+        return np.concatenate(parts) if parts else np.empty(0, OP_SPLIT)
 
     # -- evaluation --------------------------------------------------------------------
     def tick(self, now_ns: int) -> list[Diagnosis]:
         """Evaluate at master time ``now_ns``; return the diagnoses that are new at this tick."""
         now = int(now_ns)
+        # records fed since the last tick are stamped with its time; when ticks come late (a
+        # master that falls behind) a rank that reported in that interval is not silent
+        self.ranks.prev_tick_ns = self._now or now
         self._now = now
         self.stats["ticks"] += 1
         self._flush()
         clock.on_tick(self.ranks, now, self._epoch)
         th = self.thresholds()
         out: list[Diagnosis] = []
-        live: set[tuple] = set()
+        live: set[Hashable] = set()
         for f in hang.evaluate(self.ranks, self.comms, th, now):
             live.add(f.key)
             out += self._count(f, th, now)
@@ -358,7 +399,7 @@ class Engine:
         if (T, start) != (th.hang_timeout_ns, f.start_ns):
             d["staged_timeout"] = True  # set by the training code (c4d.hang_timeout), see stage.py
         d["hang_times_limit"] = th.hang_times
-        mk = lambda lvl: self._diag(now, lvl, f.kind, f.comm, f.op, f.seq, f.ranks, n, d)  # noqa: E731
+        mk = lambda lvl: self._diag(now, lvl, f.kind, f.comm, f.op, f.seq, f.ranks, n, f.loc, d)  # noqa: E731
         out = []
         if n >= th.hang_times:
             if prev == 0:
@@ -370,9 +411,21 @@ class Engine:
         return out
 
     def _slow_diag(self, s: SlowFinding, now: int) -> Diagnosis:
-        return self._diag(now, Level.INFO, s.kind, s.comm, s.op, s.seq, s.ranks, 0, s.detail)
+        return self._diag(now, Level.INFO, s.kind, s.comm, s.op, s.seq, s.ranks, 0, s.loc, s.detail)
 
-    def _diag(self, now, level, kind, comm, op, seq, ranks, n, detail) -> Diagnosis:
+    def _diag(
+        self,
+        now: int,
+        level: Level,
+        kind: DiagKind,
+        comm: Comm | None,
+        op: int | None,
+        seq: int | None,
+        ranks: tuple[int, ...],
+        n: int,
+        loc: Localization,
+        detail: dict[str, Any],
+    ) -> Diagnosis:
         nodes = []
         for g in ranks:
             name = self.ranks.node_name(g)
@@ -388,6 +441,7 @@ class Engine:
             ranks=tuple(int(r) for r in ranks),
             nodes=tuple(nodes),
             hang_times=n,
+            localization=loc,
             detail=detail,
         )
 
@@ -416,11 +470,11 @@ class Engine:
             if d.kind is not DiagKind.RankLost:
                 for g in d.ranks if d.localized else ():
                     states[g] = RankState.hung
-        silence = now - R.last_recv
+        silence = R.prev_tick_ns - R.last_recv  # see tick
         for g in seen:
             if R.final[g]:
                 states[g] = RankState.done
-            elif silence[g] > th.lost_after_ns:
+            elif silence[g] > th.lost_after_ns + R.delivery_lag_ns:
                 states[g] = RankState.lost
         return EngineSnapshot(
             time_ns=now,

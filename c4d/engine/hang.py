@@ -1,68 +1,138 @@
-"""Hangs and lost ranks: a wait-for graph rebuilt at every tick from the latest heartbeats.
+"""Hangs, mismatches and lost ranks: a wait-for graph rebuilt at every tick from the latest heartbeats.
 
-Nodes are the ops ranks are blocked in: a collective ``(C, k)`` (a member has arrived,
-``n_arrived > k = n_done``) or a p2p op ``(C, w, op, q, s)`` (w's oldest pending op is a
-send/recv with peer q that has started). From every node some member has waited in for
-more than T, the graph is walked towards what it waits for:
+Nodes are the ops ranks are blocked in: a collective (C, k) (a member has arrived,
+``n_arrived > k = n_done``) or a p2p op (C, w, op, q, s) (w's oldest pending op is a send/recv
+with peer q that has started). From every node some member has waited in for more than T,
+the graph is walked towards what it waits for:
 
 * a collective waits for its members that have not arrived at k; a p2p op for its peer;
 * such a rank that is itself blocked in another op is a *victim*: follow that op;
 * a rank that is blocked nowhere is a *culprit* → RankNonCommHang (its compute or host is
   stuck, or its stream is busy before the op);
 * a collective every member has arrived at → RankCommHang (a transfer stopped), localized
-  by peer progress, else cross-comm evidence, else every member is a suspect;
+  by peer progress, a two-rank communicator, cross-comm evidence, else every member is a
+  suspect;
 * a p2p op whose counterpart has also started or already finished → RankCommHang on the
   link (localized by the p2p pair);
+* ops that wait for each other in a cycle → CollectiveMismatch: the ranks on the shortest
+  cycles, each with the op it is blocked in and the op it never entered (a program-order
+  bug: never isolates a node); ranks that wait on the cycle from outside are victims;
 * a silent rank (no record for longer than the stale limit) is no evidence: once it is
   lost it explains everyone waiting on it (RankLost), and its victims are not blamed.
 
-Evidence must be current: a culprit is named only when one of its own reports, written
-at least T/2 into the wait, still shows it not arrived (so a rank that crashed a moment
-after its last heartbeat turns into RankLost, not RankNonCommHang). Durations are on the
-master clock: rank times minus the rank's estimated offset.
+Evidence must be current: a culprit (or a rank of a cycle) is named only when one of its
+own reports, written at least T/2 into the wait, still shows it not arrived (so a rank that
+crashed a moment after its last heartbeat turns into RankLost, not RankNonCommHang).
+Durations are on the master clock: rank times minus the rank's estimated offset.
 """
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
+from c4d.engine.calibration import localize
 from c4d.engine.config import ResolvedThresholds
-from c4d.engine.peer import global_links, localize_hang
+from c4d.engine.peer import HangVerdict, global_links, localize_hang
 from c4d.engine.state import P2P, Comm, RankTable
-from c4d.engine.types import DiagKind
-from c4d.schema import Op, OpFlag
+from c4d.engine.types import CycleMember, DiagKind, How, Localization, OpRef, Target
+from c4d.schema import Op, OpFlag, op_name
 
 SEND, RECV = int(Op.Send), int(Op.Recv)
 IN_GROUP = int(OpFlag.IN_GROUP)
+MOST = 0.5  # fewer than this share of the running ranks still reporting: no RankLost
+
+
+# -- graph nodes and what explains them -------------------------------------------------
+@dataclass(frozen=True, order=True)
+class NodeKey:
+    """An op ranks are blocked in: a collective (comm, seq), or w's p2p op with peer q."""
+
+    p2p: bool
+    comm: int  # communicator index
+    seq: int
+    w: int = -1  # p2p: the blocked comm rank
+    op: int = -1  # p2p: its op (Send / Recv)
+    q: int = -1  # p2p: its peer (comm rank)
+
+
+@dataclass(frozen=True)
+class Culprit:
+    """Rank ``g`` is blocked nowhere and has not arrived at ``via``: RankNonCommHang."""
+
+    g: int
+    via: NodeKey
+
+
+@dataclass(frozen=True)
+class Stuck:
+    """Every member arrived at collective (comm, seq) and it is not done: RankCommHang."""
+
+    comm: int
+    seq: int
+
+
+@dataclass(frozen=True)
+class StuckLink:
+    """A send and its receive both started (or one already ended) and the pair is stuck."""
+
+    comm: int
+    sender: int  # global ranks
+    receiver: int
+    seq: int
+
+
+@dataclass(frozen=True)
+class Lost:
+    g: int
+
+
+@dataclass(frozen=True)
+class CycleHit:
+    """The walk came back to ``node``: it is on a wait cycle (resolved in ``_cycles``)."""
+
+    node: NodeKey
+
+
+Term = Culprit | Stuck | StuckLink | Lost | CycleHit
+
+
+@dataclass(frozen=True)
+class UnknownMember:
+    """A comm rank whose global rank is not known yet (no record of it so far)."""
+
+    comm: int
+    cr: int
 
 
 @dataclass
 class Finding:
-    """A hang (or loss) in progress; the engine turns it into diagnoses as its count grows."""
+    """A hang, mismatch or loss in progress; the engine turns it into diagnoses as its count grows."""
 
-    key: tuple
+    key: Hashable
     kind: DiagKind
     comm: Comm | None
     op: int | None
     seq: int | None
     ranks: tuple[int, ...]
     start_ns: int  # master clock: when the waiting (or the silence) began
-    localized: bool
-    detail: dict = field(default_factory=dict)
+    loc: Localization
+    detail: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
 class _Node:
-    key: tuple
+    key: NodeKey
     comm: Comm
-    seq: int
     op: int | None
-    p2p: bool
     waiters: list[tuple[int, int]] = field(default_factory=list)  # (global rank, since master ns)
-    w: int = -1  # p2p: blocked comm rank
-    q: int = -1  # p2p: its peer (comm rank)
+
+    @property
+    def seq(self) -> int:
+        return self.key.seq
 
     @property
     def start(self) -> int:
@@ -75,14 +145,21 @@ class _Node:
 
 @dataclass
 class _Expl:
-    terms: set = field(default_factory=set)
-    pending: set = field(default_factory=set)  # ranks whose evidence is stale or unknown
-    cycle: bool = False
+    terms: set[Term] = field(default_factory=set)
+    pending: set[int | UnknownMember] = field(default_factory=set)  # evidence stale or unknown
 
     def merge(self, o: _Expl) -> None:
         self.terms |= o.terms
         self.pending |= o.pending
-        self.cycle |= o.cycle
+
+
+@dataclass(frozen=True)
+class _Edge:
+    """Rank g has not arrived at ``node`` and is blocked in ``to`` (current evidence)."""
+
+    node: NodeKey
+    g: int
+    to: NodeKey
 
 
 class WaitGraph:
@@ -93,19 +170,27 @@ class WaitGraph:
         T = th.hang_timeout_ns
         self.T = T
         seen = ranks.seen
-        silence = np.where(seen, now - ranks.last_recv, 0)
+        # silence until the previous tick: what was fed since then is stamped with its time
+        # (Engine.tick), so a late tick does not make every rank look silent
+        ref = ranks.prev_tick_ns or now
+        silence = np.where(seen, ref - ranks.last_recv, 0)
         running = seen & ~ranks.final
-        alive = running & (silence <= th.lost_after_ns)
-        self.stale = running & (silence > th.stale_after_ns)
-        self.lost = running & (silence > th.lost_after_ns) & (alive.sum() > 0)
+        # records waiting in a backlog are not silence: the limits grow by the delivery lag
+        lag = ranks.delivery_lag_ns
+        alive = running & (silence <= th.lost_after_ns + lag)
+        self.stale = running & (silence > th.stale_after_ns + lag)
+        # More than half the job silent at once is the master's problem (its backlog, its
+        # network) or the job's end, as when every rank is: not ranks that died.
+        self.lost = running & (silence > th.lost_after_ns + lag) & (alive.sum() >= MOST * running.sum())
         self.silence = silence
-        self.nodes: dict[tuple, _Node] = {}
-        self.blocks_of: dict[int, list[tuple]] = {}
+        self.nodes: dict[NodeKey, _Node] = {}
+        self.blocks_of: dict[int, list[NodeKey]] = {}
         self.view: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         for c in comms.values():
             self._collect(c)
-        self._memo: dict[tuple, _Expl] = {}
-        self._stack: set[tuple] = set()
+        self._memo: dict[NodeKey, _Expl] = {}
+        self._stack: set[NodeKey] = set()
+        self.edges: set[_Edge] = set()  # victim edges seen by the walk (for cycles)
 
     # -- graph nodes -------------------------------------------------------------------
     def _collect(self, c: Comm) -> None:
@@ -120,19 +205,19 @@ class WaitGraph:
             k = int(done[cr])
             t = int(c.last_arrive[cr]) or int(c.pend_start[cr]) or int(c.pend_issue[cr]) or int(c.hb_time[cr])
             op = int(c.pend_op[cr]) if c.pend_seq[cr] == k and not c.pend_flags[cr] & P2P else None
-            self._add(("c", c.idx, k), c, k, op, False, int(c.grank[cr]), t - int(off[cr]))
+            self._add(NodeKey(False, c.idx, k), c, op, int(c.grank[cr]), t - int(off[cr]))
         pb = live & (c.pend_seq >= 0) & ((c.pend_flags & P2P) != 0) & (c.pend_start > 0)
         for cr in np.flatnonzero(pb).tolist():
             op, q, s = int(c.pend_op[cr]), int(c.pend_peer[cr]), int(c.pend_seq[cr])
             if c.p2p_done.get((cr, op, q), 0) > s:
                 continue  # its OP record already says done: the heartbeat is behind
-            key = ("p", c.idx, cr, op, q, s)
-            self._add(key, c, s, op, True, int(c.grank[cr]), int(c.pend_start[cr]) - int(off[cr]), cr, q)
+            key = NodeKey(True, c.idx, s, cr, op, q)
+            self._add(key, c, op, int(c.grank[cr]), int(c.pend_start[cr]) - int(off[cr]))
 
-    def _add(self, key, c, seq, op, p2p, g, since, w=-1, q=-1) -> None:
+    def _add(self, key: NodeKey, c: Comm, op: int | None, g: int, since: int) -> None:
         node = self.nodes.get(key)
         if node is None:
-            node = self.nodes[key] = _Node(key, c, seq, op, p2p, w=w, q=q)
+            node = self.nodes[key] = _Node(key, c, op)
         elif node.op is None:
             node.op = op
         node.waiters.append((g, since))
@@ -142,8 +227,12 @@ class WaitGraph:
         """Master time of member cr's latest report on comm c."""
         return int(c.hb_time[cr]) - int(self.view[c.idx][2][cr])
 
+    def since(self, g: int, key: NodeKey) -> int:
+        """When rank g began waiting in node ``key`` (master clock)."""
+        return min(s for h, s in self.nodes[key].waiters if h == g)
+
     # -- walking -----------------------------------------------------------------------
-    def sources(self) -> list[tuple]:
+    def sources(self) -> list[NodeKey]:
         """Nodes in which a rank with current reports has waited longer than T."""
         out = []
         for key, node in self.nodes.items():
@@ -151,35 +240,42 @@ class WaitGraph:
                 out.append(key)
         return sorted(out, key=lambda k: (self.nodes[k].start, k))
 
-    def explain(self, key: tuple) -> _Expl:
+    def explain(self, key: NodeKey) -> _Expl:
         if key in self._memo:
             return self._memo[key]
         if key in self._stack:
-            return _Expl(cycle=True)
+            return _Expl(terms={CycleHit(key)})
         self._stack.add(key)
         node = self.nodes[key]
-        e = self._p2p(node) if node.p2p else self._coll(node)
+        e = self._p2p(node) if key.p2p else self._coll(node)
         self._stack.discard(key)
         self._memo[key] = e
         return e
 
-    def _rank(self, g: int, via: _Node, conf_t: int, c: Comm, cr: int, e: _Expl) -> None:
-        """Non-arrived rank g (comm rank cr of c) reached from node ``via``."""
+    def _rank(
+        self, g: int, via: _Node, conf_t: int, c: Comm, cr: int, e: _Expl, certain: bool = True
+    ) -> None:
+        """Non-arrived rank g (comm rank cr of c) reached from node ``via``. ``certain``: g is
+        known to be what ``via`` waits for (not inferred from a group's other ops), so the
+        edge may close a mismatch cycle."""
         if self.lost[g]:
-            e.terms.add(("lost", g))
+            e.terms.add(Lost(g))
             return
         if self.stale[g]:
             e.pending.add(g)
             return
+        seen = c.hb_seen[cr]
+        t = self.report_ns(c, cr) if seen else int(self.r.last_recv[g])
+        current = t >= conf_t or bool(self.r.final[g])
         others = [k for k in self.blocks_of.get(g, []) if k != via.key]
         if others:
             for k in others:
+                if current and certain:
+                    self.edges.add(_Edge(via.key, g, k))
                 e.merge(self.explain(k))
             return
-        seen = c.hb_seen[cr]
-        t = self.report_ns(c, cr) if seen else int(self.r.last_recv[g])
-        if t >= conf_t or self.r.final[g]:
-            e.terms.add(("nc", g, via.key))
+        if current:
+            e.terms.add(Culprit(g, via.key))
         else:
             e.pending.add(g)
 
@@ -194,27 +290,28 @@ class WaitGraph:
         nonarr = members[arr[members] <= k]
         if not len(nonarr):
             e.terms |= self._everyone_arrived(
-                c, members, node.last_arrival + self.T // 2, e, ("stuck", c.idx, k)
+                c, members.tolist(), node.last_arrival + self.T // 2, e, Stuck(c.idx, k)
             )
             return e
         for cr in nonarr.tolist():
             g = int(c.grank[cr])
             if g < 0:
-                e.pending.add(("comm-rank", c.idx, cr))
+                e.pending.add(UnknownMember(c.idx, cr))
                 continue
             self._rank(g, node, conf_t, c, cr, e)
         return e
 
-    def _everyone_arrived(self, c: Comm, members, conf_t: int, e: _Expl, term: tuple) -> set:
+    def _everyone_arrived(self, c: Comm, members: list[int], conf_t: int, e: _Expl, term: Term) -> set[Term]:
         """Every needed member is in the op: a stopped transfer, once all reports confirm it."""
-        out, ok = set(), True
-        for cr in members.tolist() if hasattr(members, "tolist") else members:
+        out: set[Term] = set()
+        ok = True
+        for cr in members:
             g = int(c.grank[cr])
             if g < 0:
-                e.pending.add(("comm-rank", c.idx, cr))
+                e.pending.add(UnknownMember(c.idx, cr))
                 ok = False
             elif self.lost[g]:
-                out.add(("lost", g))
+                out.add(Lost(g))
                 ok = False
             elif self.stale[g] or (self.report_ns(c, cr) < conf_t and not self.r.final[g]):
                 e.pending.add(g)
@@ -224,7 +321,7 @@ class WaitGraph:
         return out
 
     @staticmethod
-    def _group_partners(c: Comm, w: int, op: int | None, q: int) -> list[int]:
+    def _group_partners(c: Comm, w: int, op: int, q: int) -> list[int]:
         out = []
         for (a, op2, q2), done in sorted(c.p2p_done.items()):
             if a != w or (op2 == op and q2 == q):
@@ -234,13 +331,13 @@ class WaitGraph:
         return sorted(set(out))
 
     def _p2p(self, node: _Node) -> _Expl:
-        c, s, w, q = node.comm, node.seq, node.w, node.q
+        c, s, w, q, op = node.comm, node.seq, node.key.w, node.key.q, node.key.op
         e = _Expl()
         if not 0 <= q < c.n or c.grank[q] < 0:
-            e.pending.add(("comm-rank", c.idx, q))
+            e.pending.add(UnknownMember(c.idx, q))
             return e
         gq = int(c.grank[q])
-        counter = SEND if node.op == RECV else RECV
+        counter = _counter(op)
         q_done = c.p2p_done.get((q, counter, w), 0) > s
         q_in = bool(
             c.hb_seen[q]
@@ -254,22 +351,98 @@ class WaitGraph:
             # This op's transfer is over, but it shares its group's events: w waits for the
             # group's other p2p ops. Those are the next seqs w has not finished with each
             # peer whose side of that seq has not finished either.
-            others = self._group_partners(c, w, node.op, q)
+            others = self._group_partners(c, w, op, q)
+            if q in others:
+                # the usual group (a pipeline stage: send activations to q, receive its
+                # gradients): the other op is with the same peer. Ops with other peers whose next
+                # seq is unfinished may just not be issued yet (they come later in the step).
+                others = [q]
             if others:
                 for q2 in others:
                     if not 0 <= q2 < c.n or c.grank[q2] < 0:
-                        e.pending.add(("comm-rank", c.idx, q2))
+                        e.pending.add(UnknownMember(c.idx, q2))
                     else:
-                        self._rank(int(c.grank[q2]), node, node.start + self.T // 2, c, q2, e)
+                        self._rank(int(c.grank[q2]), node, node.start + self.T // 2, c, q2, e, certain=False)
                 return e
         if q_done or q_in:
-            sender, receiver = (int(c.grank[w]), gq) if node.op == SEND else (gq, int(c.grank[w]))
+            sender, receiver = (int(c.grank[w]), gq) if op == SEND else (gq, int(c.grank[w]))
             need = [w] if q_done else [w, q]
             conf_t = node.last_arrival + self.T // 2
-            e.terms |= self._everyone_arrived(c, need, conf_t, e, ("link", c.idx, sender, receiver, s))
+            e.terms |= self._everyone_arrived(c, need, conf_t, e, StuckLink(c.idx, sender, receiver, s))
             return e
         self._rank(gq, node, node.start + self.T // 2, c, q, e)
         return e
+
+    # -- cycles --------------------------------------------------------------------------
+    def cycles(self, hits: set[NodeKey]) -> list[tuple[frozenset[NodeKey], list[_Edge]]]:
+        """Wait cycles through the nodes the walk came back to: per strongly connected set of
+        nodes, the edges that lie on its shortest cycles (see module doc)."""
+        adj: dict[NodeKey, list[_Edge]] = {}
+        for ed in sorted(self.edges, key=lambda x: (x.node, x.g, x.to)):
+            adj.setdefault(ed.node, []).append(ed)
+        out: list[tuple[frozenset[NodeKey], list[_Edge]]] = []
+        done: set[NodeKey] = set()
+        for start in sorted(hits):
+            if start in done:
+                continue
+            scc = _scc_of(start, adj)
+            done |= scc
+            if len(scc) < 2 and not any(ed.to == start for ed in adj.get(start, [])):
+                continue
+            on = _shortest_cycle_edges(scc, adj)
+            if on:
+                out.append((frozenset(scc), on))
+        return out
+
+
+def _reach(start: NodeKey, nxt: dict[NodeKey, list[NodeKey]]) -> set[NodeKey]:
+    seen, todo = {start}, [start]
+    while todo:
+        for m in nxt.get(todo.pop(), []):
+            if m not in seen:
+                seen.add(m)
+                todo.append(m)
+    return seen
+
+
+def _scc_of(start: NodeKey, adj: dict[NodeKey, list[_Edge]]) -> set[NodeKey]:
+    fwd: dict[NodeKey, list[NodeKey]] = {}
+    back: dict[NodeKey, list[NodeKey]] = {}
+    for n, eds in adj.items():
+        for ed in eds:
+            fwd.setdefault(n, []).append(ed.to)
+            back.setdefault(ed.to, []).append(n)
+    return _reach(start, fwd) & _reach(start, back)
+
+
+def _shortest_cycle_edges(scc: set[NodeKey], adj: dict[NodeKey, list[_Edge]]) -> list[_Edge]:
+    """Edges inside ``scc`` that lie on a cycle of minimum length (BFS from every node)."""
+    inner = {n: [ed for ed in adj.get(n, []) if ed.to in scc] for n in scc}
+    best: int | None = None
+    on: set[_Edge] = set()
+    for s in sorted(scc):
+        # BFS tree from s; a cycle through s closes at an edge back to s
+        dist = {s: 0}
+        parent: dict[NodeKey, _Edge] = {}
+        order = [s]
+        for n in order:
+            for ed in inner[n]:
+                if ed.to == s:
+                    length = dist[n] + 1
+                    if best is None or length < best:
+                        best, on = length, set()
+                    if length == best:
+                        path = [ed]
+                        m = n
+                        while m != s:
+                            path.append(parent[m])
+                            m = parent[m].node
+                        on |= set(path)
+                elif ed.to not in dist:
+                    dist[ed.to] = dist[n] + 1
+                    parent[ed.to] = ed
+                    order.append(ed.to)
+    return sorted(on, key=lambda x: (x.node, x.g, x.to))
 
 
 def _counter(op: int) -> int:
@@ -283,185 +456,245 @@ def _op_of(c: Comm, k: int, node_op: int | None) -> int | None:
     return int(c.opk[slot]) if c.tag[slot] == k else None
 
 
+def _op_ref(G: WaitGraph, key: NodeKey, as_peer_of: int | None = None) -> OpRef:
+    """The op a node stands for; ``as_peer_of``: the matching op on the other side of a p2p."""
+    node = G.nodes[key]
+    c = node.comm
+    if key.p2p:
+        me, peer = int(c.grank[key.w]), int(c.grank[key.q])
+        if as_peer_of is not None:  # the counterpart: q's send/recv with w
+            return OpRef(c.id, key.seq, op_name(_counter(key.op)), me)
+        return OpRef(c.id, key.seq, op_name(key.op), peer)
+    return OpRef(c.id, key.seq, op_name(_op_of(c, key.seq, node.op)))
+
+
+def _hex(c: Comm) -> str:
+    return f"{c.id:016x}"
+
+
 def evaluate(ranks: RankTable, comms: dict[int, Comm], th: ResolvedThresholds, now: int) -> list[Finding]:
-    """Every hang and loss in progress at master time ``now`` (durations may still be < T)."""
+    """Every hang, mismatch and loss in progress at master time ``now`` (durations may still be < T)."""
     G = WaitGraph(ranks, comms, th, now)
     out: list[Finding] = []
-    term_sources: dict[tuple, list[tuple]] = {}
-    pending: set = set()
+    term_sources: dict[Term, list[NodeKey]] = {}
+    pending: set[int | UnknownMember] = set()
+    hits: set[NodeKey] = set()
     for key in G.sources():
         e = G.explain(key)
         pending |= e.pending
-        terms = set(e.terms)
-        if not terms and not e.pending and e.cycle:
-            terms.add(("cycle", key))
-        for t in terms:
+        for t in e.terms:
             term_sources.setdefault(t, []).append(key)
+            if isinstance(t, CycleHit):
+                hits.add(t.node)
     missing = sorted(p for p in pending if isinstance(p, int))
-    unknown = sorted(f"{comms[p[1]].id:016x}/{p[2]}" for p in pending if isinstance(p, tuple))
+    unknown = sorted(f"{comms[p.comm].id:016x}/{p.cr}" for p in pending if isinstance(p, UnknownMember))
 
-    def common(t: tuple, d: dict) -> dict:
-        srcs = term_sources[t]
-        victims = sorted({g for k in srcs for g, _ in G.nodes[k].waiters})
+    def common(srcs: list[NodeKey], d: dict[str, Any], exclude: set[int] | None = None) -> dict[str, Any]:
+        victims = sorted({g for k in srcs for g, _ in G.nodes[k].waiters} - (exclude or set()))
         d["victims"] = victims[:64]
-        d["victim_comms"] = sorted({f"{G.nodes[k].comm.id:016x}" for k in srcs})
+        d["victim_comms"] = sorted({_hex(G.nodes[k].comm) for k in srcs})
         d["missing"] = missing[:64]
         if unknown:
             d["unknown_comm_ranks"] = unknown[:64]
         return d
 
-    # RankNonCommHang: a culprit may be missing from several ops; it is charged to the one
-    # waited on longest. Every culprit of the tick forms one diagnosis (a whole node that
-    # hangs is one event), keyed by the op waited on longest, so it keeps its count while
-    # more culprits are confirmed.
-    via_of: dict[int, tuple] = {}
-    for t in term_sources:
-        if t[0] == "nc":
-            g, via = t[1], t[2]
-            cur = via_of.get(g)
-            if cur is None or (G.nodes[via].start, via) < (G.nodes[cur].start, cur):
-                via_of[g] = via
-    if via_of:
-        culprits = sorted(via_of)
-        via = min(via_of.values(), key=lambda k: (G.nodes[k].start, k))
-        node = G.nodes[via]
-        c = node.comm
-        states = {}
-        for g in culprits:
-            n2 = G.nodes[via_of[g]]
-            c2 = n2.comm
-            cr = int(np.flatnonzero(c2.grank == g)[0]) if (c2.grank == g).any() else -1
-            if n2.p2p:
-                states[str(g)] = "not at the matching p2p op"
-            elif cr >= 0 and c2.n_issued[cr] > n2.seq:
-                states[str(g)] = "issued, its stream has not reached the op"
-            else:
-                states[str(g)] = "not issued"
-        op = _counter(node.op) if node.p2p and node.op is not None else node.op
-        srcs = [t for t in term_sources if t[0] == "nc"]
-        d = {
-            "localized_by": "arrival",
-            "localized": True,
-            "confidence": 0.9 if not missing else 0.75,
-            "suspects": culprits,
-            "waiting_ranks": sorted({g for g, _ in node.waiters}),
-            "culprit_state": states,
-        }
-        d = common(srcs[0], d)
-        d["victims"] = sorted({v for t in srcs for k in term_sources[t] for v, _ in G.nodes[k].waiters})[:64]
-        d["victim_comms"] = sorted({f"{G.nodes[k].comm.id:016x}" for t in srcs for k in term_sources[t]})
-        if len(culprits) > 1:
-            d["culprit_ops"] = {
-                str(g): f"{G.nodes[v].comm.id:016x}#{G.nodes[v].seq}" for g, v in sorted(via_of.items())
-            }
-        out.append(
-            Finding(("nc", via), DiagKind.RankNonCommHang, c, _op_of(c, node.seq, op), node.seq,
-                    tuple(culprits), node.start, True, d)
-        )  # fmt: skip
+    out += _noncomm(G, term_sources, missing, common)
+    out += _comm_hangs(G, comms, term_sources, common, now)
+    out += _mismatches(G, hits, term_sources, common)
+    out += _lost(G, ranks, term_sources, common)
+    return out
 
-    # RankCommHang on collectives everyone has arrived at, and on stuck p2p pairs
-    stuck = sorted(t for t in term_sources if t[0] in ("stuck", "link"))
+
+def _noncomm(G: WaitGraph, term_sources, missing: list[int], common) -> list[Finding]:
+    """RankNonCommHang: a culprit may be missing from several ops; it is charged to the one
+    waited on longest. Every culprit of the tick forms one diagnosis (a whole node that hangs
+    is one event), keyed by the op waited on longest, so it keeps its count while more
+    culprits are confirmed."""
+    via_of: dict[int, NodeKey] = {}
+    for t in term_sources:
+        if isinstance(t, Culprit):
+            cur = via_of.get(t.g)
+            if cur is None or (G.nodes[t.via].start, t.via) < (G.nodes[cur].start, cur):
+                via_of[t.g] = t.via
+    if not via_of:
+        return []
+    culprits = sorted(via_of)
+    via = min(via_of.values(), key=lambda k: (G.nodes[k].start, k))
+    node = G.nodes[via]
+    c = node.comm
+    states = {}
+    for g in culprits:
+        n2 = G.nodes[via_of[g]]
+        c2 = n2.comm
+        cr = int(np.flatnonzero(c2.grank == g)[0]) if (c2.grank == g).any() else -1
+        if n2.key.p2p:
+            states[str(g)] = "not at the matching p2p op"
+        elif cr >= 0 and c2.n_issued[cr] > n2.seq:
+            states[str(g)] = "issued, its stream has not reached the op"
+        else:
+            states[str(g)] = "not issued"
+    op = _counter(via.op) if via.p2p else node.op
+    srcs = [k for t, ks in term_sources.items() if isinstance(t, Culprit) for k in ks]
+    d: dict[str, Any] = {"waiting_ranks": sorted({g for g, _ in node.waiters}), "culprit_state": states}
+    d = common(sorted(set(srcs)), d)
+    if len(culprits) > 1:
+        d["culprit_ops"] = {
+            str(g): f"{_hex(G.nodes[v].comm)}#{G.nodes[v].seq}" for g, v in sorted(via_of.items())
+        }
+    who = ", ".join(map(str, culprits))
+    loc = localize(
+        DiagKind.RankNonCommHang, How.arrival, Target.rank, culprits,
+        f"rank {who} never arrived at ops others wait in, and is blocked in no other op",
+        prior=0.9 if not missing else 0.75, refine="" if not missing else "missing",
+    )  # fmt: skip
+    return [
+        Finding(("nc", via), DiagKind.RankNonCommHang, c, _op_of(c, node.seq, op), node.seq,
+                tuple(culprits), node.start, loc, d)
+    ]  # fmt: skip
+
+
+def _comm_hangs(G: WaitGraph, comms: dict[int, Comm], term_sources, common, now: int) -> list[Finding]:
+    """RankCommHang on collectives everyone has arrived at, and on stuck p2p pairs."""
+    stuck = sorted(
+        (t for t in term_sources if isinstance(t, Stuck | StuckLink)),
+        key=lambda t: (t.comm, t.seq, getattr(t, "sender", -1)),
+    )
     shared: dict[int, int] = {}
     for t in stuck:
         for g in _term_ranks(t, comms):
             shared[g] = shared.get(g, 0) + 1
+    out: list[Finding] = []
+    kind = DiagKind.RankCommHang
     for t in stuck:
-        c = comms[t[1]]
-        if t[0] == "link":
-            sender, receiver, s = t[2], t[3], t[4]
-            nodes = [n for k, n in G.nodes.items() if n.p2p and n.comm is c and n.seq == s]
+        c = comms[t.comm]
+        srcs = term_sources[t]
+        if isinstance(t, StuckLink):
+            s = t.seq
+            nodes = [n for k, n in G.nodes.items() if k.p2p and n.comm is c and k.seq == s]
             start = max(n.last_arrival for n in nodes) if nodes else now
-            d = {
-                "localized_by": "p2p-pair",
-                "localized": True,
-                "confidence": 0.8,
-                "suspects": [sender, receiver],
-                "link": [sender, receiver],
-            }
-            out.append(
-                Finding(t, DiagKind.RankCommHang, c, SEND, s, (sender, receiver), start, True, common(t, d))
-            )
+            loc = localize(
+                kind, How.p2p_pair, Target.link, (t.sender, t.receiver),
+                f"send #{s} {t.sender}->{t.receiver} and its receive both started; neither finished",
+                prior=0.8, link=(t.sender, t.receiver),
+            )  # fmt: skip
+            out.append(Finding(t, kind, c, SEND, s, (t.sender, t.receiver), start, loc, common(srcs, {})))
             continue
-        k = t[2]
-        node = G.nodes[("c", c.idx, k)]
+        k = t.seq
+        node = G.nodes[NodeKey(False, c.idx, k)]
         verdict, no_peer = localize_hang(c, k)
         members_g = [int(g) for g in c.grank[c.members()] if g >= 0]
-        d = {"waiting_ranks": sorted({g for g, _ in node.waiters})}
-        if verdict is not None:
-            ranks_g = tuple(int(c.grank[r]) for r in verdict.ranks)
-            d.update(localized_by="peer-progress", localized=True, confidence=verdict.confidence)
-            d.update(global_links(verdict.evidence, c))
-            if verdict.is_link:
-                d["link"] = list(ranks_g)
-            localized = True
-        elif len(members_g) == 2:
-            # a two-rank communicator is a single link: nothing finer to localize
-            ranks_g = tuple(sorted(members_g))
-            d.update(localized_by="heartbeat", localized=True, confidence=0.7, link=list(ranks_g))
-            localized = True
-        else:
-            multi = sorted(g for g in members_g if shared.get(g, 0) > 1)
-            if len(multi) == 1:
-                ranks_g = (multi[0],)
-                d.update(localized_by="cross-comm", localized=True, confidence=0.6)
-                localized = True
-            else:
-                ranks_g = tuple(sorted(members_g))
-                d.update(
-                    localized_by="heartbeat", localized=False, confidence=round(1 / max(len(members_g), 1), 2)
-                )
-                localized = False
-        d["suspects"] = list(ranks_g)
+        d: dict[str, Any] = {"waiting_ranks": sorted({g for g, _ in node.waiters})}
+        loc = _localize_comm_hang(c, verdict, members_g, shared, d)
         d["no_peer_progress"] = sorted(int(c.grank[r]) for r in no_peer if c.grank[r] >= 0)[:64]
         out.append(
-            Finding(t, DiagKind.RankCommHang, c, _op_of(c, k, node.op), k, ranks_g,
-                    node.last_arrival, localized, common(t, d))
-        )  # fmt: skip
-
-    for t in sorted(t for t in term_sources if t[0] == "cycle"):
-        node = G.nodes[t[1]]
-        involved = sorted({g for k in term_sources[t] for g, _ in G.nodes[k].waiters})
-        d = {
-            "localized_by": "heartbeat",
-            "localized": False,
-            "confidence": 0.1,
-            "suspects": involved,
-            "note": "ranks wait on each other in a cycle (mismatched collective order?)",
-        }
-        out.append(
-            Finding(t, DiagKind.RankCommHang, node.comm, _op_of(node.comm, node.seq, node.op), node.seq,
-                    tuple(involved), node.start, False, common(t, d))
-        )  # fmt: skip
-
-    # RankLost: silent ranks (one diagnosis for all of them: a node that dies is one event,
-    # keyed by the first to fall silent); the hangs they explain are listed, not blamed on
-    # the victims.
-    lost = np.flatnonzero(G.lost).tolist()
-    if lost:
-        first = min(lost, key=lambda g: (int(ranks.last_recv[g]), g))
-        d = {
-            "localized_by": "heartbeat",
-            "localized": True,
-            "confidence": 0.95,
-            "suspects": lost,
-            "silent_s": {str(g): round(int(G.silence[g]) / 1e9, 3) for g in lost},
-        }
-        explained = [("lost", g) for g in lost if ("lost", g) in term_sources]
-        if explained:
-            d = common(explained[0], d)
-            d["victims"] = sorted(
-                {v for t in explained for k in term_sources[t] for v, _ in G.nodes[k].waiters}
-            )[:64]
-            d["victim_comms"] = sorted(
-                {f"{G.nodes[k].comm.id:016x}" for t in explained for k in term_sources[t]}
-            )
-        start = int(ranks.last_recv[first])
-        out.append(Finding(("lost", first), DiagKind.RankLost, None, None, None, tuple(lost), start, True, d))
+            Finding(t, kind, c, _op_of(c, k, node.op), k, loc.ranks, node.last_arrival, loc, common(srcs, d))
+        )
     return out
 
 
-def _term_ranks(t: tuple, comms: dict[int, Comm]) -> list[int]:
-    if t[0] == "link":
-        return [t[2], t[3]]
-    c = comms[t[1]]
+def _localize_comm_hang(
+    c: Comm, v: HangVerdict | None, members_g: list[int], shared: dict[int, int], d: dict[str, Any]
+) -> Localization:
+    """Rank or link of a collective whose transfer stopped: PEER progress, then a two-rank
+    communicator, then the one member in another stuck op, else every member a suspect."""
+    kind = DiagKind.RankCommHang
+    if v is not None:
+        d.update(global_links(v.evidence, c))
+        ranks_g = tuple(int(c.grank[r]) for r in v.ranks)
+        links = ", ".join(d.get("stalled_links", []))
+        if v.is_link:
+            return localize(
+                kind, How.peer_progress, Target.link, ranks_g,
+                f"one link stalled ({links}); the other links of its ranks that report progress moved on",
+                prior=v.prior, refine=v.refine, link=(ranks_g[0], ranks_g[1]),
+            )  # fmt: skip
+        return localize(
+            kind, How.peer_progress, Target.rank, ranks_g,
+            f"links of rank {ranks_g[0]} stalled ({links}): two or more of its links stopped",
+            prior=v.prior, refine=v.refine,
+        )  # fmt: skip
+    if len(members_g) == 2:
+        a, b = sorted(members_g)
+        return localize(
+            kind, How.two_rank, Target.link, (a, b),
+            "a two-rank communicator stopped: one link, a fault of either rank looks the same",
+            prior=0.7, link=(a, b),
+        )  # fmt: skip
+    multi = sorted(g for g in members_g if shared.get(g, 0) > 1)
+    if len(multi) == 1:
+        return localize(
+            kind, How.cross_comm, Target.rank, (multi[0],),
+            f"rank {multi[0]} is the one member also in another stuck op", prior=0.6,
+        )  # fmt: skip
+    return localize(
+        kind, How.none, Target.suspects, tuple(sorted(members_g)),
+        "every member arrived and nothing tells which transfer stopped", prior=1 / max(len(members_g), 1),
+    )  # fmt: skip
+
+
+def _mismatches(G: WaitGraph, hits: set[NodeKey], term_sources, common) -> list[Finding]:
+    """CollectiveMismatch: one per set of ops that wait on each other (see module doc)."""
+    out: list[Finding] = []
+    for scc, edges in G.cycles(hits):
+        members = tuple(
+            CycleMember(ed.g, _op_ref(G, ed.to), _op_ref(G, ed.node, as_peer_of=ed.g))
+            for ed in sorted(edges, key=lambda x: (x.g, x.to, x.node))
+        )
+        ranks_c = tuple(sorted({m.rank for m in members}))
+        srcs = sorted(
+            {k for t, ks in term_sources.items() if isinstance(t, CycleHit) and t.node in scc for k in ks}
+        )
+        # the deadlock exists once the last rank of the cycle is blocked in its op
+        start = max(G.since(ed.g, ed.to) for ed in edges)
+        first = min(scc, key=lambda k: (G.nodes[k].start, k))
+        node = G.nodes[first]
+        d = common(srcs, {}, exclude=set(ranks_c))
+        d["cycle_ops"] = sorted({f"{_hex(G.nodes[k].comm)}#{k.seq}" for k in scc})
+        text = "; ".join(
+            f"rank {m.rank} is in {m.blocked_in}, never entered {m.never_entered}" for m in members
+        )
+        loc = localize(
+            DiagKind.CollectiveMismatch, How.cycle, Target.cycle, ranks_c,
+            f"wait cycle (mismatched collective order): {text}", prior=0.9, cycle=members,
+        )  # fmt: skip
+        key = ("cycle", tuple(sorted((ed.g, ed.to) for ed in edges)))
+        c = node.comm
+        out.append(
+            Finding(key, DiagKind.CollectiveMismatch, c, _op_of(c, first.seq, node.op) if not first.p2p
+                    else first.op, first.seq, ranks_c, start, loc, d)
+        )  # fmt: skip
+    return out
+
+
+def _lost(G: WaitGraph, ranks: RankTable, term_sources, common) -> list[Finding]:
+    """RankLost: silent ranks (one diagnosis for all of them: a node that dies is one event,
+    keyed by the first to fall silent); the hangs they explain are listed, not blamed on the
+    victims."""
+    lost = np.flatnonzero(G.lost).tolist()
+    if not lost:
+        return []
+    first = min(lost, key=lambda g: (int(ranks.last_recv[g]), g))
+    d: dict[str, Any] = {"silent_s": {str(g): round(int(G.silence[g]) / 1e9, 3) for g in lost}}
+    explained = [Lost(g) for g in lost if Lost(g) in term_sources]
+    if explained:
+        d = common(sorted({k for t in explained for k in term_sources[t]}), d)
+    # ranks of a lost rank's node that are silent too but not for long enough yet: a node that
+    # dies is one event, so the first diagnosis waits for them (Engine._count, up to T/2)
+    nodes = {int(ranks.node[g]) for g in lost if ranks.node[g] >= 0}
+    near = np.flatnonzero(G.stale & ~G.lost & np.isin(ranks.node[: len(G.stale)], list(nodes)))
+    if len(near):
+        d["missing"] = sorted(set(d.get("missing", [])) | set(near.tolist()))[:64]
+    loc = localize(
+        DiagKind.RankLost, How.heartbeat, Target.rank, lost,
+        f"rank {', '.join(map(str, lost))} sent nothing for longer than the loss limit, without a clean exit",
+        prior=0.95,
+    )  # fmt: skip
+    start = int(ranks.last_recv[first])
+    return [Finding(("lost", first), DiagKind.RankLost, None, None, None, tuple(lost), start, loc, d)]
+
+
+def _term_ranks(t: Stuck | StuckLink, comms: dict[int, Comm]) -> list[int]:
+    if isinstance(t, StuckLink):
+        return [t.sender, t.receiver]
+    c = comms[t.comm]
     return [int(g) for g in c.grank[c.members()] if g >= 0]

@@ -18,6 +18,7 @@ sides' ``steps_done / steps_total``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -30,8 +31,16 @@ SEND_WAIT, RECV_WAIT = 9, 10
 class PeerVerdict:
     ranks: tuple[int, ...]  # comm ranks: one (rank) or two (link)
     is_link: bool
-    confidence: float
-    evidence: dict = field(default_factory=dict)
+    prior: float
+    """The rule's own confidence, used until the benchmark has calibrated its basis."""
+    refine: str = ""
+    """Calibration refinement: "partial" when an end of the named link has no other link that
+    reports progress (a fault of that rank would look the same: its other links are invisible,
+    e.g. inside a node where NCCL's profiler sees no transfers)."""
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+
+HangVerdict = PeerVerdict
 
 
 def _links(rows: np.ndarray, value: np.ndarray) -> dict[tuple[int, int], float]:
@@ -63,7 +72,7 @@ def _ring_gaps(links: dict[tuple[int, int], float], rows: np.ndarray, n: int) ->
 
 
 def _reduce(stalled: list[tuple[int, int]]) -> tuple[tuple[int, ...], bool, float] | None:
-    """Stalled links -> (comm ranks, is_link, confidence), or None when they do not agree."""
+    """Stalled links -> (comm ranks, is_link, prior), or None when they do not agree."""
     ends = [set(link) for link in stalled]
     pairs = {frozenset(link) for link in stalled}
     if len(pairs) == 1:
@@ -120,6 +129,9 @@ def localize_hang(c: Comm, seq: int) -> tuple[PeerVerdict | None, list[int]]:
     others = [v for k, v in links.items() if k not in stalled]
     if missing:
         conf *= 0.8
+    refine = ("partial" if is_link and not _ends_seen_elsewhere(ranks, links) else "") or (
+        "most" if not is_link and conf < 0.6 else ""
+    )
     waits = {
         f"{int(r['comm_rank'])}->{int(r['peer'])}": ("SendWait" if r["state"] == SEND_WAIT else "RecvWait")
         for r in rows
@@ -132,10 +144,17 @@ def localize_hang(c: Comm, seq: int) -> tuple[PeerVerdict | None, list[int]]:
         "other_links_median_progress": round(float(np.median(others)), 3),
         "wait_states": waits,
     }
-    return PeerVerdict(ranks, is_link, round(conf, 2), ev), missing
+    return PeerVerdict(ranks, is_link, round(conf, 2), refine, ev), missing
 
 
-def pace_setters(c: Comm, seqs: np.ndarray) -> tuple[dict[tuple[int, int], int], int]:
+def _ends_seen_elsewhere(link: tuple[int, ...], links: dict[tuple[int, int], Any]) -> bool:
+    """Both ends of ``link`` have another link with reported progress: a fault of either rank
+    would have shown there too (both directions of every link of a rank)."""
+    pair = set(link)
+    return all(any(r in k and set(k) != pair for k in links) for r in link)
+
+
+def pace_setters(c: Comm, seqs: np.ndarray) -> tuple[dict[tuple[int, int], int], int, set[tuple[int, int]]]:
     """Per directed link, in how many of the finished ops ``seqs`` it set the ring's pace.
 
     A ring's steps go at the pace of its slowest link (step s starts at t0 + s·pace on every
@@ -143,15 +162,18 @@ def pace_setters(c: Comm, seqs: np.ndarray) -> tuple[dict[tuple[int, int], int],
     ``last_ns - first_ns`` of the op's transfers, reported by both of its ends. That needs
     no per-link rate (which only the pace-setting link would reveal; the others' own move
     time is a small difference of large numbers) and no clock across ranks. Returns the
-    counts and the number of ops that had PEER rows.
+    counts, the number of ops that had PEER rows and every directed link seen in them.
     """
     tab = c.peer_table()
     if not len(tab) or not len(seqs):
-        return {}, 0
+        return {}, 0, set()
     rows = tab[np.isin(tab["seq"].astype(np.int64), seqs) & (tab["done"] > 0) & (tab["steps_total"] > 0)]
     if len(rows) < 2:
-        return {}, 0
+        return {}, 0, set()
     rows = _latest_per_op(rows)
+    s_all = np.where(rows["direction"] == 0, rows["comm_rank"], rows["peer"]).astype(np.int64)
+    d_all = np.where(rows["direction"] == 0, rows["peer"], rows["comm_rank"]).astype(np.int64)
+    seen = set(zip(s_all.tolist(), d_all.tolist(), strict=True))
     d = rows["last_ns"].astype(np.int64) - rows["first_ns"].astype(np.int64)
     seq = rows["seq"].astype(np.int64)
     useq, inv = np.unique(seq, return_inverse=True)
@@ -166,7 +188,7 @@ def pace_setters(c: Comm, seqs: np.ndarray) -> tuple[dict[tuple[int, int], int],
     counts: dict[tuple[int, int], int] = {}
     for a, b in key[:, 1:].tolist():
         counts[(a, b)] = counts.get((a, b), 0) + 1
-    return counts, len(useq)
+    return counts, len(useq), seen
 
 
 def _latest_per_op(rows: np.ndarray) -> np.ndarray:
@@ -179,7 +201,9 @@ def _latest_per_op(rows: np.ndarray) -> np.ndarray:
     return r[last]
 
 
-def localize_slow(counts: dict[tuple[int, int], int], n_ops: int, share: float) -> PeerVerdict | None:
+def localize_slow(
+    counts: dict[tuple[int, int], int], n_ops: int, share: float, seen: set[tuple[int, int]]
+) -> PeerVerdict | None:
     """The link (or rank) that makes a slow ring slow: a link that sets its pace in at least
     ``share`` of the ops; or two links of one rank that together do, each often (a rank
     whose transfers are slow slows its in- and out-link alike, so they take turns)."""
@@ -197,10 +221,11 @@ def localize_slow(counts: dict[tuple[int, int], int], n_ops: int, share: float) 
                 "slow_links": [f"{a}->{b}" for a, b in links],
                 "pace_share": {f"{a}->{b}": round(counts[(a, b)] / n_ops, 3) for a, b in links},
             }
-            return PeerVerdict((r,), False, round(0.9 * min(1.0, c2 / c1), 2), ev)
+            return PeerVerdict((r,), False, round(0.9 * min(1.0, c2 / c1), 2), "", ev)
     if c1 >= share * n_ops:
         ev = {"slow_links": [f"{l1[0]}->{l1[1]}"], "pace_share": {f"{l1[0]}->{l1[1]}": round(c1 / n_ops, 3)}}
-        return PeerVerdict(tuple(l1), True, round(0.85 * min(1.0, c1 / n_ops + 0.1), 2), ev)
+        refine = "" if _ends_seen_elsewhere(l1, dict.fromkeys(seen)) else "partial"
+        return PeerVerdict(tuple(l1), True, round(0.85 * min(1.0, c1 / n_ops + 0.1), 2), refine, ev)
     return None
 
 

@@ -5,36 +5,42 @@ margin = L - next-to-last arrival, the last arriver's compute gap before the op 
 others' median gap, transfer = median end - L, and busbw. Window w holds the ops whose L
 falls in [w·P, (w+1)·P) (master clock); it is judged ``slow_grace_ms`` after it closed.
 
-RankNonCommSlow (per comm, then merged per rank): op (C, k) is *late because of r* when r
-arrived last with ``margin >= max(slow_arrival_min_ms, slow_arrival_rel x others' gap)`` and
-r's own gap exceeds the others' by ``slow_own_share`` of the margin (r computed longer; a
-rank that is late only because its previous op ended late — a victim waiting elsewhere —
-has a normal gap). r is reported when it is late in ``slow_last_frac`` of C's ops (at least
-``slow_min_ops``).
+RankNonCommSlow (per comm, then merged per rank): each member's compute before op (C, k) is
+its compute since its op (C, k - 1) (the sum of its gaps in between, any communicator); a
+member whose median compute in the window exceeds the others' by
+``max(slow_arrival_min_ms, slow_arrival_rel x theirs)``, consistently (``slow_last_frac`` of
+the ops), makes them wait: it is slow. A victim of a cascade has a normal compute.
 
 RankCommSlow (per comm): the median busbw of C's most frequent (op, bytes) in the window,
 against its siblings, the other communicators with the same op, size, rank count and node
 span in the same window (at least two), else against C's own baseline, the median of up
 to ``slow_baseline_windows`` earlier windows that were not slow. Slow when below
 ``slow_bw_ratio`` of that reference. A slowdown every sibling shares is not a rank's.
-Localized by PEER pace setters (peer.localize_slow), else by cross-comm evidence (the one
-rank the slow communicators have in common), else every member is a suspect.
+Rank or link: hypotheses checked against every unit of the window (blame.py), narrowed by
+PEER pace setters (peer.localize_slow); docs/engine.md has the rules.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
+from c4d.engine import blame
+from c4d.engine.calibration import localize
 from c4d.engine.config import EngineConfig, ResolvedThresholds
-from c4d.engine.peer import global_links, localize_slow, pace_setters
-from c4d.engine.state import COMPLETED, Comm, RankTable
-from c4d.engine.types import DiagKind
+from c4d.engine.peer import PeerVerdict, global_links, localize_slow, pace_setters
+from c4d.engine.state import COMPLETED, Comm, RankTable, _row_nanmedian
+from c4d.engine.types import DiagKind, How, Localization, Target
 from c4d.schema import Op
 
 CLEAR_SLOW_OPS = 0.2  # a unit with more of its ops this slow is not evidence that a rank is fine
+SLOW_OPS_SHARE = 0.6  # a slow unit has at least this share of its ops below slow_bw_ratio x reference
+P2P_MIN_OPS_FACTOR = 2  # a p2p link needs this many times slow_min_ops measured transfers (noisier)
+P2P_STRONG = 0.8  # a p2p link this far below the line (x slow_bw_ratio) is slow in its first window
+STOOD_OUT = 0.3  # share of a window's ops in which a rank's compute stood out, for the next window
 
 
 @dataclass
@@ -44,8 +50,8 @@ class SlowFinding:
     op: int
     seq: int
     ranks: tuple[int, ...]
-    localized: bool
-    detail: dict = field(default_factory=dict)
+    loc: Localization
+    detail: dict[str, Any] = field(default_factory=dict)
 
 
 class SlowJudge:
@@ -57,12 +63,21 @@ class SlowJudge:
         self.slow_units: dict[tuple, int] = {}  # unit key -> last window it was slow in
         self.last_judged: dict[tuple, int] = {}  # unit key -> last window it had enough ops in
         self.unit_members: dict[tuple, tuple[int, ...]] = {}  # unit key -> global ranks
+        self.unit_shapes: dict[tuple, blame.UnitShape] = {}  # unit key -> its latest shape and state
+        self.deferred: dict[tuple, int] = {}  # unit key -> window its verdict last waited in
+        self.first_seen: dict[tuple, int] = {}  # unit key -> the first window it had enough ops in
+        # the last two windows a p2p link was below the line / a rank's compute stood out in
+        self.p2p_low: dict[tuple, tuple[int, int]] = {}
+        self.noncomm_low: dict[int, tuple[int, int]] = {}
         self.late_ops = 0  # ops that completed after their window was judged
 
     def forget(self, comm_idx: list[int]) -> None:
         """Drop the state of freed communicators (unit keys carry the comm index second)."""
         gone = set(comm_idx)
-        for d in (self.baseline, self.slow_units, self.last_judged, self.unit_members):
+        dicts: tuple[dict, ...] = (self.baseline, self.slow_units, self.last_judged, self.unit_members,
+                                   self.unit_shapes, self.deferred, self.first_seen,
+                                   self.p2p_low)  # fmt: skip
+        for d in dicts:
             for key in [k for k in d if len(k) > 1 and k[1] in gone]:
                 del d[key]
 
@@ -70,25 +85,52 @@ class SlowJudge:
         self, ranks: RankTable, comms: dict[int, Comm], th: ResolvedThresholds, now: int
     ) -> list[SlowFinding]:
         P = th.period_ns
-        closed = (now - int(self.cfg.slow_grace_ms * 1e6)) // P - 1  # last window that may be judged
-        per_comm: dict[int, np.ndarray] = {}
+        # last window that may be judged: records of its last ops must be in, later by the
+        # delivery lag when the master falls behind
+        closed = (now - int(self.cfg.slow_grace_ms * 1e6) - ranks.delivery_lag_ns) // P - 1
+        per_comm: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         per_p2p: dict[int, np.ndarray] = {}
         for c in comms.values():
-            for attr, into in (("pending", per_comm), ("p2p_pending", per_p2p)):
-                rows = self._closed_rows(c, attr, closed, P)
-                if rows is not None:
-                    into[c.idx] = rows
+            got = self._closed_coll(c, closed, P)
+            if got is not None:
+                per_comm[c.idx] = got
+            rows = self._closed_rows(c, "p2p_pending", closed, P)
+            if rows is not None:
+                per_p2p[c.idx] = rows
         out: list[SlowFinding] = []
-        parts = [o["last_arrive"] // P for o in (*per_comm.values(), *per_p2p.values())]
+        parts = [o["last_arrive"] // P for o, _ in per_comm.values()] + [
+            o["last_arrive"] // P for o in per_p2p.values()
+        ]
         if parts:
             for w in np.unique(np.concatenate(parts)).tolist():
-                sel = {i: o[o["last_arrive"] // P == w] for i, o in per_comm.items()}
+                sel, gaps = {}, {}
+                for i, (o, g) in per_comm.items():
+                    m = o["last_arrive"] // P == w
+                    if m.any():
+                        sel[i], gaps[i] = o[m], g[m]
                 sel_p2p = {i: o[o["last_arrive"] // P == w] for i, o in per_p2p.items()}
-                out += self._window(ranks, comms, {i: o for i, o in sel.items() if len(o)},
-                                    {i: o for i, o in sel_p2p.items() if len(o)}, int(w), P)  # fmt: skip
+                sel_p2p = {i: o for i, o in sel_p2p.items() if len(o)}
+                out += self._window(ranks, comms, sel, gaps, sel_p2p, int(w), P)
         if closed >= (self.next_window if self.next_window is not None else closed):
             self.next_window = int(closed) + 1
         return out
+
+    def _closed_coll(self, c: Comm, closed: int, P: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """Take c's COMPLETED rows (and their members' gaps) of windows that may now be judged."""
+        if not c.pending:
+            return None
+        ops = np.concatenate(c.pending) if len(c.pending) > 1 else c.pending[0]
+        gaps = np.concatenate(c.pending_gaps) if len(c.pending_gaps) > 1 else c.pending_gaps[0]
+        win = ops["last_arrive"] // P
+        keep = win > closed
+        c.pending, c.pending_gaps = ([ops[keep]], [gaps[keep]]) if keep.any() else ([], [])
+        ops, gaps, win = ops[~keep], gaps[~keep], win[~keep]
+        use = ops["aligned"]  # reduced before the members' clocks were known: not compared
+        if self.next_window is not None:
+            late = win < self.next_window
+            self.late_ops += int(late.sum())
+            use &= ~late
+        return (ops[use], gaps[use]) if use.any() else None
 
     def _closed_rows(self, c: Comm, attr: str, closed: int, P: int) -> np.ndarray | None:
         """Take c's rows (COMPLETED or P2P_DONE) of windows that may now be judged."""
@@ -108,56 +150,103 @@ class SlowJudge:
         return ops if len(ops) else None
 
     # -- one window --------------------------------------------------------------------
-    def _window(self, ranks: RankTable, comms: dict[int, Comm], sel: dict, sel_p2p: dict, w: int, P: int):
-        cfg = self.cfg
+    def _window(
+        self,
+        ranks: RankTable,
+        comms: dict[int, Comm],
+        sel: dict[int, np.ndarray],
+        gaps: dict[int, np.ndarray],
+        sel_p2p: dict[int, np.ndarray],
+        w: int,
+        P: int,
+    ) -> list[SlowFinding]:
         win = {"window_start_s": round(w * P / 1e9, 3), "window_s": round(P / 1e9, 3)}
-        out: list[SlowFinding] = []
+        out = self._noncomm_slow(comms, sel, gaps, w, win)
+        out += self._comm_slow(ranks, comms, sel, sel_p2p, w, win)
+        return out
 
-        # RankNonCommSlow
-        late_by: dict[int, list[tuple[Comm, float, np.ndarray]]] = {}
+    # -- RankNonCommSlow ---------------------------------------------------------------
+    def _noncomm_slow(
+        self,
+        comms: dict[int, Comm],
+        sel: dict[int, np.ndarray],
+        gaps: dict[int, np.ndarray],
+        w: int,
+        win: dict,
+    ) -> list[SlowFinding]:
+        """A member whose own compute before C's ops (its compute gap: arrival minus the end of
+        its previous synchronizing op) is longer than the other members' in most of the
+        window's ops, by at least max(slow_arrival_min_ms, slow_arrival_rel x their gap): the
+        others wait that long for it. Victims of a cascade arrive late with a normal gap."""
+        cfg = self.cfg
+        found: dict[int, list[tuple[Comm, float, dict[str, Any], np.ndarray]]] = {}
         for i, o in sel.items():
             c = comms[i]
+            G = gaps[i].astype(np.float64)
             if c.n < 2 or len(o) < cfg.slow_min_ops:
                 continue
-            gap_o = o["gap_others"]
-            need = np.maximum(cfg.slow_arrival_min_ms * 1e6, cfg.slow_arrival_rel * np.nan_to_num(gap_o))
-            own = o["gap_last"] - gap_o
-            late = (
-                (o["margin"] >= need)
-                & (o["gap_last"] >= 0)
-                & ~np.isnan(gap_o)
-                & (own >= cfg.slow_own_share * o["margin"])
-            )
-            if not late.any():
-                continue
-            counts = np.bincount(o["last"][late], minlength=c.n)
-            r = int(counts.argmax())
-            share = counts[r] / len(o)
-            if share >= cfg.slow_last_frac and c.grank[r] >= 0:
-                mine = o[late & (o["last"] == r)]
-                late_by.setdefault(int(c.grank[r]), []).append((c, float(share), mine))
-        for g, items in sorted(late_by.items()):
+            med = _col_nanmedian(G)  # per member, over the window's ops
+            others = _others_median(med)
+            need = np.maximum(cfg.slow_arrival_min_ms * 1e6, cfg.slow_arrival_rel * np.nan_to_num(others))
+            fin = med[np.isfinite(med)]
+            if len(fin) >= 4:
+                # many members: one of them is high by chance; a slow rank stands out from the
+                # members' own spread as well (4 robust standard deviations)
+                spread = 1.4826 * float(np.median(np.abs(fin - np.median(fin))))
+                need = np.maximum(need, 4 * spread)
+            excess = med - others
+            op_med = _row_nanmedian(G)
+            # Each member's share of ops in which it computes clearly longer than that op's
+            # median. One window can make one of many members look slow by chance on a busy
+            # host, so a finding needs the rank to have stood out in the window before too
+            # (in a third of its ops at least: the window the fault began in counts), unless
+            # it is strong now (nearly every op, twice the margin).
+            valid = np.isfinite(G) & np.isfinite(op_med)[:, None]
+            above = np.where(valid, G - op_med[:, None] >= need[None, :] / 2, False)
+            nvalid = valid.sum(axis=0)
+            shares = np.where(nvalid > 0, above.sum(axis=0) / np.maximum(nvalid, 1), 0.0)
+            for r in np.flatnonzero(shares >= STOOD_OUT).tolist():
+                if c.grank[r] >= 0:
+                    g = int(c.grank[r])
+                    latest = self.noncomm_low.get(g, (-9, -9))[0]
+                    if latest != w:
+                        self.noncomm_low[g] = (w, latest)
+            cand = np.flatnonzero((excess >= need) & np.isfinite(med) & np.isfinite(others))
+            for r in cand.tolist():
+                share = float(shares[r])
+                if nvalid[r] < cfg.slow_min_ops or share < cfg.slow_last_frac or c.grank[r] < 0:
+                    continue
+                g = int(c.grank[r])
+                before = self.noncomm_low.get(g, (-9, -9))[1]
+                strong = share >= 0.9 and excess[r] >= 2 * need[r]
+                if not strong and before != w - 1:
+                    continue
+                last = o["last"] == r
+                d: dict[str, Any] = {
+                    "gap_ms": round(float(med[r]) / 1e6, 3),
+                    "others_gap_ms": round(float(others[r]) / 1e6, 3),
+                    "excess_ms": round(float(excess[r]) / 1e6, 3),
+                    "late_share": round(share, 3),
+                    "last_share": round(float(last.mean()), 3),
+                    "others_wait_ms": round(float(np.median(o["wait_med"][last])) / 1e6, 3)
+                    if last.any()
+                    else None,
+                }
+                found.setdefault(int(c.grank[r]), []).append((c, share, d, o))
+        out: list[SlowFinding] = []
+        for g, items in sorted(found.items()):
             items.sort(key=lambda x: (-x[1], x[0].idx))
-            c, share, mine = items[0]
-            margins = np.concatenate([m["margin"] for _, _, m in items])
-            d = {
-                "localized_by": "arrival",
-                "localized": True,
-                "confidence": round(min(0.95, share), 2),
-                "suspects": [g],
-                "last_share": round(share, 3),
-                "margin_ms": round(float(np.median(margins)) / 1e6, 3),
-                "others_wait_ms": round(float(np.median(mine["wait_med"])) / 1e6, 3),
-                "comms": [f"{x.id:016x}" for x, _, _ in items],
-                **win,
-            }
+            c, share, d, o = items[0]
+            d = {**d, "comms": [f"{x.id:016x}" for x, _, _, _ in items], **win}
             self.slow_ranks[g] = w
-            out.append(
-                SlowFinding(DiagKind.RankNonCommSlow, c, int(np.bincount(mine["op"]).argmax()),
-                            int(mine["seq"][-1]), (g,), True, d)
+            loc = localize(
+                DiagKind.RankNonCommSlow, How.arrival, Target.rank, (g,),
+                f"rank {g} computes {d['excess_ms']} ms longer than the others before {share:.0%} of "
+                "their collectives: they wait for it",
+                prior=min(0.95, share), refine="" if len(items) > 1 or c.n > 2 else "two-rank",
             )  # fmt: skip
-
-        out += self._comm_slow(ranks, comms, sel, sel_p2p, w, win)
+            op = int(np.bincount(o["op"]).argmax())
+            out.append(SlowFinding(DiagKind.RankNonCommSlow, c, op, int(o["seq"][-1]), (g,), loc, d))
         return out
 
     # -- RankCommSlow ------------------------------------------------------------------
@@ -182,14 +271,15 @@ class SlowJudge:
             span = len(set(ranks.node[c.grank[c.grank >= 0]].tolist()))
             units.append(
                 _Unit(("c", i), i, members, float(np.median(om["busbw"])), ("c", op, nb, c.n, span),
-                      ("c", i, op, nb), op, int(om["seq"][-1]), om, om["busbw"])
+                      ("c", i, op, nb), op, int(om["seq"][-1]), om, om["busbw"],
+                      links=blame.ring_links([int(g) for g in c.grank if g >= 0]))
             )  # fmt: skip
         for i, p in sorted(sel_p2p.items()):
             c = comms[i]
             key = p["src"].astype(np.int64) * (c.n + 1) + p["dst"]
             for k in np.unique(key).tolist():
                 pl = p[key == k]
-                if len(pl) < cfg.slow_min_ops:
+                if len(pl) < P2P_MIN_OPS_FACTOR * cfg.slow_min_ops:
                     continue
                 a, b = int(pl["src"][0]), int(pl["dst"][0])
                 ga, gb = int(c.grank[a]), int(c.grank[b])
@@ -198,7 +288,7 @@ class SlowJudge:
                 ub, cnt = np.unique(pl["bytes"], return_counts=True)
                 nb = int(ub[cnt.argmax()])
                 pl = pl[pl["bytes"] == nb]
-                if len(pl) < cfg.slow_min_ops:
+                if len(pl) < P2P_MIN_OPS_FACTOR * cfg.slow_min_ops:
                     continue
                 bws = pl["bytes"] / pl["transfer"]
                 bw = float(np.median(bws))
@@ -206,13 +296,21 @@ class SlowJudge:
                 units.append(
                     _Unit(("p", i, min(a, b), max(a, b)), i, tuple(sorted((ga, gb))), bw,
                           ("p", c.n, a, b, nb, span), ("p", i, a, b, nb), int(Op.Send),
-                          int(pl["seq"][-1]), None, bws, link=(ga, gb))
+                          int(pl["seq"][-1]), None, bws, link=(ga, gb), links={blame.link_of(ga, gb)})
                 )  # fmt: skip
         return units
 
     def _comm_slow(self, ranks, comms, sel, sel_p2p, w: int, win: dict) -> list[SlowFinding]:
         cfg = self.cfg
-        units = self._units(ranks, comms, sel, sel_p2p)
+        # A unit's first window is start-up (processes still launching, a partial window): it
+        # is not judged, only remembered as a baseline (a single communicator has nothing else
+        # to be compared with).
+        units = []
+        for u in self._units(ranks, comms, sel, sel_p2p):
+            if self.first_seen.setdefault(u.key, w) < w:
+                units.append(u)
+            else:
+                self.baseline.setdefault(u.base_key, deque(maxlen=cfg.slow_baseline_windows)).append(u.bw)
         for u in units:
             self.last_judged[u.key] = w
             self.unit_members[u.key] = u.members
@@ -232,129 +330,230 @@ class SlowJudge:
             if u.own_ref:
                 own_ratios.append(u.bw / u.own_ref)
         shared = min(1.0, float(np.median(own_ratios))) if len(own_ratios) >= 3 else 1.0
-        now_units: dict[tuple, _Unit] = {}
         for u in units:
             u.shared = shared
-            if u.key not in now_units or not u.clear(cfg.slow_bw_ratio):
-                now_units[u.key] = u
         slow: dict[tuple, _Unit] = {}  # by unit key: a p2p link is slow when either direction is
         for u in units:
             if u.sib_ref:
                 u.ratio, u.compared = u.bw / u.sib_ref, "siblings"
             elif u.own_ref:
                 u.ratio, u.compared = u.bw / u.own_ref / max(shared, 1e-9), "own baseline"
+            if u.link is not None and u.ratio is not None and u.ratio < cfg.slow_degraded_ratio:
+                self._p2p_low_now(u.key, w)
             if u.ratio is not None and u.ratio < cfg.slow_bw_ratio:
-                if u.key not in slow or u.ratio < (slow[u.key].ratio or 0):
+                # most of its ops are slow, not a median a few outliers pulled down (a busy host
+                # stretches single transfers)
+                most = u.slow_share(cfg.slow_bw_ratio) >= SLOW_OPS_SHARE
+                if most and u.link is not None:
+                    # a p2p link's few measured transfers are noisy on a busy host: it is slow
+                    # when it was below the degraded line in the window before too, or when
+                    # nearly all its transfers are well below the line now
+                    far = u.ratio < P2P_STRONG * cfg.slow_bw_ratio
+                    strong = far and u.slow_share(cfg.slow_bw_ratio) >= 0.8
+                    most = strong or self._p2p_low_before(u.key, w)
+                if most and (u.key not in slow or u.ratio < (slow[u.key].ratio or 0)):
                     slow[u.key] = u
             else:
                 q = self.baseline.setdefault(u.base_key, deque(maxlen=cfg.slow_baseline_windows))
                 q.append(u.bw)
-        # Cross-comm evidence remembers the previous window: a unit with too few ops in this
-        # one (a window cut by the job's end) still counts.
-        recent = dict(slow)
+        now_units: dict[tuple, _Unit] = {}  # per key, the worse direction of a p2p link
+        for u in units:
+            x = now_units.get(u.key)
+            if x is None or (u.ratio or 9.0) < (x.ratio or 9.0):
+                now_units[u.key] = u
+        # Each unit's state for blame (blame.py): slow, degraded, clear or unknown. A unit slow
+        # in the previous window and not judged in this one (too few ops in a window cut by
+        # the job's end) still counts as slow.
+        node_of = {int(g): int(ranks.node[g]) for u in units for g in u.members}
+        shapes: dict[tuple, blame.UnitShape] = {}
+        for key, u in now_units.items():
+            st = "unknown"
+            if u.ratio is not None:
+                if u.ratio < cfg.slow_degraded_ratio:
+                    st = "degraded"
+                elif u.ratio >= cfg.slow_clear_ratio and u.clear(cfg.slow_bw_ratio):
+                    st = "clear"
+            sh = blame.shape(key, u.members, u.links, node_of)
+            sh.state = "slow" if key in slow else st
+            sh.ratio = u.ratio if u.ratio is not None else 1.0
+            shapes[key] = sh
         for key, w0 in self.slow_units.items():
-            if w0 == w - 1 and key not in recent:
-                recent[key] = None
+            if w0 == w - 1 and key not in shapes and key in self.unit_shapes:
+                prev = self.unit_shapes[key]
+                shapes[key] = blame.UnitShape(key, prev.members, prev.links, prev.pacing, "slow", prev.ratio)
         for key in slow:
             self.slow_units[key] = w
-        count: dict[int, int] = {}
-        for key in recent:
-            for g in self.unit_members[key]:
-                count[g] = count.get(g, 0) + 1
-        groups: dict[tuple, list[tuple[_Unit, dict]]] = {}
+        self.unit_shapes.update(shapes)
+        groups: dict[tuple[Any, ...], list[tuple[_Unit, dict[str, Any], Localization]]] = {}
         for key in sorted(slow):
             u = slow[key]
-            d = {
+            d: dict[str, Any] = {
                 "busbw_gbs": round(u.bw, 6),
                 "baseline_gbs": None if u.own_ref is None else round(u.own_ref, 6),
                 "siblings_gbs": None if u.sib_ref is None else round(u.sib_ref, 6),
-                "ratio": round(u.ratio, 3),
+                "ratio": round(u.ratio or 0.0, 3),
                 "compared_with": u.compared,
             }
-            culprit = self._localize(comms, u, count, recent, now_units, w, d)
-            if culprit is None:
-                continue  # undecided this window (see _localize)
-            d["suspects"] = list(culprit)
-            groups.setdefault(culprit if d["localized"] else ("unit", key), []).append((u, d))
+            loc = self._localize(ranks, comms, u, list(shapes.values()), d, w)
+            if loc is None:
+                continue  # waits a window for its ranks' other units (see _localize)
+            gkey = (loc.target.value, loc.ranks) if loc.localized else ("unit", key)
+            groups.setdefault(gkey, []).append((u, d, loc))
         out = []
         for _key, items in groups.items():
-            u, d = min(items, key=lambda x: (x[1]["ratio"], x[0].key))
+            u, d, loc = min(items, key=lambda x: (x[1]["ratio"], x[0].key))
             c = comms[u.comm]
-            names = []
-            for x, _ in items:
+            names: list[str] = []
+            for x, _, _ in items:
                 name = f"{comms[x.comm].id:016x}"
                 if name not in names:
                     names.append(name)
             d = {**d, "comms": names, **win}
             if u.link is not None:
                 d["p2p_link"] = list(u.link)
-            culprit = tuple(d["suspects"])
-            for g in culprit if d["localized"] else ():
+            for g in loc.ranks if loc.localized else ():
                 self.slow_ranks[g] = w
-            out.append(SlowFinding(DiagKind.RankCommSlow, c, u.op, u.seq, culprit, d["localized"], d))
+            out.append(SlowFinding(DiagKind.RankCommSlow, c, u.op, u.seq, loc.ranks, loc, d))
         return out
 
-    def _localize(self, comms, u: _Unit, count, recent, now_units, w: int, d: dict) -> tuple[int, ...] | None:
-        """Rank or link behind a slow unit; None to wait for the next window's evidence.
+    def _p2p_low_now(self, key: tuple, w: int) -> None:
+        latest = self.p2p_low.get(key, (-9, -9))[0]
+        if latest != w:  # (its other direction may have been seen in this window already)
+            self.p2p_low[key] = (w, latest)
 
-        Evidence, strongest first: in a ring of three or more, the link that sets its pace
-        (PEER records), or a rank whose two links take turns at it; the one rank the slow
-        units of this and the previous window share (cross-comm); for a single link (a
-        two-rank communicator, a p2p link, or the pace-setting link), the exclusion of its
-        ranks (their other units are clear). A link whose one end is in other slow units is
-        that rank's (its slowest link showed first).
-        """
+    def _p2p_low_before(self, key: tuple, w: int) -> bool:
+        """Was this p2p link below the degraded line in the window before ``w``?"""
+        latest, before = self.p2p_low.get(key, (-9, -9))
+        return (latest if latest != w else before) == w - 1
+
+    def _localize(
+        self,
+        ranks: RankTable,
+        comms: dict[int, Comm],
+        u: _Unit,
+        shapes: list[blame.UnitShape],
+        d: dict[str, Any],
+        w: int,
+    ) -> Localization | None:
+        """Rank or link behind a slow unit (blame.py): candidates from the unit, narrowed by PEER
+        pace setters in a ring, checked against every unit of the window. When only one link
+        shows the fault and an end's other units could still tell (not judged this window, as
+        in the window a fault begins in), the verdict waits one window (None)."""
         cfg = self.cfg
-        multi = sorted(g for g in u.members if count.get(g, 0) > 1)
-        link: tuple[int, ...] | None = u.link or (u.members if len(u.members) == 2 else None)
-        how = "exclusion"
+        kind = DiagKind.RankCommSlow
+        c = comms[u.comm]
+        peer: PeerVerdict | None = None
+        seen: set[tuple[int, int]] = set()
         if u.ops is not None and len(u.members) > 2:
-            c = comms[u.comm]
-            counts, n_ops = pace_setters(c, u.ops["seq"])
-            v = localize_slow(counts, n_ops, cfg.slow_pace_share)
-            if v is not None:
-                d.update(global_links(v.evidence, c))
-                culprit = tuple(int(c.grank[r]) for r in v.ranks)
-                if not v.is_link:
-                    d.update(localized_by="peer-progress", localized=True, confidence=v.confidence)
-                    return culprit
-                link, how = culprit, "peer-progress"
-        if link is not None:
-            ends = [g for g in link if g in multi]
-            if len(ends) == 1:
-                d.update(localized_by="cross-comm", localized=True, confidence=0.7, slow_link=list(link))
-                return (ends[0],)
-        if len(multi) == 1 or (len(multi) == 2 and len(recent) > 1):
-            # the rank (or the two ranks of a link) that the slow communicators share
-            d.update(localized_by="cross-comm", localized=True, confidence=0.6)
-            if len(multi) == 2:
-                d["link"] = multi
-            return tuple(multi)
-        if link is not None:
-            # One link. It is the link and not one of its ranks when each rank's other
-            # communicators were judged in this window and are clear (a slow rank slows all
-            # of them): not slow, and hardly any op slow either, since in the window a fault
-            # began in, a unit with few ops can tip before the others' medians do. Where
-            # one was not judged (too few ops), wait for the next window.
-            others_clear, alone = True, True
-            for g in link:
-                for key, mem in self.unit_members.items():
-                    if key == u.key or g not in mem or self.last_judged.get(key, -9) < w - 2:
-                        continue
-                    alone = False
-                    x = now_units.get(key)
-                    if x is None or key in recent or not x.clear(cfg.slow_bw_ratio):
-                        others_clear = False
-            if not others_clear:
+            counts, n_ops, seen_cr = pace_setters(c, u.ops["seq"])
+            seen = {blame.link_of(int(c.grank[a]), int(c.grank[b])) for a, b in seen_cr}
+            peer = localize_slow(counts, n_ops, cfg.slow_pace_share, seen_cr)
+            if peer is not None:
+                d.update(global_links(peer.evidence, c))
+        cands: list[blame.Hyp]
+        if peer is not None and not peer.is_link:
+            cands = [blame.Hyp(rank=int(c.grank[peer.ranks[0]]))]
+        elif peer is not None:
+            a, b = (int(c.grank[r]) for r in peer.ranks)
+            lk = blame.link_of(a, b)
+            cands = [blame.Hyp(link=lk)]
+            # An end whose other link of the same class (across nodes, or inside one) PEER sees
+            # did not set the pace is not the culprit: its fault would slow that link as much.
+            # A link of the other class says nothing (a slowed NVLink can stay faster than the
+            # network link that paces the ring).
+            node = ranks.node
+            cross = node[a] != node[b]
+            cands += [
+                blame.Hyp(rank=x) for x in lk
+                if not any(x in s2 and s2 != lk and (node[s2[0]] != node[s2[1]]) == cross for s2 in seen)
+            ]  # fmt: skip
+        else:
+            cands = [blame.Hyp(rank=g) for g in u.members] + [blame.Hyp(link=lk) for lk in sorted(u.links)]
+        v = blame.decide(cands, shapes)
+        if v.contradicted:
+            d["ruled_out"] = [_hyp_name(h) for h in v.contradicted][:16]
+        links = ", ".join(d.get("slow_links", []))
+        h = v.hyp
+        if h is None:
+            return localize(
+                kind, How.none, Target.suspects, v.suspects or u.members,
+                "the slow communicator's ranks and links explain it equally",
+                prior=1 / max(len(u.members), 1),
+            )  # fmt: skip
+        if not h.is_link:
+            r = h.rank
+            if peer is not None and not peer.is_link:
+                return localize(
+                    kind, How.peer_progress, Target.rank, (r,),
+                    f"two links of rank {r} take turns setting the ring's pace ({links})", prior=peer.prior,
+                )  # fmt: skip
+            if v.support >= 2:
+                return localize(
+                    kind, How.cross_comm, Target.rank, (r,),
+                    f"rank {r} is in {v.support} slow or degraded units: two or more of its links are slow",
+                    prior=0.7,
+                )  # fmt: skip
+            return localize(
+                kind, How.exclusion, Target.rank, (r,),
+                f"rank {r}: every other rank and link of the slow unit is ruled out by clear units",
+                prior=0.5,
+            )  # fmt: skip
+        a, b = h.link
+        if u.link is not None and set(u.link) == {a, b}:
+            a, b = u.link  # a p2p link: its direction
+        elif peer is not None and peer.is_link and {int(c.grank[r]) for r in peer.ranks} == {a, b}:
+            a, b = (int(c.grank[r]) for r in peer.ranks)  # the direction that set the pace
+        if v.refine == "ambiguous":
+            # an end's other units that could still tell: not judged in this window (known from
+            # earlier ones), or judged neither slow nor clear
+            now = {x.key: x for x in shapes}
+            ends = [blame.Hyp(rank=r) for r in h.link]
+            undecided = [
+                x for key, x in self.unit_shapes.items()
+                if key != u.key and (key not in now or now[key].state == "unknown")
+                and any(blame.must_show(e, x) for e in ends)
+            ]  # fmt: skip
+            if undecided and self.deferred.get(u.key) != w - 1:
+                self.deferred[u.key] = w
                 return None
-            conf = 0.85 if how == "peer-progress" else 0.6
-            conf *= 0.7 if alone else 1.0
-            d.update(localized_by=how, localized=True, confidence=round(conf, 2), link=list(link))
-            if alone:
-                d["note"] = "no other communicator of these ranks tells the link from a rank"
-            return tuple(link)
-        d.update(localized_by="heartbeat", localized=False, confidence=round(1 / max(len(u.members), 1), 2))
-        return tuple(u.members)
+            if peer is not None:
+                how, why = How.peer_progress, f"link {a}-{b} sets the ring's pace ({links})"
+            elif u.link is not None:
+                how, why = How.p2p_pair, f"the p2p link {a}->{b} is slow"
+            else:
+                how, why = How.two_rank, f"the two-rank communicator {a}-{b} is slow"
+            return localize(
+                kind, how, Target.link, (a, b),
+                f"{why}; no other link of its ranks shows whether it is one of them", prior=0.5,
+                refine="ambiguous", link=(a, b),
+            )  # fmt: skip
+        how = How.peer_progress if peer is not None and len(cands) == 1 else How.exclusion
+        return localize(
+            kind, how, Target.link, (a, b),
+            f"link {a}-{b} is slow and the other units of both its ranks are clear", prior=0.8, link=(a, b),
+        )  # fmt: skip
+
+
+def _hyp_name(h: blame.Hyp) -> str:
+    return f"link {h.link[0]}-{h.link[1]}" if h.is_link else f"rank {h.rank}"
+
+
+def _col_nanmedian(a: np.ndarray) -> np.ndarray:
+    return _row_nanmedian(np.ascontiguousarray(a.T))
+
+
+def _others_median(med: np.ndarray) -> np.ndarray:
+    """For each entry, the median of the other entries (NaN ignored)."""
+    n = len(med)
+    ok = np.isfinite(med)
+    if n > 64:  # removing one value of many barely moves the median
+        return np.full(n, float(np.median(med[ok])) if ok.any() else np.nan)
+    out = np.full(n, np.nan)
+    for r in range(n):
+        rest = med[ok & (np.arange(n) != r)]
+        if len(rest):
+            out[r] = float(np.median(rest))
+    return out
 
 
 @dataclass
@@ -372,17 +571,26 @@ class _Unit:
     ops: np.ndarray | None  # COMPLETED rows (collectives): PEER link rates
     bws: np.ndarray  # per op, same unit as bw
     link: tuple[int, int] | None = None  # (sender, receiver) global ranks of a p2p link
+    links: set[tuple[int, int]] = field(default_factory=set)  # undirected links it uses (blame.py)
     sib_ref: float | None = None
     own_ref: float | None = None
     ratio: float | None = None
     compared: str = ""
     shared: float = 1.0
 
+    def reference(self) -> float | None:
+        return self.sib_ref or (self.own_ref * self.shared if self.own_ref else None)
+
+    def slow_share(self, bw_ratio: float) -> float:
+        """Share of its ops below ``bw_ratio`` x its reference."""
+        ref = self.reference()
+        return float(np.mean(self.bws < bw_ratio * ref)) if ref else 0.0
+
     def clear(self, bw_ratio: float) -> bool:
         """Not slow, and at most a few ops below ``bw_ratio`` x the reference."""
         if self.ratio is not None and self.ratio < bw_ratio:
             return False
-        ref = self.sib_ref or (self.own_ref * self.shared if self.own_ref else None)
+        ref = self.reference()
         return ref is None or float(np.mean(self.bws < bw_ratio * ref)) <= CLEAR_SLOW_OPS
 
 

@@ -50,11 +50,34 @@ COMPLETED = np.dtype(
         ("busbw", "<f8"),  # GB/s, nccl-tests formula
         ("last", "<i4"),  # comm rank that arrived last
         ("margin", "<i8"),  # L - next-to-last arrival
-        ("gap_last", "<i8"),  # compute gap before the op of the last arriver (-1 unknown)
-        ("gap_others", "<f8"),  # median compute gap of the others (NaN unknown)
+        ("gap_last", "<i8"),  # the last arriver's compute since its previous op of C (-1 unknown)
+        ("gap_others", "<f8"),  # the others' median of it (NaN unknown)
         ("wait_med", "<i8"),
         ("wait_max", "<i8"),
         ("aligned", "?"),  # every member's clock offset was known when it was reduced
+    ]
+)
+
+# Per rank and op, the wait / transfer split of a completed op (Engine(split=True) hands them
+# out; c4d.analyze's ops_split and the Prometheus metrics read them). Times are master clock
+# (aligned with the engine's offsets) or durations; NaN where unknown (p2p ops have no wait).
+OP_SPLIT = np.dtype(
+    [
+        ("comm_id", "<u8"),
+        ("seq", "<i8"),
+        ("rank", "<i4"),  # global
+        ("comm_rank", "<i4"),
+        ("peer", "<i4"),  # p2p: the other end (comm rank); -1 for collectives
+        ("op", "u1"),
+        ("bytes", "<i8"),
+        ("arrive_ns", "<f8"),  # this rank's arrival, master clock
+        ("last_arrive_ns", "<f8"),  # the op's last arrival L, master clock
+        ("wait_ns", "<f8"),  # L - own arrival (from own durations across hosts, see _reduce)
+        ("transfer_ns", "<f8"),  # the op's: last arrival -> done
+        ("lateness_ns", "<f8"),  # own arrival - the op's median arrival
+        ("compute_ns", "<f8"),  # own compute since its previous op of this communicator
+        ("algbw_gbs", "<f8"),
+        ("busbw_gbs", "<f8"),
     ]
 )
 
@@ -136,6 +159,10 @@ class RankTable:
         self.anc_node = np.zeros(0, np.float64)
         self.anc_rank = np.zeros(0, np.float64)
         self.last_end = np.zeros(0, np.int64)  # latest op end seen (rank clock), for compute gaps
+        self.compute_ns = np.zeros(0, np.int64)  # running sum of its compute gaps
+        self.lag_hist: deque[tuple[int, int]] = deque()  # (master ns, delivery lag ns) per tick
+        self.delivery_lag_ns = 0  # how late records reach the engine now, beyond usual (clock.py)
+        self.prev_tick_ns = 0  # the engine's tick before the current one (what fed rows are stamped with)
         self.node_names: list[str] = []
         self._node_index: dict[str, int] = {}
         self.comms_of: list[list[tuple[int, int]]] = []  # rank -> [(comm idx, comm rank)]
@@ -166,6 +193,7 @@ class RankTable:
         self.isl_rank[old:] = -1 - np.arange(old, n)
         self.anc_rank = _grow(self.anc_rank, n, 0.0)
         self.last_end = _grow(self.last_end, n, 0)
+        self.compute_ns = _grow(self.compute_ns, n, 0)
         self.comms_of.extend([] for _ in range(n - self.n))
         self.n = n
 
@@ -309,17 +337,20 @@ class Comm:
         self.has = np.zeros((W, n), bool)
         self.arr = np.zeros((W, n), np.int64)
         self.end = np.zeros((W, n), np.int64)
-        self.gap = np.full((W, n), -1, np.int64)
+        self.gap = np.full((W, n), -1, np.int64)  # the member's compute before the op (see add_collectives)
+        self.last_cum = np.full(n, -1, np.int64)  # each member's running compute sum at its latest op here
         self.opk = np.zeros(W, np.uint8)
         self.nbytes = np.zeros(W, np.int64)
         self.processed = np.zeros(W, bool)
         self.incomplete = 0  # ops evicted before every member reported
         # derived
         self.pending: list[np.ndarray] = []  # COMPLETED rows not yet judged by a slow window
+        self.pending_gaps: list[np.ndarray] = []  # their members' compute before each op (ops x n, ns)
         self.recent: list[np.ndarray] = []  # COMPLETED rows for the live view
         self.recent_n = 0
         self.peer_rows: list[np.ndarray] = []
         self.peer_n = 0
+        self.split: list[np.ndarray] | None = None  # OP_SPLIT rows, when the engine hands them out
         # live view: OP rows per ingested chunk (master time) for a rate that falls to 0 in a
         # hang; p2p transfers done and the latest measured ones
         self.done_log: deque[tuple[int, int]] = deque(maxlen=4096)
@@ -391,7 +422,7 @@ class Comm:
             if m > self.p2p_done.get(k, 0):
                 self.p2p_done[k] = m
 
-    def add_collectives(self, ops: np.ndarray, gaps: np.ndarray, ranks: RankTable, gain: float) -> np.ndarray:
+    def add_collectives(self, ops: np.ndarray, cum: np.ndarray, ranks: RankTable, gain: float) -> np.ndarray:
         """Scatter collective OP rows into the ring; return COMPLETED rows of the ops now complete."""
         self.has_coll = True
         seq = ops["seq"].astype(np.int64)
@@ -415,14 +446,26 @@ class Comm:
             self.has[s_new] = False
             self.gap[s_new] = -1
             self.processed[s_new] = False
+        # Each member's compute before op k of this communicator: its running compute sum now
+        # minus at its previous op here (a rank's ops arrive in its stream's order), so every
+        # gap in between counts, in whatever communicator (a pipeline stage's compute ends at
+        # a p2p send, not at the DP all-reduce that follows). Unknown (-1) at its first op.
+        order = np.lexsort((seq, cr))
+        cr_o, cum_o = cr[order], cum[order]
+        first = np.r_[True, cr_o[1:] != cr_o[:-1]]
+        prev = np.where(first, self.last_cum[cr_o], np.r_[-1, cum_o[:-1]])
+        comp = np.empty_like(cum)
+        comp[order] = np.where(prev >= 0, cum_o - prev, -1)
+        last = np.r_[cr_o[1:] != cr_o[:-1], True]
+        self.last_cum[cr_o[last]] = cum_o[last]
         ok = seq == self.tag[slot]
         if not ok.all():
-            ops, seq, cr, slot, gaps = ops[ok], seq[ok], cr[ok], slot[ok], gaps[ok]
+            ops, seq, cr, slot, comp = ops[ok], seq[ok], cr[ok], slot[ok], comp[ok]
         start = ops["start_ns"].astype(np.int64)
         issue = ops["issue_ns"].astype(np.int64)
         self.arr[slot, cr] = np.where(start > 0, start, issue)  # arrival: device start, else host issue
         self.end[slot, cr] = ops["end_ns"].astype(np.int64)
-        self.gap[slot, cr] = gaps
+        self.gap[slot, cr] = comp
         self.has[slot, cr] = True
         self.opk[slot] = ops["op"]
         self.nbytes[slot] = ops["bytes"].astype(np.int64)
@@ -484,6 +527,26 @@ class Comm:
         wait = (Klast[:, None] - K).astype(np.int64)
         out["wait_med"] = np.median(wait, axis=1).astype(np.int64)
         out["wait_max"] = wait.max(axis=1)
+        if self.split is not None:
+            sp = np.zeros((m, n), OP_SPLIT)
+            sp["comm_id"] = self.id
+            sp["seq"] = self.tag[slots][:, None]
+            sp["rank"] = self.grank[None, :]
+            sp["comm_rank"] = np.arange(n)[None, :]
+            sp["peer"] = -1
+            sp["op"] = op[:, None]
+            sp["bytes"] = self.nbytes[slots][:, None]
+            sp["arrive_ns"] = A
+            sp["last_arrive_ns"] = L[:, None]
+            sp["wait_ns"] = wait
+            sp["transfer_ns"] = transfer[:, None]
+            sp["lateness_ns"] = K - np.median(K, axis=1)[:, None]
+            sp["compute_ns"] = np.where(G >= 0, G, np.nan)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                alg = np.where(transfer > 0, size / transfer, np.nan)
+            sp["algbw_gbs"] = alg[:, None]
+            sp["busbw_gbs"] = out["busbw"][:, None]
+            self.split.append(sp.ravel())
         out["gap_last"] = G[rows, last]
         if n >= 2:
             Gf = np.where(G >= 0, G, np.nan).astype(float)
@@ -504,12 +567,36 @@ class Comm:
             res = np.clip(res - res.mean(), -1e9, 1e9)
             ranks.add_residuals(self.grank, gain * res)
         self.pending.append(out)
+        # each member's compute before the op (see add_collectives): what a slow rank's peers
+        # wait for
+        self.pending_gaps.append(np.where(G >= 0, G, np.nan).astype(np.float32))
         self.recent.append(out)
         self.recent_n += m
         if self.recent_n > 2048 and len(self.recent) > 1:
             r = np.concatenate(self.recent)[-1024:]
             self.recent, self.recent_n = [r], len(r)
         return out
+
+
+def _p2p_split(c: Comm, done: np.ndarray, gs: np.ndarray, gr: np.ndarray) -> np.ndarray:
+    """OP_SPLIT rows of measured p2p transfers: one for the sender's op, one for the receiver's."""
+    m = len(done)
+    sp = np.zeros(2 * m, OP_SPLIT)
+    sp["comm_id"] = c.id
+    sp["seq"] = np.tile(done["seq"], 2)
+    sp["rank"] = np.r_[gs, gr]
+    sp["comm_rank"] = np.r_[done["src"], done["dst"]]
+    sp["peer"] = np.r_[done["dst"], done["src"]]
+    sp["op"] = np.r_[np.full(m, SEND), np.full(m, RECV)]
+    sp["bytes"] = np.tile(done["bytes"], 2)
+    for k in ("arrive_ns", "wait_ns", "lateness_ns", "compute_ns"):
+        sp[k] = np.nan
+    sp["last_arrive_ns"] = np.tile(done["last_arrive"], 2)
+    sp["transfer_ns"] = np.tile(done["transfer"], 2)
+    bw = done["bytes"] / done["transfer"]
+    sp["algbw_gbs"] = np.tile(bw, 2)
+    sp["busbw_gbs"] = np.tile(bw, 2)
+    return sp
 
 
 class P2PPairs:
@@ -616,8 +703,11 @@ class P2PPairs:
         cidx = S["comm"]
         cuts = np.flatnonzero(cidx[1:] != cidx[:-1]) + 1  # sorted by comm already
         for part in np.split(np.arange(len(S)), cuts):
-            comms[int(cidx[part[0]])].p2p_pending.append(out[part])
-            comms[int(cidx[part[0]])].p2p_recent.append(out[part])
+            c = comms[int(cidx[part[0]])]
+            c.p2p_pending.append(out[part])
+            c.p2p_recent.append(out[part])
+            if c.split is not None:
+                c.split.append(_p2p_split(c, out[part], gs[part], gr[part]))
 
     def _note(self, key: np.ndarray, val: np.ndarray, epoch: int) -> None:
         """Fold this chunk's end_r - arrival_s into the per-link minima."""

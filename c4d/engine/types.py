@@ -1,6 +1,10 @@
-"""What the engine returns: verdict enums, the Diagnosis record and the live-view snapshot.
+"""What the engine returns: verdict enums, typed localizations, the Diagnosis record and the
+live-view snapshot.
 
-All frozen; a Diagnosis serialises to exactly DESIGN.md's JSON object with ``to_json()``.
+All frozen. A Diagnosis serialises to DESIGN.md's JSON object with ``to_json()``; its
+``localization`` (how the culprit was found, how sure the engine is) is written there once,
+as the top-level ``localization`` object and mirrored into ``detail`` under the keys older
+readers know (``localized_by``, ``localized``, ``confidence``, ``suspects``, ``link``).
 """
 
 from __future__ import annotations
@@ -13,14 +17,15 @@ from typing import Any
 
 
 class Level(enum.IntEnum):
-    """Severity, ordered so that ``level >= Level.WARNING`` works."""
+    """Severity, ordered so that ``level >= Level.WARNING`` works; the one level order
+    (``sorted(ds, key=lambda d: -Level[d["level"]])`` puts ERRORs first)."""
 
     INFO = 20
     """A finding that needs no action: the slow kinds (once per check period they hold)."""
     WARNING = 30
     """A hang or a silent rank that has lasted at least T (hang count n >= 1)."""
     ERROR = 40
-    """The same after T x C4D_HANG_TIMES; with a localized culprit it triggers the action."""
+    """The same after T x C4D_HANG_TIMES; with an isolating localization it triggers the action."""
 
 
 class DiagKind(enum.Enum):
@@ -39,6 +44,150 @@ class DiagKind(enum.Enum):
     """In a check period C's bus bandwidth is well below its baseline; culprit rank or link."""
     RankLost = "RankLost"
     """The rank stopped sending anything (no heartbeat) without a clean exit while others run."""
+    CollectiveMismatch = "CollectiveMismatch"
+    """Ranks wait on each other in a cycle: each is blocked in an op that another rank of the
+    cycle never entered (mismatched collective order, a program bug). Counted like a hang;
+    never isolates a node: no hardware is at fault."""
+
+
+class How(enum.Enum):
+    """Which evidence decided where a diagnosis points (``Localization.how``)."""
+
+    arrival = "arrival"
+    """Hangs: the rank that never arrived while its peers wait. Slow: the rank that arrives last
+    by a clear margin because of its own compute."""
+    peer_progress = "peer-progress"
+    """Per-link transfer progress from NCCL's profiler plugin (PEER records; network links
+    only): which links stopped, or which set a slow ring's pace."""
+    p2p_pair = "p2p-pair"
+    """A send and its matching receive both started and neither finished: that link."""
+    two_rank = "two-rank"
+    """The communicator that stopped or slowed has two ranks: it is one link."""
+    cross_comm = "cross-comm"
+    """The one rank (or link) that the affected communicators and links have in common."""
+    exclusion = "exclusion"
+    """One link is affected and every other communicator of both its ranks is clear: the link,
+    not a rank."""
+    cycle = "cycle"
+    """Ranks blocked in each other's ops (CollectiveMismatch)."""
+    heartbeat = "heartbeat"
+    """The rank went silent (RankLost)."""
+    none = "none"
+    """Nothing localizes: every member is a suspect."""
+
+
+class Target(enum.Enum):
+    """What a localization names (``Localization.target``)."""
+
+    rank = "rank"
+    """One or more culprit ranks, each on its own evidence (a node whose ranks all hang)."""
+    link = "link"
+    """The link between two ranks (both directions unless ``Localization.link`` says one)."""
+    cycle = "cycle"
+    """The ranks of a wait cycle, each with the op it is in and the op it never entered."""
+    suspects = "suspects"
+    """Not localized: the ranks among which the culprit is."""
+
+
+@dataclass(frozen=True)
+class OpRef:
+    """One op of a communicator: (C, k) for collectives, (C, peer pair, k) for p2p."""
+
+    comm: int
+    seq: int
+    op: str | None
+    peer: int | None = None
+    """p2p: the global rank at the other end."""
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"comm": f"{self.comm:016x}", "seq": self.seq, "op": self.op}
+        if self.peer is not None:
+            out["peer"] = self.peer
+        return out
+
+    def __str__(self) -> str:
+        peer = f" peer {self.peer}" if self.peer is not None else ""
+        return f"{self.op or '?'} #{self.seq} of {self.comm:016x}{peer}"
+
+
+@dataclass(frozen=True)
+class CycleMember:
+    """A rank of a wait cycle: blocked in ``blocked_in``, never entered ``never_entered``, which
+    the previous rank of the cycle is blocked in."""
+
+    rank: int
+    blocked_in: OpRef
+    never_entered: OpRef
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "rank": self.rank,
+            "blocked_in": self.blocked_in.to_json(),
+            "never_entered": self.never_entered.to_json(),
+        }
+
+
+@dataclass(frozen=True)
+class Localization:
+    """Where a diagnosis points, on which evidence, and how sure the engine is.
+
+    ``confidence`` is the probability that the culprit named (``ranks`` for a rank or a cycle,
+    the link for a link) is exactly right, calibrated against outcomes on the randomized fault
+    benchmark (c4d/engine/calibration.py, analysis/evaluate.py): a 0.85 is right about 85% of
+    the time or more. ``basis`` is the calibration key: how and what, plus the refinement the
+    engine used (e.g. ``peer-progress/rank``).
+    """
+
+    how: How
+    target: Target
+    ranks: tuple[int, ...]
+    """Culprit global ranks (both ends of a link; the cycle's ranks; all suspects)."""
+    confidence: float
+    basis: str
+    evidence: str
+    """One line: the evidence that decided, in words."""
+    link: tuple[int, int] | None = None
+    """A named link's ends (a, b); with ``directed`` the fault is on a -> b only."""
+    directed: bool = False
+    cycle: tuple[CycleMember, ...] = ()
+
+    @property
+    def localized(self) -> bool:
+        """A culprit is named (a rank, a link or the ranks of a cycle), not only suspects."""
+        return self.target is not Target.suspects
+
+    @property
+    def isolates(self) -> bool:
+        """An ERROR with this localization takes nodes out: hardware named, not a program bug."""
+        return self.target in (Target.rank, Target.link)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "how": self.how.value,
+            "target": self.target.value,
+            "ranks": list(self.ranks),
+            "confidence": self.confidence,
+            "basis": self.basis,
+            "evidence": self.evidence,
+            "link": list(self.link) if self.link is not None else None,
+        }
+        if self.link is not None:
+            out["directed"] = self.directed
+        if self.cycle:
+            out["cycle"] = [m.to_json() for m in self.cycle]
+        return out
+
+    def legacy_detail(self) -> dict[str, Any]:
+        """The keys ``detail`` has always carried, derived from this localization."""
+        d: dict[str, Any] = {
+            "localized_by": self.how.value,
+            "localized": self.localized,
+            "confidence": self.confidence,
+            "suspects": list(self.ranks),
+        }
+        if self.link is not None:
+            d["link"] = list(self.link)
+        return d
 
 
 class RankState(enum.Enum):
@@ -65,11 +214,14 @@ class Diagnosis:
     op: str | None
     seq: int | None
     ranks: tuple[int, ...]
-    """The culprit global ranks (both ends for a link); all members when only suspects exist."""
+    """The culprit global ranks (both ends for a link; the cycle's ranks for a mismatch); all
+    members when only suspects exist."""
     nodes: tuple[str, ...]
     hang_times: int
-    """n = floor(duration / T) for hangs and RankLost; 0 for the slow kinds."""
+    """n = floor(duration / T) for hangs, mismatches and RankLost; 0 for the slow kinds."""
+    localization: Localization
     detail: Mapping[str, Any] = field(default_factory=dict)
+    """Kind-specific facts (waits, victims, bandwidths, windows); see docs/engine.md."""
 
     @property
     def time(self) -> float:
@@ -77,12 +229,12 @@ class Diagnosis:
 
     @property
     def localized(self) -> bool:
-        return bool(self.detail.get("localized", False))
+        return self.localization.localized
 
     @property
     def blacklist_nodes(self) -> tuple[str, ...]:
-        """Nodes to isolate: only an ERROR with a localized culprit triggers the action."""
-        if self.level is Level.ERROR and self.localized:
+        """Nodes to isolate: only an ERROR whose localization names hardware triggers the action."""
+        if self.level is Level.ERROR and self.localization.isolates:
             return tuple(n for n in self.nodes if n and n != "?")
         return ()
 
@@ -97,7 +249,8 @@ class Diagnosis:
             "ranks": list(self.ranks),
             "nodes": list(self.nodes),
             "hang_times": self.hang_times,
-            "detail": dict(self.detail),
+            "detail": {**self.localization.legacy_detail(), **self.detail},
+            "localization": self.localization.to_json(),
         }
 
     def json_line(self) -> str:
@@ -110,7 +263,18 @@ class Diagnosis:
             where += f" {self.op}"
         if self.seq is not None:
             where += f" #{self.seq}"
-        who = ", ".join(f"rank {r}" for r in self.ranks) or "no rank"
+        loc = self.localization
+        if loc.target is Target.link and loc.link is not None:
+            arrow = "->" if loc.directed else "<->"
+            who = f"link {loc.link[0]}{arrow}{loc.link[1]}"
+        elif loc.target is Target.cycle:
+            who = "; ".join(
+                f"rank {m.rank} in {m.blocked_in}, never entered {m.never_entered}" for m in loc.cycle
+            )
+        else:
+            who = ", ".join(f"rank {r}" for r in self.ranks) or "no rank"
+            if loc.target is Target.suspects:
+                who = f"suspects {who}"
         nodes = ", ".join(self.nodes)
         d = self.detail
         extra = []
@@ -118,11 +282,9 @@ class Diagnosis:
             extra.append(f"n={self.hang_times}")
         if "waited_s" in d:
             extra.append(f"waited {d['waited_s']:.1f}s")
-        if "localized_by" in d:
-            extra.append(f"by {d['localized_by']}")
-        if "confidence" in d:
-            extra.append(f"conf {d['confidence']:.2f}")
-        tail = f" ({', '.join(extra)})" if extra else ""
+        extra.append(f"by {loc.how.value}")
+        extra.append(f"conf {loc.confidence:.2f}")
+        tail = f" ({', '.join(extra)})"
         return f"{self.level.name} {self.kind.value}: {who} [{nodes}]{where}{tail}"
 
 

@@ -42,37 +42,30 @@ T0_NS = 1_700_000_000_000_000_000  # where synthetic nccl-tests timelines start 
 _GAP_NS = 1_000  # between synthetic ops
 
 Op = schema.Op
-_NT_OPS = {
-    "AllReduce": Op.AllReduce,
-    "AllGather": Op.AllGather,
-    "ReduceScatter": Op.ReduceScatter,
-    "Broadcast": Op.Broadcast,
-    "Reduce": Op.Reduce,
-    "AllToAll": Op.AlltoAll,
-    "Gather": Op.Gather,
-    "Scatter": Op.Scatter,
+# nccl-tests' collective names (nccl_tests.COLLECTIVES) are ours, but for its "AllToAll"
+_NT_OPS = {**{o.name: o for o in Op if o not in (Op.Send, Op.Recv)}, "AllToAll": Op.AlltoAll}
+_NT_NAMES = {  # nccl-tests type names → ncclDataType_t (bytes per element: schema.DTYPE_SIZE)
+    "int8": schema.DType.int8,
+    "char": schema.DType.int8,
+    "uint8": schema.DType.uint8,
+    "int32": schema.DType.int32,
+    "int": schema.DType.int32,
+    "uint32": schema.DType.uint32,
+    "int64": schema.DType.int64,
+    "uint64": schema.DType.uint64,
+    "half": schema.DType.float16,
+    "float16": schema.DType.float16,
+    "float": schema.DType.float32,
+    "float32": schema.DType.float32,
+    "double": schema.DType.float64,
+    "float64": schema.DType.float64,
+    "bfloat16": schema.DType.bfloat16,
+    "f8e4m3": schema.DType.float8e4m3,
+    "fp8_e4m3": schema.DType.float8e4m3,
+    "f8e5m2": schema.DType.float8e5m2,
+    "fp8_e5m2": schema.DType.float8e5m2,
 }
-_NT_TYPES = {  # nccl-tests type names → (ncclDataType_t, bytes)
-    "int8": (0, 1),
-    "char": (0, 1),
-    "uint8": (1, 1),
-    "int32": (2, 4),
-    "int": (2, 4),
-    "uint32": (3, 4),
-    "int64": (4, 8),
-    "uint64": (5, 8),
-    "half": (6, 2),
-    "float16": (6, 2),
-    "float": (7, 4),
-    "float32": (7, 4),
-    "double": (8, 8),
-    "float64": (8, 8),
-    "bfloat16": (9, 2),
-    "f8e4m3": (10, 1),
-    "fp8_e4m3": (10, 1),
-    "f8e5m2": (11, 1),
-    "fp8_e5m2": (11, 1),
-}
+_NT_TYPES = {n: (int(d), int(schema.DTYPE_SIZE[d])) for n, d in _NT_NAMES.items()}
 
 
 def _head(p: Path) -> bytes:

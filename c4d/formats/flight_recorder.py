@@ -84,24 +84,27 @@ for _op, _names in {
     for _n in _names.split():
         _OP_NAMES[_n] = _op
 
-# c10 scalar type names → ncclDataType_t (record.h) and bytes per element
+# c10 scalar type names → ncclDataType_t (schema.DType); bytes per element from schema.DTYPE_SIZE,
+# except for c10 types NCCL has no type for (recorded as DType.unknown with their own size)
+_C10_DTYPES: dict[str, schema.DType] = {
+    "Char": schema.DType.int8,
+    "Byte": schema.DType.uint8,
+    "Bool": schema.DType.uint8,
+    "Int": schema.DType.int32,
+    "UInt32": schema.DType.uint32,
+    "Long": schema.DType.int64,
+    "UInt64": schema.DType.uint64,
+    "Half": schema.DType.float16,
+    "Float": schema.DType.float32,
+    "Double": schema.DType.float64,
+    "BFloat16": schema.DType.bfloat16,
+    "Float8_e4m3fn": schema.DType.float8e4m3,
+    "Float8_e5m2": schema.DType.float8e5m2,
+}
+_C10_OTHER_SIZES = {"Short": 2, "ComplexFloat": 8, "ComplexDouble": 16}
 _DTYPES: dict[str, tuple[int, int]] = {
-    "Char": (0, 1),
-    "Byte": (1, 1),
-    "Bool": (1, 1),
-    "Int": (2, 4),
-    "Long": (4, 8),
-    "Half": (6, 2),
-    "Float": (7, 4),
-    "Double": (8, 8),
-    "BFloat16": (9, 2),
-    "Float8_e4m3fn": (10, 1),
-    "Float8_e5m2": (11, 1),
-    "Short": (255, 2),
-    "ComplexFloat": (255, 8),
-    "ComplexDouble": (255, 16),
-    "UInt32": (3, 4),
-    "UInt64": (5, 8),
+    **{n: (int(d), int(schema.DTYPE_SIZE[d])) for n, d in _C10_DTYPES.items()},
+    **{n: (int(schema.DType.unknown), size) for n, size in _C10_OTHER_SIZES.items()},
 }
 _STATES = {"scheduled": 0, "started": 1, "completed": 2}
 

@@ -27,11 +27,9 @@ from typing import Any
 import numpy as np
 
 from c4d import schema
+from c4d.schema import DEFAULT_BW_CHECK_PERIOD_S, DEFAULT_HANG_TIMEOUT_US, DEFAULT_HANG_TIMES
 from c4d.trace import RawTrace
 
-DEFAULT_HANG_TIMEOUT_US = 10_000_000  # DESIGN.md: C4D_HANG_TIMEOUT default
-DEFAULT_HANG_TIMES = 18
-DEFAULT_BW_CHECK_PERIOD_S = 10
 MAX_HISTORY_TICKS = 5000  # a very long history gets coarser ticks, not millions of records
 _END_EPSILON_NS = 1_000  # ticks land just after the boundary so "waited > T" holds at i·T
 

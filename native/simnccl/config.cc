@@ -38,7 +38,7 @@ double link_bw(int src, int dst, int step) {
   bool same_node = c.ranks_per_node <= 0 || (src / c.ranks_per_node == dst / c.ranks_per_node);
   double bw = same_node ? c.intra_bpns : c.inter_bpns;
   for (const simfault::Fault& f : c.comm_faults) {
-    if (step < f.step || !f.touches_link(src, dst)) continue;
+    if (!f.active(step) || !f.touches_link(src, dst)) continue;
     if (f.kind == simfault::Kind::CommHang) return 0.0;
     bw /= f.factor;
   }

@@ -36,9 +36,12 @@ struct Config {
 /* Parsed on first use; malformed values print one line each, once per process. */
 const Config& config();
 
-/* Bandwidth of the link src -> dst (global ranks) for an op of training step `step`,
- * in bytes per ns; 0 = the link is hung (comm-hang applies). Symmetric. */
+/* Bandwidth of the transfer src -> dst (global ranks) for an op of training step `step`,
+ * in bytes per ns, with the comm faults active at that step applied (fault_spec.h: a rank
+ * fault both directions of its links, a link fault the direction(s) it names); 0 = the
+ * link is hung (comm-hang). */
 double link_bw(int src, int dst, int step);
+
 
 /* 1 + SIMNCCL_JITTER * u, u uniform in [-1, 1] from (seed, key): equal on every rank
  * that passes the same seed (the comm's: its rank 0's SIMNCCL_SEED). */

@@ -43,7 +43,8 @@ bool parse_kind(const std::string& s, Kind* k) {
                {"comm-hang", Kind::CommHang},
                {"noncomm-slow", Kind::NonCommSlow},
                {"comm-slow", Kind::CommSlow},
-               {"crash", Kind::Crash}};
+               {"crash", Kind::Crash},
+               {"mismatch", Kind::Mismatch}};
   for (const auto& e : kinds)
     if (s == e.name) {
       *k = e.kind;
@@ -57,9 +58,10 @@ std::string parse_one(const std::string& spec, Fault* f) {
   size_t at = spec.find('@');
   std::string kind = trim(spec.substr(0, at));
   if (!parse_kind(kind, &f->kind))
-    return "unknown kind '" + kind + "' (expected noncomm-hang, comm-hang, noncomm-slow, comm-slow or crash)";
+    return "unknown kind '" + kind +
+           "' (expected noncomm-hang, comm-hang, noncomm-slow, comm-slow, crash or mismatch)";
   if (at == std::string::npos) return "missing '@key=value' (e.g. " + kind + "@rank=3)";
-  bool seen_step = false, seen_factor = false;
+  bool seen_step = false, seen_factor = false, seen_dir = false, seen_until = false, seen_secs = false;
   for (const std::string& raw : split(spec.substr(at + 1), ',')) {
     std::string kv = trim(raw);
     size_t eq = kv.find('=');
@@ -88,16 +90,40 @@ std::string parse_one(const std::string& spec, Fault* f) {
       if (val.empty() || errno || *end || !std::isfinite(v) || v < 1.0)
         return "factor=" + val + " is not a number >= 1";
       f->factor = v;
+    } else if (key == "dir") {
+      if (seen_dir) return "dir= given twice";
+      seen_dir = true;
+      if (val == "both") f->dir = Dir::Both;
+      else if (val == "fwd") f->dir = Dir::Fwd;
+      else if (val == "rev") f->dir = Dir::Rev;
+      else return "dir=" + val + " is not both, fwd or rev";
+    } else if (key == "until") {
+      if (seen_until) return "until= given twice";
+      seen_until = true;
+      if (!parse_nonneg_int(val, &f->until)) return "until=" + val + " is not a non-negative integer";
+    } else if (key == "secs") {
+      if (seen_secs) return "secs= given twice";
+      seen_secs = true;
+      char* end = nullptr;
+      errno = 0;
+      double v = std::strtod(val.c_str(), &end);
+      if (val.empty() || errno || *end || !std::isfinite(v) || v <= 0.0 || v > 1e6)
+        return "secs=" + val + " is not a number of seconds > 0";
+      f->secs = v;
     } else if (key == "node") {
       return "node= must be resolved to rank= by the launcher (c4d sim) before simnccl sees it";
     } else {
-      return "unknown key '" + key + "' (expected rank, link, step, factor)";
+      return "unknown key '" + key + "' (expected rank, link, dir, step, until, secs, factor)";
     }
   }
   if (f->rank < 0 && f->link_a < 0) return "needs rank=R or link=R-S";
   if (f->link_a >= 0 && !is_comm_kind(f->kind)) return "link= applies to comm-hang and comm-slow only";
-  if (seen_factor && f->kind != Kind::NonCommSlow && f->kind != Kind::CommSlow)
-    return "factor= applies to the slow kinds only";
+  if (seen_factor && !is_slow_kind(f->kind)) return "factor= applies to the slow kinds only";
+  if (seen_dir && f->link_a < 0) return "dir= applies to link= faults only";
+  if (seen_until && !is_slow_kind(f->kind)) return "until= applies to the slow kinds only";
+  if (seen_until && f->until <= f->step) return "until= must be after step=";
+  if (seen_secs && f->kind != Kind::NonCommHang) return "secs= applies to noncomm-hang only";
+  if (f->kind == Kind::Mismatch && f->rank < 0) return "mismatch needs rank=R";
   return "";
 }
 
@@ -110,6 +136,7 @@ const char* kind_name(Kind k) {
     case Kind::NonCommSlow: return "noncomm-slow";
     case Kind::CommSlow: return "comm-slow";
     case Kind::Crash: return "crash";
+    case Kind::Mismatch: return "mismatch";
   }
   return "?";
 }

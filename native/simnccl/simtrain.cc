@@ -9,8 +9,10 @@
  *   c4d-simtrain --bench N                  N x ncclAllReduce(count=0), host ns per call
  *   c4d-simtrain --bench-cuda N             cudaEventRecord/Query host cost
  *
- * Env: RANK, WORLD_SIZE, LOCAL_RANK; SIMNCCL_FAULTS (crash / noncomm-* of this rank
- * are applied here; comm-* by simnccl), SIMNCCL_JITTER and SIMNCCL_SEED (compute jitter).
+ * Env: RANK, WORLD_SIZE, LOCAL_RANK; SIMNCCL_FAULTS (crash / noncomm-* / mismatch of this
+ * rank are applied here; comm-* by simnccl), SIMNCCL_JITTER and SIMNCCL_SEED (compute jitter).
+ * A mismatch fault at step S: the rank leaves out its TP reduce-scatter (its DP all-reduce
+ * when tp = 1) and every rank joins a world all-reduce at the end of step S.
  *
  * Layout (Megatron order, tp fastest, then dp, then pp):
  *   rank = pp_idx * (dp * tp) + dp_idx * tp + tp_idx,   dp = WORLD_SIZE / (tp * pp)
@@ -617,16 +619,22 @@ int run_training(const Args& a, ncclComm_t world, cudaStream_t s, int rank, int 
   NB_OK(ncclCommSplit(world, dp_idx * tp + tp_idx, rank, &ppc, nullptr), world);
   if (g_nonblocking) NB_OK(ncclInProgress, ppc); /* a split child inherits nonblocking */
 
-  /* this rank's driver-level faults (simnccl reports malformed specs) */
-  long crash_step = -1, hang_step = -1, slow_step = -1;
-  double slow_factor = 1;
+  /* this rank's driver-level faults (simnccl reports malformed specs; fault_spec.h) */
+  long crash_step = -1, hang_step = -1, slow_step = -1, slow_until = -1, skip_step = -1, barrier_step = -1;
+  double slow_factor = 1, hang_secs = 0;
   for (const simfault::Fault& f : simfault::parse_faults(getenv("SIMNCCL_FAULTS")).faults) {
+    if (f.kind == simfault::Kind::Mismatch) barrier_step = f.step; /* every rank joins the world op */
     if (f.rank != rank) continue;
     auto earliest = [&](long cur) { return cur < 0 || f.step < cur ? long(f.step) : cur; };
     if (f.kind == simfault::Kind::Crash) crash_step = earliest(crash_step);
-    if (f.kind == simfault::Kind::NonCommHang) hang_step = earliest(hang_step);
+    if (f.kind == simfault::Kind::Mismatch) skip_step = f.step;
+    if (f.kind == simfault::Kind::NonCommHang) {
+      hang_step = earliest(hang_step);
+      hang_secs = f.secs;
+    }
     if (f.kind == simfault::Kind::NonCommSlow) {
       slow_step = earliest(slow_step);
+      slow_until = f.until;
       slow_factor = f.factor;
     }
   }
@@ -653,12 +661,13 @@ int run_training(const Args& a, ncclComm_t world, cudaStream_t s, int rank, int 
   Rng rng{0x9e3779b97f4a7c15ull ^ (uint64_t(seed_s ? strtoull(seed_s, nullptr, 10) : 1) * 1000003ull + uint64_t(rank))};
   if (!rng.s) rng.s = 1;
   auto compute = [&](long step, double share) {
-    if (hang_step >= 0 && step >= hang_step) {
+    if (hang_step >= 0 && step >= hang_step && hang_secs <= 0) {
       CUDA_OK(simLaunchCompute(s, SIM_COMPUTE_FOREVER)); /* stuck stream: later ops never arrive */
       return;
     }
     double ns = double(a.compute_us) * 1000.0 * share * (1.0 + jitter * (2.0 * rng.uniform() - 1.0));
-    if (slow_step >= 0 && step >= slow_step) ns *= slow_factor;
+    if (hang_step >= 0 && step == hang_step && share < 0.5) ns += hang_secs * 1e9; /* transient stall */
+    if (slow_step >= 0 && step >= slow_step && (slow_until < 0 || step < slow_until)) ns *= slow_factor;
     CUDA_OK(simLaunchCompute(s, uint64_t(ns > 0 ? ns : 0)));
   };
 
@@ -683,13 +692,15 @@ int run_training(const Args& a, ncclComm_t world, cudaStream_t s, int rank, int 
       NB_OK(ncclGroupEnd(), ppc);
     }
     compute(step, 2.0 / 3.0);
-    NB_OK(ncclReduceScatter(rs_in, rs_out, tpn, ncclFloat32, ncclSum, tpc, s), tpc);
+    const bool skip = step == skip_step; /* mismatch fault: this rank leaves one collective out */
+    if (!(skip && tp > 1)) NB_OK(ncclReduceScatter(rs_in, rs_out, tpn, ncclFloat32, ncclSum, tpc, s), tpc);
     if (pp_idx > 0) {
       NCCL_OK(ncclGroupStart());
       NCCL_OK(ncclSend(g_out, ppn, ncclFloat32, pp_idx - 1, ppc, s));
       NB_OK(ncclGroupEnd(), ppc);
     }
-    NB_OK(ncclAllReduce(grad, grad, dpn, ncclFloat32, ncclSum, dpc, s), dpc);
+    if (!(skip && tp == 1)) NB_OK(ncclAllReduce(grad, grad, dpn, ncclFloat32, ncclSum, dpc, s), dpc);
+    if (step == barrier_step) NB_OK(ncclAllReduce(grad, grad, 1, ncclFloat32, ncclSum, world, s), world);
     CUDA_OK(cudaStreamSynchronize(s));
     for (ncclComm_t c : {tpc, dpc, ppc}) { /* what a framework's NCCL watchdog does */
       ncclResult_t ae = ncclSuccess;

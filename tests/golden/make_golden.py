@@ -1,0 +1,75 @@
+"""Record the golden sim traces and their expected diagnoses (tests/test_engine_golden.py).
+
+    PYTHONPATH=. python tests/golden/make_golden.py        # all of them (a minute or two)
+    PYTHONPATH=. python tests/golden/make_golden.py mismatch
+
+Each case is a real simulated job (c4d.scenarios: processes, shim, simnccl, ZeroMQ, master,
+engine); its trace is kept gzipped as ``<name>.c4d.gz`` and what the engine says when it
+replays it as ``<name>.expected.json``, reduced to what a diagnosis decides (time, level,
+kind, op, culprits, how it was localized; not the calibrated confidence, which moves when
+the calibration table is re-learned, nor the detail). Re-record only when a change of the
+engine's verdicts is intended, and say so in the commit.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[1]))
+
+from c4d import analyze, scenarios, trace  # noqa: E402
+
+Sc = scenarios.Scenario
+CASES: dict[str, scenarios.Scenario] = {
+    "noncomm-hang": Sc(8, 4, 2, 2, "noncomm-hang@rank=6,step=10", steps=200),
+    "comm-hang-rank": Sc(4, 1, 1, 1, "comm-hang@rank=2,step=10", steps=200),
+    "comm-hang-link": Sc(4, 1, 1, 1, "comm-hang@link=1-2,step=10", steps=200),
+    "comm-slow-rank": Sc(8, 4, 2, 1, "comm-slow@rank=7,step=20,factor=5", steps=160),
+    "noncomm-slow-dp": Sc(8, 2, 1, 1, "noncomm-slow@rank=6,step=20,factor=3", steps=200),
+    "mismatch": Sc(8, 4, 2, 1, "mismatch@rank=5,step=10", steps=200),
+    "crash": Sc(8, 4, 2, 2, "crash@rank=3,step=10", steps=200),
+    "clean": Sc(8, 4, 2, 2, None, steps=120),
+}
+
+
+def project(d: dict[str, Any]) -> dict[str, Any]:
+    """What a diagnosis decides (see the module doc)."""
+    loc = d["localization"]
+    keep = ("time", "level", "kind", "comm", "op", "seq", "ranks", "nodes", "hang_times")
+    out = {k: d[k] for k in keep}
+    out["localization"] = {k: loc.get(k) for k in ("how", "target", "ranks", "link")}
+    if loc.get("cycle"):
+        out["localization"]["cycle"] = loc["cycle"]
+    return out
+
+
+def diagnose(path: Path) -> list[dict[str, Any]]:
+    """The engine's diagnoses of a trace (a replay), projected."""
+    rt = trace.read_raw(path)
+    return [project(d.to_json()) for d in analyze.replay(rt, analyze.make_engine())]
+
+
+def record(name: str, sc: scenarios.Scenario) -> None:
+    with tempfile.TemporaryDirectory(prefix="c4d-golden-") as wd:
+        o = scenarios.run(sc, Path(wd))
+        src = Path(o.trace_path)
+        with src.open("rb") as f, gzip.open(HERE / f"{name}.c4d.gz", "wb", compresslevel=9) as g:
+            shutil.copyfileobj(f, g)
+        expected = diagnose(src)
+    doc = {"scenario": sc.name, "diagnoses": expected}
+    (HERE / f"{name}.expected.json").write_text(json.dumps(doc, indent=1) + "\n")
+    size = (HERE / f"{name}.c4d.gz").stat().st_size
+    print(f"{name}: {sc.name}: {len(expected)} diagnoses, {size / 1024:.0f} KiB")
+
+
+if __name__ == "__main__":
+    for name, sc in CASES.items():
+        if len(sys.argv) < 2 or name in sys.argv[1:]:
+            record(name, sc)

@@ -1,0 +1,66 @@
+"""Imports run one way: schema → wire / trace (file I/O only) → formats → engine (no I/O) →
+analyze → master / cli / report / live. Each module is imported in a fresh interpreter and
+what it pulled in is checked: a loader that knows the engine, an engine that knows the
+trace file, or an offline analysis that loads pyzmq fails here."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import c4d_cmd
+
+UPPER_OF_TRACE = ("c4d.formats", "c4d.engine", "c4d.analyze", "c4d.master", "c4d.collector", "c4d.cli")
+NETWORK = ("zmq", "c4d.collector", "c4d.master")
+REPORTING = ("c4d.metrics", "c4d.report", "c4d.live", "c4d.cli", "rich")
+FORBIDDEN: dict[str, tuple[str, ...]] = {
+    "c4d.schema": ("c4d.wire", "c4d.trace", *UPPER_OF_TRACE, "zmq", "pandas"),
+    "c4d.wire": ("c4d.trace", *UPPER_OF_TRACE, "zmq"),
+    "c4d.trace": (*UPPER_OF_TRACE, "zmq"),
+    "c4d.formats.to_records": ("c4d.engine", "c4d.analyze", *NETWORK),
+    "c4d.formats.flight_recorder": ("c4d.engine", "c4d.analyze", *NETWORK),
+    "c4d.formats.inspector": ("c4d.engine", "c4d.analyze", *NETWORK),
+    "c4d.formats.nccl_tests": ("c4d.engine", "c4d.analyze", *NETWORK),
+    "c4d.formats.detect": ("c4d.engine", "c4d.analyze", *NETWORK),
+    "c4d.engine": ("c4d.trace", "c4d.formats", "c4d.analyze", *REPORTING, *NETWORK, "pandas", "matplotlib"),
+    "c4d.analyze": (*REPORTING, *NETWORK, "matplotlib"),
+    "c4d.report": NETWORK,
+}
+
+
+def _imported(code: str) -> list[str]:
+    probe = f"{code}\nimport json, sys\nprint(json.dumps(sorted(sys.modules)))"
+    p = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("module", sorted(FORBIDDEN))
+def test_module_imports_only_lower_layers(module):
+    mods = _imported(f"import {module}")
+    bad = sorted(m for m in mods if any(m == f or m.startswith(f + ".") for f in FORBIDDEN[module]))
+    assert bad == [], f"{module} pulled in {bad}"
+
+
+def test_offline_analysis_does_not_load_zmq(tmp_path):
+    """`c4d analyze` and `c4d report` of a trace, run in-process: no networking module loaded."""
+    from c4d import trace
+
+    p = tmp_path / "empty.c4d"
+    trace.TraceWriter(p, {"job": "t"}).close()
+    runs = [["analyze", str(p), "--json"], ["report", str(p), "-o", str(tmp_path / "r")]]
+    code = f"import sys\nfrom c4d import cli\nfor argv in {runs!r}:\n    assert cli.main(argv) == 0\n"
+    mods = _imported(code)
+    assert not [m for m in mods if m.split(".")[0] == "zmq" or m in ("c4d.master", "c4d.collector")]
+
+
+def test_c4d_analyze_cli_of_an_empty_trace_says_no_diagnoses(tmp_path):
+    from c4d import trace
+
+    p = tmp_path / "empty.c4d"
+    trace.TraceWriter(p).close()
+    out = subprocess.run(c4d_cmd("analyze", p, "--json"), capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout == "", out.stderr
