@@ -395,9 +395,11 @@ def run(args) -> dict:
     world = 8 if quick else 32
     tp, pp = (2, 2) if quick else (4, 2)
     base = SimConfig(ranks=world, ranks_per_node=4 if quick else 8, tp=tp, pp=pp, steps=30, seed=args.seed,
-                     driver_args=["--compute-us", "60000" if quick else "150000", "--tp-bytes", "1048576",
+                     driver_args=["--compute-us", "60000" if quick else "150000", "--tp-bytes", "262144",
                                   "--dp-bytes", "262144", "--pp-bytes", "32768", "--progress"],
-                     env={"C4D_CONN_BW_CHECK_PERIOD": "2" if quick else "10"})  # fmt: skip
+                     # simnccl's default links are so fast that a 4x slower one is lost in noise
+                     env={"C4D_CONN_BW_CHECK_PERIOD": "2" if quick else "10",
+                          "SIMNCCL_INTRA_GBPS": "1", "SIMNCCL_INTER_GBPS": "0.25"})  # fmt: skip
     step_s = calibrate(base)  # faults are placed by step: learn this box's step time first
     steps = max(60, int(dur / step_s))
     # a slow link needs a few check periods of its own before the next fault
