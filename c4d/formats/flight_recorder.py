@@ -339,14 +339,21 @@ def _pg_config(cfg: Any) -> dict[str, list[int]]:
 def _load_one(item: tuple[int, str]) -> tuple[int, dict[str, Any] | str]:
     """Worker: load + column one file; an error becomes its one-line message."""
     rank, path = item
+    gc_was = gc.isenabled()
+    gc.disable()  # until the dump is freed: a collection would walk its million fresh containers
     try:
         dump = load_dump(path)
-        return rank, _columns(dump)
+        cols = _columns(dump)
+        del dump  # freed by reference counting, never traversed by the collector
+        return rank, cols
     except FormatError as e:
         return rank, str(e)
     except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
         what = f"entry lacks key {e}" if isinstance(e, KeyError) else f"{type(e).__name__}: {e}"
         return rank, f"{path}: not a Flight Recorder dump ({what})"
+    finally:
+        if gc_was:
+            gc.enable()
 
 
 def _load_all(files: dict[int, Path], workers: int | None) -> list[tuple[int, dict[str, Any] | str]]:
