@@ -31,6 +31,7 @@ def run_bench(name: str, *args: str, timeout: float = 300) -> dict:
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_bench_shim_quick(libc4d, simtrain):
     fig = run_bench("bench_shim.py")
     for shape in ("", "_8_threads", "_grouped"):
@@ -40,6 +41,7 @@ def test_bench_shim_quick(libc4d, simtrain):
         assert fig["event_records_ns" + shape] > 0
 
 
+@pytest.mark.slow
 def test_bench_fr_quick():
     pytest.importorskip("torch")
     fig = run_bench("bench_fr.py")
@@ -50,6 +52,7 @@ def test_bench_fr_quick():
         assert shape["c4d"]["import_s"] > 0 and shape["c4d"]["replay_s"] > 0
 
 
+@pytest.mark.slow
 def test_bench_analyze_quick():
     fig = run_bench("bench_analyze.py")
     small, big = (fig["sizes"][k] for k in sorted(fig["sizes"], key=int))
