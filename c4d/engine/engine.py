@@ -32,16 +32,18 @@ from c4d.engine.state import (
     Comm,
     P2PPairs,
     RankTable,
+    compute_gaps,
 )
 from c4d.engine.types import CommSnapshot, DiagKind, Diagnosis, EngineSnapshot, Level, Localization, RankState
 from c4d.ratelog import RateLimitedLog
-from c4d.schema import Kind, Op, op_name
+from c4d.schema import Kind, Op, OpFlag, op_name
 
 log = logging.getLogger("c4d.engine")
 
 CHUNK = 8192  # rows ingested at once (see feed)
 RATE_WINDOW_NS = 5_000_000_000  # the live view's ops/s
 _V = np.dtype((np.void, schema.RECORD_SIZE))
+COMPUTE_GIVEN = int(OpFlag.COMPUTE_GIVEN)
 
 
 class Engine:
@@ -209,7 +211,7 @@ class Engine:
             & (raw["version"] >= 1)
             & (raw["version"] <= schema.SCHEMA_VERSION)
             & (kind >= Kind.REGISTER)
-            & (kind <= Kind.STAGE)
+            & (kind <= Kind.OPSUM)
             & (kind != Kind.TICK)
         )
         if not ok.all():
@@ -237,6 +239,8 @@ class Engine:
             self._feed_heartbeats(parts[Kind.HEARTBEAT])
         if len(parts[Kind.OP]):
             self._feed_ops(parts[Kind.OP])
+        if len(parts[Kind.OPSUM]):
+            self._feed_opsum(parts[Kind.OPSUM])
         if len(parts[Kind.STAGE]):
             self.stages.feed(parts[Kind.STAGE], recv[raw["kind"] == Kind.STAGE])
         if len(parts[Kind.PEER]):
@@ -299,6 +303,15 @@ class Engine:
             self._pairs.feed(np.concatenate(p2p_rows), np.concatenate(p2p_comm), np.concatenate(p2p_shared),
                              self.comms, self.ranks)  # fmt: skip
 
+    def _feed_opsum(self, rows: np.ndarray) -> None:
+        """Node agents' summaries of node-local collectives (Comm.add_summaries)."""
+        for c, part, _ in self._by_comm(rows, "OPSUM"):
+            k = len(part) * c.n  # the OP records they stand for (the live view's rate)
+            self._member(c, part["comm_rank"].astype(np.int64), part["rank"].astype(np.int64))
+            c.ops_seen += k
+            c.done_log.append((self._chunk_recv, k))
+            c.add_summaries(part, self.ranks, self.cfg.clock_gain)
+
     @staticmethod
     def _shares_events(ops: np.ndarray) -> np.ndarray:
         """Per op: 1 when another op of this chunk came from the same ncclGroup of the same rank
@@ -312,28 +325,18 @@ class Engine:
         return out
 
     def _gaps(self, ops: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Per op: arrival minus the end of the same rank's previous synchronizing op (its compute
-        gap), -1 unknown; and the rank's compute so far, this gap included (a running sum, so
-        the compute between any two of its ops is a difference). Ops of one-rank communicators
-        (a pure data-parallel job's TP and PP groups) wait for nobody, so they do not end a
-        compute gap: a rank's compute before its DP all-reduce spans them."""
+        """Per op: its compute gap and the rank's compute so far (state.compute_gaps). An agent's
+        forwarded OP records carry the compute so far (the agent saw the rank's summarised ops,
+        the master did not): those are taken as given."""
         R = self.ranks
-        start = ops["start_ns"].astype(np.int64)
-        arr = np.where(start > 0, start, ops["issue_ns"].astype(np.int64))
-        end = np.where(ops["comm_nranks"] >= 2, ops["end_ns"].astype(np.int64), 0)
-        g = ops["rank"].astype(np.int64)
+        given = (ops["flags"] & COMPUTE_GIVEN) != 0
+        if not given.any():
+            return compute_gaps(ops, R.last_end, R.compute_ns)
         gaps = np.full(len(ops), -1, np.int64)
-        cum = np.zeros(len(ops), np.int64)
-        order = np.lexsort((arr, g))
-        gs = g[order]
-        cuts = np.flatnonzero(gs[1:] != gs[:-1]) + 1
-        for seg in np.split(order, cuts):
-            r = int(g[seg[0]])
-            prev = np.maximum.accumulate(np.r_[R.last_end[r], end[seg][:-1]])
-            gaps[seg] = np.where(prev > 0, np.maximum(arr[seg] - prev, 0), -1)
-            cum[seg] = R.compute_ns[r] + np.cumsum(np.maximum(gaps[seg], 0))
-            R.compute_ns[r] = cum[seg][-1]
-            R.last_end[r] = max(int(R.last_end[r]), int(end[seg].max()))
+        cum = ops["compute_ns"].astype(np.int64)
+        if not given.all():
+            own = np.flatnonzero(~given)
+            gaps[own], cum[own] = compute_gaps(ops[own], R.last_end, R.compute_ns)
         return gaps, cum
 
     def flush(self) -> None:

@@ -55,6 +55,7 @@ COMPLETED = np.dtype(
         ("wait_med", "<i8"),
         ("wait_max", "<i8"),
         ("aligned", "?"),  # every member's clock offset was known when it was reduced
+        ("ends_known", "?"),  # every member's end time was known
     ]
 )
 
@@ -118,6 +119,37 @@ def _grow(a: np.ndarray, n: int, fill) -> np.ndarray:
     out = np.full(n, fill, dtype=a.dtype)
     out[: len(a)] = a
     return out
+
+
+def compute_gaps(
+    ops: np.ndarray, last_end: np.ndarray, compute_ns: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per op: arrival minus the end of the same rank's previous synchronizing op (its compute
+    gap), -1 unknown; and the rank's compute so far, this gap included (a running sum, so
+    the compute between any two of its ops is a difference). Ops of one-rank communicators
+    (a pure data-parallel job's TP and PP groups) wait for nobody, so they do not end a
+    compute gap: a rank's compute before its DP all-reduce spans them.
+
+    ``last_end`` and ``compute_ns`` (indexed by global rank, updated here) carry each rank's
+    latest end and running sum from chunk to chunk: the master's engine and a node agent
+    (c4d/agent/summary.py) keep their own, and compute the same values from a rank's stream."""
+    start = ops["start_ns"].astype(np.int64)
+    arr = np.where(start > 0, start, ops["issue_ns"].astype(np.int64))
+    end = np.where(ops["comm_nranks"] >= 2, ops["end_ns"].astype(np.int64), 0)
+    g = ops["rank"].astype(np.int64)
+    gaps = np.full(len(ops), -1, np.int64)
+    cum = np.zeros(len(ops), np.int64)
+    order = np.lexsort((arr, g))
+    gs = g[order]
+    cuts = np.flatnonzero(gs[1:] != gs[:-1]) + 1
+    for seg in np.split(order, cuts):
+        r = int(g[seg[0]])
+        prev = np.maximum.accumulate(np.r_[last_end[r], end[seg][:-1]])
+        gaps[seg] = np.where(prev > 0, np.maximum(arr[seg] - prev, 0), -1)
+        cum[seg] = compute_ns[r] + np.cumsum(np.maximum(gaps[seg], 0))
+        compute_ns[r] = cum[seg][-1]
+        last_end[r] = max(int(last_end[r]), int(end[seg].max()))
+    return gaps, cum
 
 
 def _row_nanmedian(a: np.ndarray) -> np.ndarray:
@@ -560,21 +592,80 @@ class Comm:
         out["aligned"] = known
         # Clock refinement: these ops end (nearly) together on every rank, so each rank's
         # median residual against the op's median end is its remaining offset error.
-        sync = np.isin(op, END_SYNC_OPS) & (self.end[slots] > 0).all(axis=1)
+        out["ends_known"] = (self.end[slots] > 0).all(axis=1)
+        sync = np.isin(op, END_SYNC_OPS) & out["ends_known"]
         if gain > 0 and n >= 2 and sync.any() and known:
             R = E[sync] - endmed[sync, None]
             res = np.median(R, axis=0)
             res = np.clip(res - res.mean(), -1e9, 1e9)
             ranks.add_residuals(self.grank, gain * res)
-        self.pending.append(out)
         # each member's compute before the op (see add_collectives): what a slow rank's peers
         # wait for
-        self.pending_gaps.append(np.where(G >= 0, G, np.nan).astype(np.float32))
+        self._completed(out, np.where(G >= 0, G, np.nan).astype(np.float32))
+        return out
+
+    def _completed(self, out: np.ndarray, gaps: np.ndarray) -> None:
+        """Keep COMPLETED rows (and their members' compute, ops x n) for the slow windows and the
+        live view."""
+        self.pending.append(out)
+        self.pending_gaps.append(gaps)
         self.recent.append(out)
-        self.recent_n += m
+        self.recent_n += len(out)
         if self.recent_n > 2048 and len(self.recent) > 1:
             r = np.concatenate(self.recent)[-1024:]
             self.recent, self.recent_n = [r], len(r)
+
+    def add_summaries(self, s: np.ndarray, ranks: RankTable, gain: float) -> np.ndarray:
+        """OPSUM rows (a node agent's, c4d/agent/summary.py): complete ops of this communicator,
+        whose members all run on the agent's node, already reduced there by ``_reduce`` on one
+        host clock. Here they become the COMPLETED rows ``_reduce`` would have made from the
+        members' OP records: times move onto the master's clock by the node's offset, and the
+        clock refinement gets what one host's members give it (a zero residual)."""
+        n = self.n
+        self.has_coll = True
+        s = s[np.argsort(s["seq"], kind="stable")]
+        seq = s["seq"].astype(np.int64)
+        self.op_done[:] = np.maximum(self.op_done, int(seq[-1]) + 1)
+        # the members' running compute at their latest op here is the agent's: a later OP record
+        # of this communicator (an agent that fell back to forwarding) gets an unknown gap
+        self.last_cum[:] = -1
+        m = len(s)
+        rows = np.arange(m)
+        last = s["comm_rank"].astype(np.int64)
+        op = s["op"]
+        nbytes = s["bytes"].astype(np.int64)
+        out = np.zeros(m, COMPLETED)
+        out["seq"] = seq
+        out["op"] = op
+        out["bytes"] = nbytes
+        L = s["last_arrive_ns"].astype(np.int64) - ranks.offsets(self.grank[last])
+        out["last_arrive"] = L
+        out["first_arrive"] = L - s["wait_max_ns"]  # the first arriver waits longest
+        out["last"] = last
+        out["margin"] = s["margin_ns"]
+        transfer = s["transfer_ns"].astype(np.float64)
+        out["transfer"] = s["transfer_ns"]
+        size = total_bytes(op, nbytes, np.full(m, n))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            out["busbw"] = np.where(transfer > 0, size / transfer * busbw_factor(op, np.full(m, n)), np.nan)
+        out["wait_med"] = s["wait_med_ns"]
+        out["wait_max"] = s["wait_max_ns"]
+        G = s["compute_ns"][:, :n].astype(np.float32)
+        gl = G[rows, last]
+        out["gap_last"] = np.where(np.isfinite(gl), gl, -1).astype(np.int64)
+        if n >= 2:
+            Gf = G.astype(float)
+            Gf[rows, last] = np.nan
+            out["gap_others"] = _row_nanmedian(Gf)
+        else:
+            out["gap_others"] = np.nan
+        known = bool(((self.grank >= 0) & ranks.aligned(np.maximum(self.grank, 0))).all())
+        out["aligned"] = known
+        out["ends_known"] = (s["flags"] & schema.OPSF_ENDS_KNOWN) != 0
+        sync = np.isin(op, END_SYNC_OPS) & out["ends_known"]
+        if gain > 0 and n >= 2 and sync.any() and known:
+            ranks.add_residuals(self.grank, np.zeros(n))
+        self._completed(out, G)
         return out
 
 
