@@ -137,18 +137,48 @@ def compute_gaps(
     arr = np.where(start > 0, start, ops["issue_ns"].astype(np.int64))
     end = np.where(ops["comm_nranks"] >= 2, ops["end_ns"].astype(np.int64), 0)
     g = ops["rank"].astype(np.int64)
-    gaps = np.full(len(ops), -1, np.int64)
-    cum = np.zeros(len(ops), np.int64)
+    m = len(ops)
+    gaps = np.full(m, -1, np.int64)
+    cum = np.zeros(m, np.int64)
+    if not m:
+        return gaps, cum
     order = np.lexsort((arr, g))
-    gs = g[order]
-    cuts = np.flatnonzero(gs[1:] != gs[:-1]) + 1
-    for seg in np.split(order, cuts):
-        r = int(g[seg[0]])
-        prev = np.maximum.accumulate(np.r_[last_end[r], end[seg][:-1]])
-        gaps[seg] = np.where(prev > 0, np.maximum(arr[seg] - prev, 0), -1)
-        cum[seg] = compute_ns[r] + np.cumsum(np.maximum(gaps[seg], 0))
-        compute_ns[r] = cum[seg][-1]
-        last_end[r] = max(int(last_end[r]), int(end[seg].max()))
+    gs, a, e = g[order], arr[order], end[order]
+    first = np.ones(m, bool)
+    first[1:] = gs[1:] != gs[:-1]
+    seg = np.cumsum(first) - 1  # segment (rank) of each sorted row
+    heads = np.flatnonzero(first)
+    ranks_ = gs[heads]
+    # prev[i] = the latest end before row i in its rank's order: a running max per segment of
+    # (the rank's last end, then its rows' ends), done at once by lifting each segment above the
+    # previous ones (times relative to the chunk's earliest, so nothing overflows)
+    before = np.empty(m, np.int64)  # the value each row's running max takes in before it
+    before[first] = last_end[ranks_]
+    nf = ~first
+    before[nf] = e[np.flatnonzero(nf) - 1]
+    pos = before > 0
+    if pos.any():
+        lo = int(before[pos].min())
+        span = int(before.max()) - lo + 2
+        if span * (len(heads) + 1) < (1 << 62):
+            lifted = np.where(pos, before - lo + 1, 0) + seg * span
+            prev = np.maximum.accumulate(lifted) - seg * span
+            prev = np.where(prev > 0, prev + lo - 1, 0)
+        else:  # times too far apart to lift: one running max per rank
+            prev = np.empty(m, np.int64)
+            for h, t in zip(heads.tolist(), [*heads[1:].tolist(), m], strict=True):
+                prev[h:t] = np.maximum.accumulate(before[h:t])
+    else:
+        prev = np.zeros(m, np.int64)
+    gp = np.where(prev > 0, np.maximum(a - prev, 0), -1)
+    run = np.cumsum(np.maximum(gp, 0))
+    base = run[heads] - np.maximum(gp[heads], 0)  # the running sum before each segment
+    cs = compute_ns[ranks_][seg] + run - base[seg]
+    gaps[order], cum[order] = gp, cs
+    tails = np.r_[heads[1:] - 1, m - 1]
+    compute_ns[ranks_] = cs[tails]
+    seg_end = np.maximum.reduceat(e, heads)
+    last_end[ranks_] = np.maximum(last_end[ranks_], seg_end)
     return gaps, cum
 
 
