@@ -33,6 +33,7 @@ from c4d.engine.state import (
     P2PPairs,
     RankTable,
     compute_gaps,
+    summaries_completed,
 )
 from c4d.engine.types import CommSnapshot, DiagKind, Diagnosis, EngineSnapshot, Level, Localization, RankState
 from c4d.ratelog import RateLimitedLog
@@ -304,13 +305,38 @@ class Engine:
                              self.comms, self.ranks)  # fmt: skip
 
     def _feed_opsum(self, rows: np.ndarray) -> None:
-        """Node agents' summaries of node-local collectives (Comm.add_summaries)."""
-        for c, part, _ in self._by_comm(rows, "OPSUM"):
-            k = len(part) * c.n  # the OP records they stand for (the live view's rate)
-            self._member(c, part["comm_rank"].astype(np.int64), part["rank"].astype(np.int64))
+        """Node agents' summaries of node-local collectives: reduced for every communicator at
+        once (state.summaries_completed), then kept per communicator (Comm.add_summaries). A
+        summary of a communicator whose members the master knows on more than one node (or not
+        all yet) claims one host clock it does not have: dropped."""
+        n = rows["comm_nranks"]
+        ok = (rows["comm_id"] != 0) & (n >= 1) & (n <= schema.OPSUM_MAX_MEMBERS)
+        ok &= (rows["comm_rank"] >= 0) & (rows["comm_rank"] < n)
+        if not ok.all():
+            self._invalid("a bad comm id/rank/size in OPSUM records", int((~ok).sum()))
+            rows = rows[ok]
+        if not len(rows):
+            return
+        rows = rows[np.lexsort((rows["seq"], rows["comm_id"]))]
+        cid = rows["comm_id"]
+        heads = np.flatnonzero(np.r_[True, cid[1:] != cid[:-1]])
+        tails = np.r_[heads[1:], len(rows)]
+        out, gaps = summaries_completed(rows, self.ranks)
+        gain = self.cfg.clock_gain
+        g_last = rows["rank"].astype(np.int64)
+        for h, t in zip(heads.tolist(), tails.tolist(), strict=True):
+            c = self._comm(int(cid[h]), int(rows["comm_nranks"][h]))
+            if c is None or bool((rows["comm_nranks"][h:t] != c.n).any()):
+                self._invalid("an unknown communicator or a changed size in OPSUM records", t - h)
+                continue
+            self._member(c, rows["comm_rank"][h:t].astype(np.int64), g_last[h:t])
+            if not c._one_clock(self.ranks):
+                self._invalid("a summary of a communicator not known on one node", t - h)
+                continue
+            k = (t - h) * c.n  # the OP records they stand for (the live view's rate)
             c.ops_seen += k
             c.done_log.append((self._chunk_recv, k))
-            c.add_summaries(part, self.ranks, self.cfg.clock_gain)
+            c.add_summaries(out[h:t], gaps[h:t, : c.n], self.ranks, gain)
 
     @staticmethod
     def _shares_events(ops: np.ndarray) -> np.ndarray:
@@ -319,9 +345,13 @@ class Engine:
         out = np.zeros(len(ops), np.int64)
         ing = np.flatnonzero((ops["flags"] & IN_GROUP) != 0)
         if len(ing):
-            key = np.stack([ops["rank"][ing].astype(np.int64), ops["group_id"][ing].astype(np.int64)], axis=1)
-            _, inv, cnt = np.unique(key, axis=0, return_inverse=True, return_counts=True)
-            out[ing] = cnt[inv.ravel()] > 1
+            r, gid = ops["rank"][ing], ops["group_id"][ing]
+            o = np.lexsort((gid, r))
+            r, gid = r[o], gid[o]
+            new = np.r_[True, (r[1:] != r[:-1]) | (gid[1:] != gid[:-1])]
+            run = np.cumsum(new) - 1
+            cnt = np.bincount(run)
+            out[ing[o]] = cnt[run] > 1
         return out
 
     def _gaps(self, ops: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -37,6 +37,8 @@ P2P = int(OpFlag.P2P)
 IN_GROUP = int(OpFlag.IN_GROUP)
 SEND, RECV = int(Op.Send), int(Op.Recv)
 END_SYNC_OPS = (int(Op.AllReduce), int(Op.AllGather), int(Op.ReduceScatter), int(Op.AlltoAll))
+_END_SYNC = np.zeros(256, bool)  # by op code: END_SYNC_OPS
+_END_SYNC[list(END_SYNC_OPS)] = True
 GONE_EVENTS = (int(schema.CommEvent.FINALIZE), int(schema.CommEvent.DESTROY), int(schema.CommEvent.ABORT))
 
 COMPLETED = np.dtype(
@@ -475,12 +477,14 @@ class Comm:
     def add_p2p(self, ops: np.ndarray) -> None:
         """p2p OP rows: completion counters per (member, op, peer) for the hang graph."""
         self.has_p2p = True
-        keys = np.stack([ops["comm_rank"].astype(np.int64), ops["op"].astype(np.int64), ops["peer"]], axis=1)
-        uk, inv = np.unique(keys, axis=0, return_inverse=True)
+        # one int64 per (comm rank, op, peer), ordered as the tuples are: comm ranks and peers
+        # are below MAX_NRANKS = 2^17, ops below 16
+        key = (ops["comm_rank"].astype(np.int64) << 21) | (ops["op"].astype(np.int64) << 17) | ops["peer"]
+        uk, inv = np.unique(key, return_inverse=True)
         mx = np.zeros(len(uk), np.int64)
         np.maximum.at(mx, inv.ravel(), ops["seq"].astype(np.int64) + 1)
-        for (a, b, c), m in zip(uk.tolist(), mx.tolist(), strict=True):
-            k = (a, b, c)
+        for k0, m in zip(uk.tolist(), mx.tolist(), strict=True):
+            k = (k0 >> 21, (k0 >> 17) & 15, k0 & 0x1FFFF)
             if m > self.p2p_done.get(k, 0):
                 self.p2p_done[k] = m
 
@@ -645,58 +649,57 @@ class Comm:
             r = np.concatenate(self.recent)[-1024:]
             self.recent, self.recent_n = [r], len(r)
 
-    def add_summaries(self, s: np.ndarray, ranks: RankTable, gain: float) -> np.ndarray:
-        """OPSUM rows (a node agent's, c4d/agent/summary.py): complete ops of this communicator,
-        whose members all run on the agent's node, already reduced there by ``_reduce`` on one
-        host clock. Here they become the COMPLETED rows ``_reduce`` would have made from the
-        members' OP records: times move onto the master's clock by the node's offset, and the
-        clock refinement gets what one host's members give it (a zero residual)."""
-        n = self.n
+    def add_summaries(self, out: np.ndarray, gaps: np.ndarray, ranks: RankTable, gain: float) -> None:
+        """COMPLETED rows made from a node agent's OPSUM records (``summaries_completed``) of this
+        communicator, whose members all run on one node (the caller checked ``_one_clock``):
+        kept as ``_reduce`` keeps its own, with what one host's members give the clock
+        refinement (a zero residual)."""
         self.has_coll = True
-        s = s[np.argsort(s["seq"], kind="stable")]
-        seq = s["seq"].astype(np.int64)
-        self.op_done[:] = np.maximum(self.op_done, int(seq[-1]) + 1)
+        self.op_done[:] = np.maximum(self.op_done, int(out["seq"].max()) + 1)
         # the members' running compute at their latest op here is the agent's: a later OP record
         # of this communicator (an agent that fell back to forwarding) gets an unknown gap
         self.last_cum[:] = -1
-        m = len(s)
-        rows = np.arange(m)
-        last = s["comm_rank"].astype(np.int64)
-        op = s["op"]
-        nbytes = s["bytes"].astype(np.int64)
-        out = np.zeros(m, COMPLETED)
-        out["seq"] = seq
-        out["op"] = op
-        out["bytes"] = nbytes
-        L = s["last_arrive_ns"].astype(np.int64) - ranks.offsets(self.grank[last])
-        out["last_arrive"] = L
-        out["first_arrive"] = L - s["wait_max_ns"]  # the first arriver waits longest
-        out["last"] = last
-        out["margin"] = s["margin_ns"]
-        transfer = s["transfer_ns"].astype(np.float64)
-        out["transfer"] = s["transfer_ns"]
-        size = total_bytes(op, nbytes, np.full(m, n))
-        with np.errstate(divide="ignore", invalid="ignore"):
-            out["busbw"] = np.where(transfer > 0, size / transfer * busbw_factor(op, np.full(m, n)), np.nan)
-        out["wait_med"] = s["wait_med_ns"]
-        out["wait_max"] = s["wait_max_ns"]
-        G = s["compute_ns"][:, :n].astype(np.float32)
-        gl = G[rows, last]
-        out["gap_last"] = np.where(np.isfinite(gl), gl, -1).astype(np.int64)
-        if n >= 2:
-            Gf = G.astype(float)
-            Gf[rows, last] = np.nan
-            out["gap_others"] = _row_nanmedian(Gf)
-        else:
-            out["gap_others"] = np.nan
         known = bool(((self.grank >= 0) & ranks.aligned(np.maximum(self.grank, 0))).all())
         out["aligned"] = known
-        out["ends_known"] = (s["flags"] & schema.OPSF_ENDS_KNOWN) != 0
-        sync = np.isin(op, END_SYNC_OPS) & out["ends_known"]
-        if gain > 0 and n >= 2 and sync.any() and known:
-            ranks.add_residuals(self.grank, np.zeros(n))
-        self._completed(out, G)
-        return out
+        if gain > 0 and self.n >= 2 and known and bool((out["ends_known"] & _END_SYNC[out["op"]]).any()):
+            ranks.add_residuals(self.grank, np.zeros(self.n))
+        self._completed(out, gaps)
+
+
+def summaries_completed(s: np.ndarray, ranks: RankTable) -> tuple[np.ndarray, np.ndarray]:
+    """COMPLETED rows (``aligned`` left to ``Comm.add_summaries``) and the members' compute
+    (ops x OPSUM_MAX_MEMBERS, NaN beyond each op's members) of OPSUM rows, all communicators at
+    once: times move onto the master's clock by the offset of the node (the last member's)."""
+    m = len(s)
+    rows = np.arange(m)
+    n = s["comm_nranks"].astype(np.int64)
+    last = s["comm_rank"].astype(np.int64)
+    op = s["op"]
+    nbytes = s["bytes"].astype(np.int64)
+    out = np.zeros(m, COMPLETED)
+    out["seq"] = s["seq"].astype(np.int64)
+    out["op"] = op
+    out["bytes"] = nbytes
+    L = s["last_arrive_ns"].astype(np.int64) - ranks.offsets(s["rank"].astype(np.int64))
+    out["last_arrive"] = L
+    out["first_arrive"] = L - s["wait_max_ns"]  # the first arriver waits longest
+    out["last"] = last
+    out["margin"] = s["margin_ns"]
+    transfer = s["transfer_ns"].astype(np.float64)
+    out["transfer"] = s["transfer_ns"]
+    size = total_bytes(op, nbytes, n)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out["busbw"] = np.where(transfer > 0, size / transfer * busbw_factor(op, n), np.nan)
+    out["wait_med"] = s["wait_med_ns"]
+    out["wait_max"] = s["wait_max_ns"]
+    G = np.ascontiguousarray(s["compute_ns"], dtype=np.float32)
+    gl = G[rows, last]
+    out["gap_last"] = np.where(np.isfinite(gl), gl, -1).astype(np.int64)
+    Gf = G.astype(np.float64)
+    Gf[rows, last] = np.nan
+    out["gap_others"] = np.where(n >= 2, _row_nanmedian(Gf), np.nan)
+    out["ends_known"] = (s["flags"] & schema.OPSF_ENDS_KNOWN) != 0
+    return out, G
 
 
 def _p2p_split(c: Comm, done: np.ndarray, gs: np.ndarray, gr: np.ndarray) -> np.ndarray:
