@@ -1,6 +1,6 @@
 """Engine throughput on a synthetic 256-rank load (tp=8, pp=4, dp=8, 32 nodes).
 
-    python analysis/bench_engine.py [--steps 12] [--ranks-per-node 8]
+    python analysis/bench_engine.py [--steps 12] [--ranks-per-node 8] [--quick] [--json]
 
 The load comes from the record factories in tests/factories.py (the same stream the shim
 sends: OP, HEARTBEAT, PEER, REGISTER, COMM, with ±50 ms node skew). It is fed two ways:
@@ -8,12 +8,14 @@ as the ranks' own batches (one feed per ZeroMQ message, as received) and coalesc
 way a master loop can feed everything it received in one poll (one feed per 50 ms of
 arrivals). Ticks every 200 ms as in c4d.master. Each is run on the engine alone and through
 the master's ingest path (c4d/ingest.py: edge validation, c4d/validate.py, then the engine).
-Prints records/s for each, measured in CPU time of this process (the machine may be shared).
+Prints records/s for each, measured in CPU time of this process (the machine may be shared);
+``--json`` adds them as one JSON object on the last line, ``--quick`` runs 2 steps (CI smoke run).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -61,7 +63,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--ranks-per-node", type=int, default=8)
+    ap.add_argument("--quick", action="store_true", help="2 steps: a smoke run of a few seconds")
+    ap.add_argument("--json", action="store_true", help="the figures as one JSON object on the last line")
     args = ap.parse_args()
+    if args.quick:
+        args.steps = 2
     job = factories.Job(
         tp=8, pp=4, dp=8, ranks_per_node=args.ranks_per_node, steps=args.steps, skew_ms=50.0,
         hang_timeout_us=10_000_000, hang_times=18, period_s=1, hb_ms=1000, flush_ms=10,
@@ -73,17 +79,22 @@ def main() -> int:
     print(f"load: {job.world} ranks, {n} records over {span:.1f} s of job time "
           f"({n / span:,.0f} records/s in the job), built in {time.perf_counter() - t:.1f} s")  # fmt: skip
     variants = [
-        ("per message (as received)", None, False),
-        ("coalesced per 50 ms poll", 50_000_000, False),
-        ("per message, edge + engine", None, True),
-        ("coalesced, edge + engine", 50_000_000, True),  # what c4d.master does (Ingest.feed_many)
+        ("per message (as received)", None, False, "records_per_s_per_message"),
+        ("coalesced per 50 ms poll", 50_000_000, False, "records_per_s"),
+        ("per message, edge + engine", None, True, "records_per_s_edge_per_message"),
+        # what c4d.master does (Ingest.feed_many)
+        ("coalesced, edge + engine", 50_000_000, True, "records_per_s_edge"),
     ]
-    for label, co, edge in variants:
+    out: dict[str, float] = {}
+    for label, co, edge, key in variants:
         dt, n, feeds = drive(batches, 200_000_000, co, edge)
         rate, per = n / dt, n / feeds
+        out[key] = round(rate)
         print(
             f"{label:>28}: {rate:>10,.0f} records/s  ({feeds} feeds, {per:.0f} records/feed, {dt:.2f} s CPU)"
         )
+    if args.json:
+        print(json.dumps(out))
     return 0
 
 
