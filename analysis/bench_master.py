@@ -162,13 +162,14 @@ def paced(shape: Shape, agents: bool, seconds: float, hang_at_s: float) -> dict:
     ready.wait(60)
     backlog = []
     seen_ms = None
+    seen_d = None
     c0 = _cpu()
     last = time.perf_counter()
     while True:
         new = m.step()
         for d in new:
             if seen_ms is None and d.kind.name == "RankNonCommHang" and culprit in d.ranks:
-                seen_ms = time.time_ns()
+                seen_ms, seen_d = time.time_ns(), d
         if time.perf_counter() - last >= 0.25:
             last = time.perf_counter()
             backlog.append(sent.value - m.collector.records)
@@ -201,6 +202,8 @@ def paced(shape: Shape, agents: bool, seconds: float, hang_at_s: float) -> dict:
         "hang_timeout_s": T,
         "hang_latency_s": round(lat, 3) if lat is not None else None,
         "hang_latency_beyond_T_s": round(lat - T, 3) if lat is not None else None,
+        # what the engine measured: the wait on the master clock (rank times moved by its offsets)
+        "hang_waited_s": seen_d.detail.get("waited_s") if seen_d is not None else None,
         "dropped": m.edge.dropped,
     }
     m.close()
