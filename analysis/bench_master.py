@@ -54,7 +54,7 @@ def _sender(endpoint: str, shape: Shape, agents: bool, rounds: int, paced: bool,
     load = Load(shape, t0_ns, agents=agents, hang=hang)
     step = CHUNK_ROUNDS * (2 if agents else 1)  # an agent flushes every 100 ms, a shim every 50 ms
     wins = [(k, min(k + step, rounds)) for k in range(0, rounds, step)]
-    pre = None if paced else [load.messages(a, b) for a, b in wins]
+    pre = [load.messages(a, b) for a, b in wins]  # built before the clock starts: sending is all it does
     h = load.hello()
     hello = [h[i : i + 8192] for i in range(0, len(h), 8192)]  # under the master's message limit
     ready.set()
@@ -64,17 +64,14 @@ def _sender(endpoint: str, shape: Shape, agents: bool, rounds: int, paced: bool,
         s.send(wire.encode(part))
     n = len(h)
     worst = 0.0
-    for i, (a, b) in enumerate(wins):
+    for i, (_a, b) in enumerate(wins):
         if paced:
             due = t0_ns + b * shape.period_ns  # the window's last round has happened
             wait = (due - time.time_ns()) / 1e9
             if wait > 0:
                 time.sleep(wait)
             worst = max(worst, -wait)
-            msgs = load.messages(a, b)
-        else:
-            assert pre is not None
-            msgs = pre[i]
+        msgs = pre[i]
         for m in msgs:
             s.send(m, copy=False)
         n += sum((len(m) - schema.BATCH_HEADER.itemsize) // schema.RECORD_SIZE for m in msgs)
@@ -155,11 +152,12 @@ def paced(shape: Shape, agents: bool, seconds: float, hang_at_s: float) -> dict:
     culprit = shape.world - 3  # a rank of the last node: its TP group waits for it
     ctx = mp.get_context("fork")
     ready, sent, lag = ctx.Event(), ctx.Value("q", 0), ctx.Value("d", 0.0)
-    t0 = time.time_ns() + 500_000_000  # the sender starts sending then
+    # the job's clock starts once the sender has built every message (it reports how late it was)
+    t0 = time.time_ns() + int((1.0 + 0.5 * seconds) * 1e9)
     p = ctx.Process(target=_sender, args=(m.endpoint, shape, agents, rounds, True, t0, (k_h, culprit),
                                           ready, sent, lag), daemon=True)  # fmt: skip
     p.start()
-    ready.wait(60)
+    ready.wait(600)
     backlog = []
     seen_ms = None
     seen_d = None
