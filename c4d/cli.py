@@ -160,15 +160,22 @@ def _make_master(args, meta: dict, bind: str):
         blacklist=args.blacklist,
         meta=meta,
         engine_overrides=_engine_overrides(args),
+        curve=getattr(args, "curve", None),
+        job=getattr(args, "job", None),
     )
     return Master(cfg)
 
 
 def cmd_master(args) -> int:
+    from c4d.curve import CurveKeyError
+
     _setup_logging(args.log_level)
     _signals_raise()
     try:
         m = _make_master(args, {"command": "master"}, args.bind)
+    except CurveKeyError as e:  # --curve KEYDIR: no keys, or a secret key others can read
+        print(f"c4d master: {e}", file=sys.stderr)
+        return EXIT_BAD
     except (OSError, ValueError) as e:  # zmq errors are OSErrors: a bad or busy endpoint
         print(f"c4d master: cannot bind {args.bind}: {e}", file=sys.stderr)
         return EXIT_BAD
@@ -216,6 +223,19 @@ def cmd_agent(args) -> int:
             a.summary.stats["in"], st["forwarded"], a.summary.stats["ops summarised"],
             a.summary.stats["summaries"], st["dropped"],
         )  # fmt: skip
+    return EXIT_OK
+
+
+def cmd_keygen(args) -> int:
+    from c4d import curve
+
+    try:
+        pub, sec = curve.generate(args.dir)
+    except (curve.CurveKeyError, OSError) as e:
+        print(f"c4d keygen: {e}", file=sys.stderr)
+        return EXIT_BAD
+    print(f"wrote {sec} (the master's: c4d master --curve {args.dir})")
+    print(f"wrote {pub} (the job's: C4D_CURVE_SERVER_KEY={pub})")
     return EXIT_OK
 
 
@@ -536,8 +556,29 @@ def build_parser() -> argparse.ArgumentParser:
         help="ZeroMQ endpoint to listen on; tcp://0.0.0.0:5555 accepts ranks on other hosts "
         "(default: $C4D_MASTER_ADDR, else tcp://127.0.0.1:5555, this host only)",
     )
+    p.add_argument(
+        "--curve",
+        metavar="KEYDIR",
+        help="ZeroMQ CURVE: only senders holding the public key in KEYDIR (c4d keygen) get in; "
+        "encrypted (docs/reliability.md)",
+    )
+    p.add_argument(
+        "--job",
+        metavar="JOB",
+        help="serve only this job id (the ranks' C4D_JOB_ID, TORCHELASTIC_RUN_ID or SLURM_JOB_ID); "
+        "default: the first job heard",
+    )
     _add_master_opts(p)
     p.set_defaults(func=cmd_master)
+
+    p = add(
+        "keygen",
+        "write a CURVE key pair for c4d master --curve",
+        "Writes DIR/master.key_secret (the master's) and DIR/master.key (the job's, for "
+        "C4D_CURVE_SERVER_KEY), both mode 0600, DIR 0700; never overwrites a key.",
+    )
+    p.add_argument("dir", metavar="DIR", help="key directory (created when missing)")
+    p.set_defaults(func=cmd_keygen)
 
     p = add(
         "sim",

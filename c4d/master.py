@@ -9,6 +9,11 @@ The trace keeps every decoded batch as it arrived; everything else sees only wha
 validator admitted (c4d/validate.py, driven by c4d/ingest.py exactly as in a replay). No
 record, batch or exception stops the loop.
 
+What the master took from its socket is written and flushed to the trace before the engine
+sees it, so a master killed at any moment loses at most the poll it was in (docs/reliability.md).
+A trace that can't be written (disk full, file-size limit, I/O error) is closed with one ERROR
+line; diagnosis goes on without it.
+
 Sinks differ in how much they say: ``--json`` writes every diagnosis (docs/cli.md), the
 human-readable log follows c4d/incidents.py — an incident is logged when it opens, when
 it escalates to ERROR, when it isolates a node and when it ends, never at every re-count.
@@ -16,6 +21,7 @@ it escalates to ERROR, when it isolates a node and when it ends, never at every 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import sys
@@ -47,6 +53,8 @@ class MasterConfig:
     meta: dict[str, Any] = field(default_factory=dict)
     engine_overrides: dict[str, Any] = field(default_factory=dict)
     limits: Limits | None = None  # None: Limits.from_env()
+    curve: str | None = None  # KEYDIR of the master's CURVE key pair (c4d.curve); None: no CURVE
+    job: str | None = None  # the job served; None: the first one heard (c4d.collector)
 
 
 class Master:
@@ -62,7 +70,14 @@ class Master:
         self.out = out or sys.stdout
         # a collector passed in (c4d run keeps one endpoint across restarts) is the caller's to close
         self._own_collector = collector is None
-        self.collector = collector or Collector(cfg.bind)
+        if collector is None:
+            from c4d import curve
+
+            keys = curve.load(cfg.curve) if cfg.curve else None
+            collector = Collector(cfg.bind, curve=keys, job=cfg.job)
+        else:
+            collector.serve(cfg.job)  # a new attempt may be a new job
+        self.collector = collector
         self.endpoint = self.collector.endpoint
         self.received = Received()
         # the metrics read the engine's per-rank wait / transfer split (one computation)
@@ -88,6 +103,7 @@ class Master:
         self._next_tick = time.monotonic() + cfg.tick_s
         self.started_ns = time.time_ns()
         self.blacklisted: list[str] = []
+        self.trace_error: str | None = None
         self.incidents = Incidents()
         # Records are fed stamped with the latest tick's master time (not their own receipt
         # time), so that a replay of the trace, which stores ticks, feeds identical input.
@@ -100,12 +116,13 @@ class Master:
         """Ingest for at most ``timeout_s`` (default: until the next tick), then tick if due."""
         wait = self._next_tick - time.monotonic() if timeout_s is None else timeout_s
         raws = self.collector.poll(max(0.0, wait))
-        if self.trace:
-            for raw in raws:
-                try:
+        if self.trace and raws:
+            try:
+                for raw in raws:
                     self.trace.write(raw)  # what arrived, valid or not: a replay re-validates it
-                except Exception as e:
-                    self.ingest.failed("trace write", e, 0)
+                self.trace.flush()  # on disk before the engine sees it: a kill loses this poll at most
+            except Exception as e:
+                self._trace_failed(e)
         if raws:
             self.ingest.feed_many(raws, self._last_tick_ns)
         new: list[Any] = []
@@ -121,7 +138,7 @@ class Master:
                 self.trace.tick(now_ns)
                 self.trace.flush()
             except Exception as e:
-                self.ingest.failed("trace write", e, 0)
+                self._trace_failed(e)
         new = self.ingest.tick(now_ns)
         for d in new:
             try:
@@ -142,6 +159,27 @@ class Master:
             except Exception as e:
                 self.ingest.failed("metrics", e, 0)
         return new
+
+    def _trace_failed(self, e: Exception) -> None:
+        """Stop writing the trace (one ERROR line); the engine and every other sink go on."""
+        tr, self.trace = self.trace, None
+        if tr is None:
+            return
+        why = (
+            f"{e.strerror} (errno {e.errno})"
+            if isinstance(e, OSError) and e.strerror
+            else f"{type(e).__name__}: {e}"
+        )
+        self.trace_error = why
+        self.ingest.failures["trace write"] += 1
+        with contextlib.suppress(Exception):  # the buffered tail can't be written either: a cut frame
+            tr.close()
+        log.error(
+            "trace writing stopped: %s: %s after %d records; diagnosis goes on without a trace",
+            tr.path,
+            why,
+            tr.records,
+        )
 
     def records_per_s(self, window_s: float = 2.0) -> float:
         """Ingest rate over roughly the last ``window_s`` seconds."""

@@ -21,6 +21,7 @@ record whose kind or version this reader does not know is skipped and counted.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -37,6 +38,7 @@ from c4d import __version__, framing, names, schema
 
 MAGIC = b"C4DTRACE"
 FORMAT_VERSION = 2
+FILE_MODE = 0o640
 _PREFIX = struct.Struct("<8sII")
 
 
@@ -58,7 +60,12 @@ class TraceWriter:
             **(meta or {}),
         }
         blob = json.dumps(full, sort_keys=True).encode()
-        self._f: BinaryIO = open(self.path, "wb")  # noqa: SIM115 - lives as long as the writer
+        # mode 0640 (or stricter by umask), an existing file narrowed to it: the trace names the
+        # job's nodes and timings, for the operator's group, not every user (docs/reliability.md)
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
+        with contextlib.suppress(OSError):  # not ours to chmod (made writable for us): keep its mode
+            os.fchmod(fd, os.fstat(fd).st_mode & FILE_MODE)
+        self._f: BinaryIO = os.fdopen(fd, "wb")
         self._f.write(_PREFIX.pack(MAGIC, FORMAT_VERSION, len(blob)) + blob)
         self._f.flush()
         self.records = 0
@@ -83,8 +90,7 @@ class TraceWriter:
 
     def close(self) -> None:
         if not self._f.closed:
-            self._f.flush()
-            self._f.close()
+            self._f.close()  # flushes first, and closes the file even when that flush fails
 
 
 @dataclass

@@ -19,6 +19,7 @@ master as its ranks' silence: one RankLost for the node.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -53,6 +54,24 @@ class AgentConfig:
     """a node-local trace of the full stream, every batch as it arrived"""
     sndhwm: int = 1000
     """messages queued for the master before batches are dropped (never blocks)"""
+    job: str | None = None
+    """the job id sent to the master as the X-C4D-Job connection property, as the shim does
+    (None: C4D_JOB_ID, TORCHELASTIC_RUN_ID or SLURM_JOB_ID from the environment, if any)"""
+    curve_server_key: str | None = None
+    """the master's CURVE public key (a certificate file or its 40 Z85 characters), as the
+    shim's C4D_CURVE_SERVER_KEY (None: that variable, if set)"""
+
+
+def _server_key(value: str) -> bytes:
+    """The master's public key: 40 Z85 characters, or a certificate file (``c4d keygen``)."""
+    if len(value) == 40 and not os.path.exists(value):
+        return value.encode()
+    import zmq.auth
+
+    public, _ = zmq.auth.load_certificate(value)
+    if not public or len(public) != 40:
+        raise ValueError(f"{value}: no public key in it")
+    return public
 
 
 class Agent:
@@ -86,6 +105,21 @@ class Agent:
         s.setsockopt(zmq.LINGER, 0)
         s.setsockopt(zmq.RECONNECT_IVL, 100)
         s.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
+        env = os.environ
+        job = self.cfg.job or env.get("C4D_JOB_ID") or env.get("TORCHELASTIC_RUN_ID") or env.get("SLURM_JOB_ID")
+        if job:  # the master serves one job (c4d/collector.py)
+            try:
+                s.setsockopt(zmq.METADATA, f"X-C4D-Job:{job}".encode())
+            except (AttributeError, zmq.ZMQError):  # an old libzmq: the master goes by REGISTER records
+                pass
+        key = self.cfg.curve_server_key or env.get("C4D_CURVE_SERVER_KEY")
+        if key:
+            try:
+                s.curve_serverkey = _server_key(key)
+                s.curve_publickey, s.curve_secretkey = zmq.curve_keypair()
+            except (OSError, ValueError, zmq.ZMQError) as e:
+                s.close(linger=0)
+                raise OSError(f"C4D_CURVE_SERVER_KEY: {e}") from None
         self.monitor = s.get_monitor_socket(zmq.EVENT_CONNECTED)
         s.connect(endpoint)
         return s

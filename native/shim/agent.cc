@@ -565,15 +565,18 @@ void finish_up() {
   note_link(0);
   // A short-lived process may queue everything before ZeroMQ's handshake with the master
   // completes; the queue then goes out during the close's linger. Watch the monitor while
-  // the budget lasts, so that the exit summary says what was really delivered.
+  // the budget lasts, so that the exit summary says what was really delivered. A process
+  // that has run past the connect grace without ever meeting a master waits for none.
   uint64_t connect_until = t0 + budget / 2;
-  while (a.unconfirmed && a.link.monitored() && !a.link.peer_connected() && mono_now_ns() < connect_until) {
+  bool young = !a.link.ever_connected() && t0 - a.started_mono < kConnectGraceNs;
+  while (young && a.unconfirmed && a.link.monitored() && !a.link.peer_connected() && mono_now_ns() < connect_until) {
     timespec ms{0, 1000000};
     nanosleep(&ms, nullptr);
     note_link(0);
   }
   uint64_t now = mono_now_ns();
   uint64_t left = t0 + budget > now ? t0 + budget - now : 0;
+  if (a.link.monitored() && !a.link.peer_connected()) left = 0;  // no master there to flush to
   a.link.close(int(left / 1000000ull));
 }
 
@@ -582,7 +585,7 @@ void* agent_main(void*) {
   cuda_agent_reset();
   declare_ptracer();
   Agent& a = g_agent;
-  if (g_cfg.master_addr[0]) a.link.open(g_cfg.master_addr, g_cfg.send_hwm);
+  if (g_cfg.master_addr[0]) a.link.open(g_cfg.master_addr, g_cfg.send_hwm, g_cfg.curve_server_key, g_cfg.job);
   a.started_mono = mono_now_ns();
   C4D_LOG(kDebug, "agent up: rank %d pid %d → %s", g_cfg.rank, int(getpid()), g_cfg.master_addr);
   send_register();
@@ -700,7 +703,8 @@ void agent_shutdown() {
   Agent& a = g_agent;
   if (!a.running) return;
   g_mode.store(kPassThrough, std::memory_order_release);  // calls racing with exit pass through
-  uint64_t limit = mono_now_ns() + (uint64_t(g_cfg.exit_flush_ms) + 250) * 1000000ull;
+  uint64_t t0 = mono_now_ns();
+  uint64_t limit = t0 + uint64_t(g_cfg.exit_flush_ms + kExitMarginMs) * 1000000ull;
   timespec ts{time_t(limit / 1000000000ull), long(limit % 1000000000ull)};
   pthread_mutex_lock(&a.mu);
   a.stop = true;
@@ -710,6 +714,8 @@ void agent_shutdown() {
   bool finished = a.finished;
   pthread_mutex_unlock(&a.mu);
   a.running = false;
+  C4D_LOG(kDebug, "exit: the agent %s after %.1f ms (bound %d ms)", finished ? "finished" : "was left",
+          double(mono_now_ns() - t0) / 1e6, g_cfg.exit_flush_ms + kExitMarginMs);
   if (!finished) C4D_LOG(kWarning, "agent still busy after %d ms at exit; exiting anyway", g_cfg.exit_flush_ms);
   if (finished && g_cfg.stats_output) print_stats();
   uint64_t full = g_counters.dropped_full.load(std::memory_order_relaxed);
@@ -730,8 +736,8 @@ void agent_shutdown() {
           g_cfg.rank, int(getpid()), (unsigned long long)sent, (unsigned long long)(full + send + nolink),
           (unsigned long long)full, (unsigned long long)send, (unsigned long long)nolink, delivered, prof, captured);
   if (!g_cfg.master_addr[0])
-    C4D_LOG(kWarning, "rank %d pid %d: nothing was delivered: C4D_MASTER_ADDR is not a usable endpoint", g_cfg.rank,
-            int(getpid()));
+    C4D_LOG(kWarning, "rank %d pid %d: nothing was delivered: %s is not a usable %s", g_cfg.rank, int(getpid()),
+            g_cfg.curve_bad ? "C4D_CURVE_SERVER_KEY" : "C4D_MASTER_ADDR", g_cfg.curve_bad ? "key" : "endpoint");
   else if (finished && a.link.monitored() && !a.link.ever_connected())
     C4D_LOG(kWarning,
             "rank %d pid %d: nothing was delivered: no master ever connected at %s (%llu records queued and lost)",

@@ -12,8 +12,10 @@ bool agent_start();
 
 /* At exit (atexit handler, any thread): stops recording, lets the agent drain, send a
  * FINAL heartbeat and flush for at most C4D_EXIT_FLUSH_MS, then prints the summary
- * line. Never waits longer than that plus a small margin. */
+ * line. Never waits longer than that plus kExitMarginMs, whatever the master does
+ * (absent, unreachable, never reading): tests/test_reliability_shim.py measures it. */
 void agent_shutdown();
+constexpr int kExitMarginMs = 50;  // the agent's wake-up and last pass, beyond its flush budget
 
 /* Fork child: the agent thread does not exist here; forget its state. */
 void agent_reset_after_fork();

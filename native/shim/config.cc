@@ -120,6 +120,43 @@ void copy_trunc(char* dst, size_t cap, const char* src) {
   dst[n] = '\0';
 }
 
+constexpr size_t kZ85Key = 40;  // a CURVE key in Z85 text (32 bytes)
+
+bool is_z85_key(const char* s, size_t n) {
+  static const char kZ85[] = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#";
+  if (n != kZ85Key) return false;
+  for (size_t i = 0; i < n; ++i)
+    if (!s[i] || !strchr(kZ85, s[i])) return false;
+  return true;
+}
+
+/* The master's public key from a file: a ZeroMQ certificate (`public-key = "..."`, what
+ * `c4d keygen` and pyzmq write) or the bare Z85 text. False when neither. */
+bool key_from_file(const char* path, char* out) {
+  FILE* f = fopen(path, "re");
+  if (!f) return false;
+  char buf[4096];
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = '\0';
+  if (const char* p = strstr(buf, "public-key")) {
+    const char* q = strchr(p, '"');
+    if (!q) return false;
+    const char* k = q + 1;  // 40 key characters, then the closing quote
+    if (strnlen(k, kZ85Key + 1) <= kZ85Key || k[kZ85Key] != '"' || !is_z85_key(k, kZ85Key)) return false;
+    memcpy(out, k, kZ85Key);
+    out[kZ85Key] = '\0';
+    return true;
+  }
+  size_t b = 0, e = n;
+  while (b < e && (buf[b] == ' ' || buf[b] == '\t' || buf[b] == '\n' || buf[b] == '\r')) ++b;
+  while (e > b && (buf[e - 1] == ' ' || buf[e - 1] == '\t' || buf[e - 1] == '\n' || buf[e - 1] == '\r')) --e;
+  if (!is_z85_key(buf + b, e - b)) return false;
+  memcpy(out, buf + b, kZ85Key);
+  out[kZ85Key] = '\0';
+  return true;
+}
+
 uint32_t round_pow2(uint32_t v) {
   uint32_t p = 1;
   while (p < v) p <<= 1;
@@ -161,6 +198,25 @@ void config_load(Config* c) {
     }
   }
 
+  // CURVE (docs/reliability.md): the master's public key, as text or in a file. A value that is
+  // neither sends nothing: never a plain-text fallback the operator did not ask for.
+  if (const char* s = env("C4D_CURVE_SERVER_KEY")) {
+    bool file = access(s, F_OK) == 0;
+    bool ok = file ? key_from_file(s, c->curve_server_key) : is_z85_key(s, strlen(s));
+    if (ok && !file) copy_trunc(c->curve_server_key, sizeof c->curve_server_key, s);
+    if (!ok) {
+      char shown[80];
+      printable(s, shown, sizeof shown);
+      log_write(kWarning,
+                "C4D_CURVE_SERVER_KEY='%s' is %s; using none: records are counted, not sent", shown,
+                file ? "a file without a Z85 public key (public-key = \"...\", 40 characters) or unreadable"
+                     : "neither a Z85 public key (40 characters) nor an existing key file");
+      c->curve_server_key[0] = '\0';
+      c->curve_bad = true;
+      c->master_addr[0] = '\0';
+    }
+  }
+
   char host[256] = "unknown";
   if (gethostname(host, sizeof host) != 0) copy_trunc(host, sizeof host, "unknown");
   host[sizeof host - 1] = '\0';
@@ -179,7 +235,7 @@ void config_load(Config* c) {
   c->queue_capacity = round_pow2(uint32_t(env_int("C4D_QUEUE_CAPACITY", 65536, 1, 1 << 24)));
   c->event_pool = uint32_t(env_int("C4D_EVENT_POOL", 4096, 2, 1 << 20));
   c->send_hwm = int(env_int("C4D_SEND_HWM", 256, 1, 1 << 20));
-  c->exit_flush_ms = int(env_int("C4D_EXIT_FLUSH_MS", 500, 0, 60000));
+  c->exit_flush_ms = int(env_int("C4D_EXIT_FLUSH_MS", 200, 0, 60000));
   c->clock_offset_ns = env_int("C4D_CLOCK_OFFSET_NS", 0, -(int64_t(1) << 62), int64_t(1) << 62);
   c->peer_track = uint32_t(env_int("C4D_PEER_TRACK", 4096, 16, 1 << 20));
 

@@ -25,10 +25,12 @@ struct Config {
   uint32_t queue_capacity;   // C4D_QUEUE_CAPACITY, rounded up to a power of two
   uint32_t event_pool;       // C4D_EVENT_POOL (events per device)
   int send_hwm;              // C4D_SEND_HWM (ZeroMQ messages)
-  int exit_flush_ms;         // C4D_EXIT_FLUSH_MS
+  int exit_flush_ms;         // C4D_EXIT_FLUSH_MS: the exit waits at most this + kExitMarginMs (agent.h)
   int64_t clock_offset_ns;   // C4D_CLOCK_OFFSET_NS (simulated clock skew)
   uint32_t peer_track;       // C4D_PEER_TRACK: transfers the profiler plugin tracks at once
   char libzmq[1024];         // C4D_LIBZMQ; empty = search
+  char curve_server_key[41]; // C4D_CURVE_SERVER_KEY (Z85, or a file holding it); "" = no CURVE
+  bool curve_bad;            // C4D_CURVE_SERVER_KEY set but unusable: nothing is sent (master_addr "")
   /* identity, from the launcher's variables */
   char job[24];              // C4D_JOB_ID / TORCHELASTIC_RUN_ID / SLURM_JOB_ID
   int rank;                  // RANK / OMPI_COMM_WORLD_RANK / PMI_RANK / SLURM_PROCID; -1

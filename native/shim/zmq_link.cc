@@ -29,6 +29,14 @@ constexpr int ZMQ_RCVMORE = 13;
 constexpr int ZMQ_EVENT_CONNECTED = 0x0001;
 constexpr int ZMQ_EVENT_DISCONNECTED = 0x0200;
 constexpr int ZMQ_EVENT_HANDSHAKE_SUCCEEDED = 0x1000;  // libzmq >= 4.3
+constexpr int ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL = 0x0800;            // libzmq >= 4.3; value: errno
+constexpr int ZMQ_EVENT_HANDSHAKE_FAILED = ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | 0x2000 | 0x4000;  // + protocol, auth
+constexpr int ZMQ_CURVE_PUBLICKEY = 48;
+constexpr int ZMQ_CURVE_SECRETKEY = 49;
+constexpr int ZMQ_CURVE_SERVERKEY = 50;
+constexpr int ZMQ_METADATA = 95;  // libzmq >= 4.3: "X-Name:value", sent in the handshake
+constexpr uint32_t ZMQ_PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC = 0x11000001;
+constexpr uint32_t ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH = 0x11000002;
 
 struct ZmqApi {
   void* (*ctx_new)();
@@ -46,6 +54,8 @@ struct ZmqApi {
   int (*socket_monitor)(void*, const char*, int);
   int (*recv)(void*, void*, size_t, int);
   int (*getsockopt)(void*, int, void*, size_t*);
+  /* optional (CURVE) */
+  int (*curve_keypair)(char*, char*);
 };
 
 constexpr const char* kDropped = "records are dropped and counted";
@@ -81,6 +91,7 @@ bool try_load(const char* path) {
   sym(lib, &z.socket_monitor, "zmq_socket_monitor");
   sym(lib, &z.recv, "zmq_recv");
   sym(lib, &z.getsockopt, "zmq_getsockopt");
+  sym(lib, &z.curve_keypair, "zmq_curve_keypair");
   g_zmq = z;
   strncpy(g_path, path, sizeof g_path - 1);
   int a = 0, b = 0, c = 0;
@@ -143,7 +154,7 @@ bool ZmqLink::load(const char* override_path) {
   return loaded;
 }
 
-bool ZmqLink::open(const char* endpoint, int send_hwm) {
+bool ZmqLink::open(const char* endpoint, int send_hwm, const char* curve_server_key, const char* job) {
   if (sock_) return true;
   if (g_state.load(std::memory_order_acquire) != kLoaded) return false;  // already logged by load()
   ctx_ = g_zmq.ctx_new();
@@ -156,10 +167,13 @@ bool ZmqLink::open(const char* endpoint, int send_hwm) {
   int linger = 0;
   bool ok = sock_ && g_zmq.setsockopt(sock_, ZMQ_SNDHWM, &send_hwm, sizeof send_hwm) == 0 &&
             g_zmq.setsockopt(sock_, ZMQ_LINGER, &linger, sizeof linger) == 0;
+  snprintf(endpoint_, sizeof endpoint_, "%s", endpoint);
+  bool secured = ok && secure(curve_server_key, job);
   if (ok) open_monitor();  // before connect: the handshake may complete at once
-  if (!ok || g_zmq.connect(sock_, endpoint) != 0) {
-    C4D_LOG(kWarning, "cannot connect to C4D_MASTER_ADDR=%s: %s; records are dropped and counted", endpoint,
-            g_zmq.strerror(g_zmq.errno_()));
+  if (!ok || !secured || g_zmq.connect(sock_, endpoint) != 0) {
+    if (!ok || secured)  // else secure() said why
+      C4D_LOG(kWarning, "cannot connect to C4D_MASTER_ADDR=%s: %s; records are dropped and counted", endpoint,
+              g_zmq.strerror(g_zmq.errno_()));
     if (mon_) {
       g_zmq.socket_monitor(sock_, nullptr, 0);
       g_zmq.close(mon_);
@@ -169,7 +183,35 @@ bool ZmqLink::open(const char* endpoint, int send_hwm) {
     ctx_ = sock_ = mon_ = nullptr;
     return false;
   }
-  C4D_LOG(kDebug, "pushing records to %s", endpoint);
+  C4D_LOG(kDebug, "pushing records to %s%s", endpoint, curve_ ? " (CURVE)" : "");
+  return true;
+}
+
+/* CURVE and the job property, before connect. False: nothing may be sent (logged). */
+bool ZmqLink::secure(const char* key, const char* job) {
+  if (job && *job) {
+    char prop[64];
+    snprintf(prop, sizeof prop, "X-C4D-Job:%s", job);
+    if (g_zmq.setsockopt(sock_, ZMQ_METADATA, prop, strlen(prop)) != 0)
+      C4D_LOG(kDebug, "ZMQ_METADATA: %s; the master ties records to this job by REGISTER only",
+              g_zmq.strerror(g_zmq.errno_()));
+  }
+  if (!key || !*key) return true;
+  char pub[41], sec[41];
+  if (!g_zmq.curve_keypair || g_zmq.curve_keypair(pub, sec) != 0) {
+    C4D_LOG(kWarning, "C4D_CURVE_SERVER_KEY is set but %s has no CURVE support: no plain-text fallback, %s", g_path,
+            kDropped);
+    return false;
+  }
+  bool ok = g_zmq.setsockopt(sock_, ZMQ_CURVE_SERVERKEY, key, 41) == 0 &&
+            g_zmq.setsockopt(sock_, ZMQ_CURVE_PUBLICKEY, pub, sizeof pub) == 0 &&
+            g_zmq.setsockopt(sock_, ZMQ_CURVE_SECRETKEY, sec, sizeof sec) == 0;
+  memset(sec, 0, sizeof sec);
+  if (!ok) {
+    C4D_LOG(kWarning, "CURVE keys refused by libzmq: %s; %s", g_zmq.strerror(g_zmq.errno_()), kDropped);
+    return false;
+  }
+  curve_ = true;
   return true;
 }
 
@@ -178,7 +220,8 @@ void ZmqLink::open_monitor() {
   if (!g_zmq.socket_monitor || !g_zmq.recv || !g_zmq.getsockopt) return;
   char ep[64];
   snprintf(ep, sizeof ep, "inproc://c4d-monitor-%d-%p", int(getpid()), sock_);
-  int events = ZMQ_EVENT_DISCONNECTED | (g_version >= 40300 ? ZMQ_EVENT_HANDSHAKE_SUCCEEDED : ZMQ_EVENT_CONNECTED);
+  int events = ZMQ_EVENT_DISCONNECTED |
+               (g_version >= 40300 ? ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_HANDSHAKE_FAILED : ZMQ_EVENT_CONNECTED);
   if (g_zmq.socket_monitor(sock_, ep, events) != 0) {
     C4D_LOG(kDebug, "zmq_socket_monitor: %s; delivery is not known", g_zmq.strerror(g_zmq.errno_()));
     return;
@@ -211,7 +254,10 @@ bool ZmqLink::poll_events() {
     }
     if (n < 2) continue;
     uint16_t ev = uint16_t(frame[0] | (frame[1] << 8));
-    if (ev == ZMQ_EVENT_DISCONNECTED) {
+    if (ev & ZMQ_EVENT_HANDSHAKE_FAILED) {
+      uint32_t why = n >= 6 ? uint32_t(frame[2] | (frame[3] << 8) | (frame[4] << 16) | (uint32_t(frame[5]) << 24)) : 0;
+      refused(ev, why);
+    } else if (ev == ZMQ_EVENT_DISCONNECTED) {
       peer_ = false;
     } else if (ev == ZMQ_EVENT_HANDSHAKE_SUCCEEDED || ev == ZMQ_EVENT_CONNECTED) {
       joined |= !peer_;
@@ -219,6 +265,24 @@ bool ZmqLink::poll_events() {
     }
   }
   return joined;
+}
+
+/* The master refused our handshake: said once per process (ZeroMQ retries on its own). */
+void ZmqLink::refused(uint16_t ev, uint32_t why) {
+  if (told_refused_) return;
+  told_refused_ = true;
+  // A master that refuses a handshake mostly just hangs up (no detail, errno EPIPE/ECONNRESET):
+  // the sender can't tell a wrong key from a master without CURVE; the master's counters can.
+  const char* hint;
+  if (why == ZMQ_PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC)
+    hint = "C4D_CURVE_SERVER_KEY is not this master's key";
+  else if (ev == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL || why == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH)
+    hint = curve_ ? "C4D_CURVE_SERVER_KEY is not its key, or it runs without --curve"
+                  : "it requires CURVE: set C4D_CURVE_SERVER_KEY to its public key";
+  else
+    hint = "see the master's log";
+  C4D_LOG(kWarning, "the master at %s refused the connection (ZeroMQ event 0x%x, 0x%x): %s; %s", endpoint_, ev, why,
+          hint, kDropped);
 }
 
 bool ZmqLink::send(const void* data, size_t n) {

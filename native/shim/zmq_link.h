@@ -12,12 +12,19 @@
  * connected; the agent counts as delivered what it queued while a peer was connected, and
  * what was queued before a peer connected (ZeroMQ sends its queue in order on connect).
  *
+ * Security (docs/reliability.md): with the master's CURVE public key (C4D_CURVE_SERVER_KEY)
+ * the socket authenticates the master and encrypts, with a client key pair made for this
+ * process (zmq_curve_keypair); a libzmq without CURVE sends nothing rather than plain text.
+ * The job id travels in the ZMTP handshake as the connection property "X-C4D-Job"
+ * (ZMQ_METADATA, libzmq >= 4.3), so the master ties every message to one job.
+ *
  * Agent thread only (ZeroMQ sockets are not thread-safe).
  */
 #ifndef C4D_SHIM_ZMQ_LINK_H
 #define C4D_SHIM_ZMQ_LINK_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 namespace c4d {
 
@@ -27,9 +34,10 @@ class ZmqLink {
    * application thread at activation, never on the agent: a fork() racing a dlopen in
    * another thread leaves the child's loader state inconsistent. */
   static bool load(const char* libzmq_override);
-  /* Connects a PUSH socket over the loaded libzmq. False when it can't (logged):
-   * send() then fails. */
-  bool open(const char* endpoint, int send_hwm);
+  /* Connects a PUSH socket over the loaded libzmq; CURVE when `curve_server_key` (Z85) is
+   * not empty; the job id (may be empty) as the "X-C4D-Job" property. False when it can't
+   * (logged): send() then fails. */
+  bool open(const char* endpoint, int send_hwm, const char* curve_server_key = "", const char* job = "");
   /* Non-blocking send of one message. True when ZeroMQ took it; false on EAGAIN (high
    * water mark reached: the master is slow or absent) or when no socket exists. */
   bool send(const void* data, size_t n);
@@ -39,7 +47,7 @@ class ZmqLink {
   /* Fork child: forget the parent's context without touching it. */
   void forget() {
     ctx_ = sock_ = mon_ = nullptr;
-    peer_ = ever_ = monitored_ = false;
+    peer_ = ever_ = monitored_ = curve_ = told_refused_ = false;
   }
   bool connected() const { return sock_ != nullptr; }
   /* Reads the monitor's events (non-blocking). True when a peer connected since the last
@@ -53,10 +61,14 @@ class ZmqLink {
 
  private:
   void open_monitor();
+  bool secure(const char* curve_server_key, const char* job);
+  void refused(uint16_t ev, uint32_t why);
   void* ctx_ = nullptr;
   void* sock_ = nullptr;
   void* mon_ = nullptr;  // PAIR socket receiving sock_'s monitor events
   bool peer_ = false, ever_ = false, monitored_ = false;
+  bool curve_ = false, told_refused_ = false;
+  char endpoint_[256] = "";
 };
 
 }  // namespace c4d
