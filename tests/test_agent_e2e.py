@@ -161,3 +161,36 @@ def test_an_agent_reconnects_to_a_restarted_master(tmp_path):
         job.kill()
         job.cleanup()
         _stop([agent])
+
+
+def test_an_agent_reaches_a_curve_master_with_the_jobs_key(tmp_path):
+    """A master with CURVE (c4d keygen) admits the agent that holds its public key, as it admits
+    a shim with C4D_CURVE_SERVER_KEY; the job id travels as the connection property."""
+    from c4d import curve
+
+    if not curve.available():
+        return  # a libzmq without CURVE: nothing to test (the master would refuse --curve)
+    keys = tmp_path / "keys"
+    curve.generate(keys)
+    ep = f"tcp://127.0.0.1:{free_port()}"
+    m = Master(MasterConfig(bind=ep, tick_s=0.1, curve=str(keys)))
+    bind = f"ipc://{tmp_path}/agent.sock"
+    job = SimJob(SimConfig(ranks=2, ranks_per_node=2, tp=2, steps=100_000), ep, job_dir=tmp_path,
+                 node_endpoints={"node-0": bind})  # fmt: skip
+    # the agent runs in the job's environment: the master's key, the job's id
+    env = dict(os.environ, C4D_CURVE_SERVER_KEY=str(keys / curve.PUBLIC), C4D_JOB_ID=job.job_id)
+    err = open(tmp_path / "agent.err", "wb")  # noqa: SIM115 - handed to the child
+    agent = subprocess.Popen(c4d_cmd("agent", "--master", ep, "--bind", bind), env=env,
+                             stdout=subprocess.DEVNULL, stderr=err)  # fmt: skip
+    err.close()
+    job.start()
+    try:
+        wait_for(lambda: (m.step(0.05), m.engine.ranks.n >= 2 and m.engine.ranks.seen[:2].all())[1],
+                 60, "both ranks through the agent, over CURVE")  # fmt: skip
+        assert m.collector.refused_handshakes == 0
+        assert m.collector.job == job.job_id
+    finally:
+        job.kill()
+        job.cleanup()
+        _stop([agent])
+        m.close()

@@ -18,6 +18,7 @@ master as its ranks' silence: one RankLost for the node.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -60,6 +61,9 @@ class AgentConfig:
     curve_server_key: str | None = None
     """the master's CURVE public key (a certificate file or its 40 Z85 characters), as the
     shim's C4D_CURVE_SERVER_KEY (None: that variable, if set)"""
+
+
+_JOB_VARS = ("C4D_JOB_ID", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID")  # the shim's, in its order
 
 
 def _server_key(value: str) -> bytes:
@@ -106,12 +110,10 @@ class Agent:
         s.setsockopt(zmq.RECONNECT_IVL, 100)
         s.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
         env = os.environ
-        job = self.cfg.job or env.get("C4D_JOB_ID") or env.get("TORCHELASTIC_RUN_ID") or env.get("SLURM_JOB_ID")
-        if job:  # the master serves one job (c4d/collector.py)
-            try:
+        job = self.cfg.job or next((env[v] for v in _JOB_VARS if env.get(v)), None)
+        if job:  # the master serves one job (c4d/collector.py); an old libzmq: it goes by REGISTER
+            with contextlib.suppress(AttributeError, zmq.ZMQError):
                 s.setsockopt(zmq.METADATA, f"X-C4D-Job:{job}".encode())
-            except (AttributeError, zmq.ZMQError):  # an old libzmq: the master goes by REGISTER records
-                pass
         key = self.cfg.curve_server_key or env.get("C4D_CURVE_SERVER_KEY")
         if key:
             try:
