@@ -159,10 +159,14 @@ class Agent:
         raw = np.concatenate([np.ascontiguousarray(r).view(_V) for r in raws]).view(schema.HEADER)
         try:
             ok = self.edge.admit(raw, time.time_ns())
+        except Exception as e:  # one poll's records must never stop the agent: the master re-validates
+            self._failed("validate", e, 0)
+            ok = raw
+        try:
             out = self.summary.feed(ok) if len(ok) else ok
-        except Exception as e:  # one poll's records must never stop the agent
-            self._failed("summarise", e, len(raw))
-            return 0
+        except Exception as e:  # forwarded as they came: the master diagnoses from raw records too
+            self._failed("summarise", e, 0)
+            out = ok
         self._remember_hello(out)
         return self._send(out)
 

@@ -27,7 +27,7 @@ from collections import Counter
 import numpy as np
 
 from c4d import schema
-from c4d.engine.state import MAX_NRANKS, MAX_RANK, Comm, RankTable, compute_gaps
+from c4d.engine.state import GONE_EVENTS, MAX_NRANKS, MAX_RANK, Comm, RankTable, compute_gaps
 from c4d.schema import Kind, OpFlag
 
 _P2P = int(OpFlag.P2P)
@@ -46,6 +46,7 @@ class Summariser:
         self.size: dict[int, int] = {}  # comm id -> members
         self.members: dict[int, dict[int, int]] = {}  # comm id -> {comm rank: global rank} seen here
         self.comms: dict[int, Comm] = {}  # node-local communicators being summarised
+        self.gone: dict[int, set[int]] = {}  # comm id -> comm ranks that finalized/destroyed/aborted it
         self.stats: Counter[str] = Counter()
 
     # -- the stream ---------------------------------------------------------------------
@@ -82,6 +83,7 @@ class Summariser:
                 self.stats["ops summarised"] += int(local.sum())
                 sums = self._summarise(ops[local], cum[local])
         out = raw[keep]
+        self._forget_destroyed(raw, kind)
         if sums:
             out = np.concatenate([out.view(_V)] + [s.view(_V) for s in sums]).view(schema.HEADER)
         self.stats["out"] += len(out)
@@ -118,6 +120,24 @@ class Summariser:
             if self.size.setdefault(c, n) != n:
                 continue  # a changed size: the master refuses those; never summarised
             self.members.setdefault(c, {})[r] = g
+
+    def _forget_destroyed(self, raw: np.ndarray, kind: np.ndarray) -> None:
+        """A communicator every member here has destroyed (or finalized, aborted) is forgotten:
+        the agent's memory follows the job's live communicators."""
+        cm = kind == Kind.COMM
+        if not cm.any():
+            return
+        c = raw[cm].view(schema.COMM)
+        rows = zip(c["comm_id"].tolist(), c["comm_rank"].tolist(), c["event"].tolist(), strict=True)
+        for cid, cr, ev in rows:
+            if ev in GONE_EVENTS:
+                self.gone.setdefault(cid, set()).add(cr)
+            elif cid in self.gone:
+                self.gone[cid].discard(cr)
+            mem = self.members.get(cid)
+            if mem is not None and self.gone.get(cid, set()) >= set(mem):
+                for d in (self.comms, self.members, self.size, self.gone):
+                    d.pop(cid, None)
 
     def _local(self, ops: np.ndarray) -> np.ndarray:
         """Per OP row: summarise it (a collective of a communicator all of whose members are
