@@ -5,6 +5,8 @@ fault benchmark with calibration of the engine's confidence against outcomes.
     python analysis/evaluate.py --random 200 --seed 1  # 200 random jobs (about an hour)
     python analysis/evaluate.py --quick                # the CI variant: 6 small random jobs, checked
     python analysis/evaluate.py --random 120 --seed 2 --learn   # measure the bases, write the table
+    python analysis/evaluate.py --learn-from s2.jsonl s3.jsonl  # the table from recorded --results
+    python analysis/evaluate.py --rescore s1.jsonl     # their calibration under the current table
 
 Per diagnosis kind: faults, recall (observable faults found), diagnoses, precision (diagnoses
 about an injected fault of that kind), localization (those naming exactly the culprit: the
@@ -40,7 +42,7 @@ from rich.console import Console
 from rich.table import Table
 
 from c4d import scenarios
-from c4d.engine.calibration import wilson_lower
+from c4d.engine.calibration import confidence, wilson_lower
 
 T_S, TIMES, PERIOD_S = 1.0, 3, 1.0
 BUCKETS = [(0.0, 0.2), (0.2, 0.4), (0.4, 0.6), (0.6, 0.8), (0.8, 0.9), (0.9, 1.01)]
@@ -232,12 +234,20 @@ def report(results: list[JobResult], con: Console, title: str) -> dict:
               f"ERROR or blacklist on one: {len(bad)}")  # fmt: skip
     mism = [f for r in results for f in r.faults if f.expect.kind == "CollectiveMismatch"]
     con.print(f"mismatch faults blacklisted: {sum(f.blacklisted for f in mism)} of {len(mism)}")
+    labs = [(d.get("localization", {}).get("confidence", 0.0), lab[0] >= 0 and lab[1])
+            for r in results for d, lab in zip(r.diagnoses, r.labels, strict=True)]  # fmt: skip
+    summary["calibration"] = calibration(labs, con)
+    summary.update(clean_jobs=len(clean), false_alarms=fa, unrelated=unrelated, transient_bad=len(bad),
+                   mismatch_blacklisted=sum(f.blacklisted for f in mism))  # fmt: skip
+    return summary
+
+
+def calibration(labs: list[tuple[float, bool]], con: Console) -> list[dict]:
+    """Per confidence bucket: how many diagnoses said it and the share exactly right."""
     ct = Table(title="calibration: every diagnosis, by its confidence")
     for c in ("confidence", "diagnoses", "mean confidence", "exactly right", "right (90% lower bound)"):
         ct.add_column(c, justify="right")
-    labs = [(d.get("localization", {}).get("confidence", 0.0), lab[0] >= 0 and lab[1])
-            for r in results for d, lab in zip(r.diagnoses, r.labels, strict=True)]  # fmt: skip
-    summary["calibration"] = []
+    out = []
     for lo, hi in BUCKETS:
         b = [(c, ok) for c, ok in labs if lo <= c < hi]
         if not b:
@@ -246,13 +256,22 @@ def report(results: list[JobResult], con: Console, title: str) -> dict:
         right = sum(ok for _, ok in b)
         ct.add_row(f"{lo:.1f}–{min(hi, 1.0):.1f}", str(len(b)), f"{mean_c:.2f}", _pct(right / len(b)),
                    _pct(wilson_lower(right, len(b))))  # fmt: skip
-        summary["calibration"].append(
-            {"lo": lo, "hi": hi, "n": len(b), "mean": mean_c, "right": right / len(b)}
-        )
+        out.append({"lo": lo, "hi": hi, "n": len(b), "mean": mean_c, "right": right / len(b)})
     con.print(ct)
-    summary.update(clean_jobs=len(clean), false_alarms=fa, unrelated=unrelated, transient_bad=len(bad),
-                   mismatch_blacklisted=sum(f.blacklisted for f in mism))  # fmt: skip
-    return summary
+    return out
+
+
+def rescore(rows: list[dict], con: Console) -> list[dict]:
+    """The calibration of a --results file under the current table. A confidence is a function
+    of the basis and the table only (no decision reads it), so a table learned on other seeds
+    can be checked on recorded jobs; bases the table lacks keep the confidence they were given."""
+    labs = []
+    for job in rows:
+        for d in job["diagnoses"]:
+            b, c = d.get("basis"), d.get("confidence") or 0.0
+            conf = confidence(b, c) if b else c
+            labs.append((conf, d["fault"] >= 0 and d["exact"]))
+    return calibration(labs, con)
 
 
 def _pct(x: float) -> str:
@@ -270,7 +289,7 @@ def learn(results_or_rows: list[dict], path: Path = TABLE_PATH) -> dict[str, tup
             c[0] += 1
             c[1] += int(d["fault"] >= 0 and d["exact"])
     table = {k: (v[0], v[1]) for k, v in sorted(counts.items())}
-    body = "\n".join(f"    {k!r}: {v!r}," for k, v in table.items())
+    body = "\n".join(f"    {json.dumps(k)}: {v!r}," for k, v in table.items())
     path.write_text(
         '"""Measured outcomes per localization basis: {basis: (diagnoses, exactly right)}.\n\n'
         "Written by ``python analysis/evaluate.py --random N --seed S --learn`` (see calibration.py);\n"
@@ -293,12 +312,19 @@ def main() -> int:
                          "blacklisted, or a clean job an ERROR")  # fmt: skip
     ap.add_argument("--results", type=Path, help="append one JSON line per job here")
     ap.add_argument("--learn", action="store_true", help="write the calibration table from these jobs")
-    ap.add_argument("--learn-from", type=Path, help="write the calibration table from a --results file")
+    ap.add_argument("--learn-from", type=Path, nargs="+", metavar="RESULTS",
+                    help="write the calibration table from --results files (pool several seeds)")  # fmt: skip
+    ap.add_argument("--rescore", type=Path, nargs="+", metavar="RESULTS",
+                    help="print the calibration of --results files under the current table")  # fmt: skip
     ap.add_argument("--only", default="", help="matrix: run only scenarios whose name contains this")
     args = ap.parse_args()
     con = Console(width=max(Console().width, 140))
+    if args.rescore:
+        rows = [json.loads(ln) for f in args.rescore for ln in f.read_text().splitlines() if ln.strip()]
+        rescore(rows, con)
+        return 0
     if args.learn_from:
-        rows = [json.loads(line) for line in args.learn_from.read_text().splitlines() if line.strip()]
+        rows = [json.loads(ln) for f in args.learn_from for ln in f.read_text().splitlines() if ln.strip()]
         table = learn(rows)
         con.print(f"wrote {len(table)} bases to {TABLE_PATH}")
         return 0

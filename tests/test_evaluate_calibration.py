@@ -1,0 +1,54 @@
+"""The benchmark's calibration bookkeeping (analysis/evaluate.py): a table learned from recorded
+jobs, and recorded jobs re-scored under a table learned on other seeds."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+from c4d.engine import calibration
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _evaluate():
+    spec = importlib.util.spec_from_file_location("c4d_evaluate", ROOT / "analysis" / "evaluate.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["c4d_evaluate"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _job(basis: str, outcomes: list[bool], conf: float) -> dict:
+    return {"diagnoses": [{"basis": basis, "fault": 0 if ok else -1, "exact": ok, "confidence": conf}
+                          for ok in outcomes]}  # fmt: skip
+
+
+def test_learned_table_is_a_module_that_counts_exact_diagnoses_per_basis(tmp_path):
+    ev = _evaluate()
+    rows = [
+        _job("RankLost:heartbeat/rank", [True] * 9 + [False], 0.5),
+        _job("RankCommHang:none/suspects", [False] * 4, 0.5),
+    ]
+    out = tmp_path / "table.py"
+    table = ev.learn(rows, out)
+    assert table == {"RankCommHang:none/suspects": (4, 0), "RankLost:heartbeat/rank": (10, 9)}
+    ns: dict = {}
+    exec(out.read_text(), ns)
+    assert ns["TABLE"] == table
+
+
+def test_rescore_takes_confidences_from_the_current_table(monkeypatch):
+    ev = _evaluate()
+    monkeypatch.setattr(calibration, "TABLE", {"A:x/rank": (20, 2)})
+    # recorded at 0.9, but the table says 2 of 20: re-scored into the lowest bucket
+    rows = [_job("A:x/rank", [False] * 5, 0.9), _job("B:y/link", [True] * 3, 0.45)]
+    buckets = ev.rescore(rows, Console(file=io.StringIO()))
+    by_lo = {b["lo"]: b for b in buckets}
+    assert by_lo[0.0]["n"] == 5 and by_lo[0.0]["right"] == 0.0
+    assert by_lo[0.4]["n"] == 3 and by_lo[0.4]["right"] == 1.0  # a basis the table lacks keeps its own
