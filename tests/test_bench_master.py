@@ -1,4 +1,4 @@
-"""The scale benches' --quick runs (CI runs them too): they finish in seconds and end with their
+"""The scale benches' --quick runs (in the test suite, so in CI): they finish in seconds and end with their
 figures as one JSON object on the last stdout line."""
 
 from __future__ import annotations
