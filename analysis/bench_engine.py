@@ -1,6 +1,7 @@
 """Engine throughput on a synthetic 256-rank load (tp=8, pp=4, dp=8, 32 nodes).
 
-    python analysis/bench_engine.py [--steps 12] [--ranks-per-node 8]
+    python analysis/bench_engine.py [--steps 12] [--ranks-per-node 8] [--quick] [--json]
+    python analysis/bench_engine.py --synthetic 1024      # analysis/master_load.py's job instead
 
 The load comes from the record factories in tests/factories.py (the same stream the shim
 sends: OP, HEARTBEAT, PEER, REGISTER, COMM, with ±50 ms node skew). It is fed two ways:
@@ -8,12 +9,16 @@ as the ranks' own batches (one feed per ZeroMQ message, as received) and coalesc
 way a master loop can feed everything it received in one poll (one feed per 50 ms of
 arrivals). Ticks every 200 ms as in c4d.master. Each is run on the engine alone and through
 the master's ingest path (c4d/ingest.py: edge validation, c4d/validate.py, then the engine).
-Prints records/s for each, measured in CPU time of this process (the machine may be shared).
+``--synthetic N`` feeds instead one second of bench_master's synthetic job of N ranks (tp 8,
+pp 4: many more communicators per chunk). Prints records/s for each, measured in CPU time of
+this process (the machine may be shared);
+``--json`` adds them as one JSON object on the last line, ``--quick`` runs 2 steps (CI smoke run).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -57,33 +62,60 @@ def drive(batches, tick_ns: int, coalesce_ns: int | None, edge: bool = False) ->
     return time.process_time() - start, n, len(feeds)
 
 
+def _synthetic(ranks: int, seconds: float) -> list[tuple[int, np.ndarray]]:
+    """(job time, batch) of analysis/master_load.py's job: one batch per 50 ms window."""
+    sys.path.insert(0, str(_ROOT / "analysis"))
+    from master_load import Load, Shape
+
+    shape = Shape(tp=8, pp=min(4, max(1, ranks // 8)), dp=max(1, ranks // 32))
+    load = Load(shape, factories.T0)
+    out = [(0, load.hello())]
+    for k in range(0, int(seconds * shape.rate), 25):
+        out.append(((k + 25) * shape.period_ns, load.window(k, k + 25)[0]))
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--ranks-per-node", type=int, default=8)
+    ap.add_argument("--quick", action="store_true", help="2 steps: a smoke run of a few seconds")
+    ap.add_argument("--synthetic", type=int, metavar="N", help="bench_master's job of N ranks instead")
+    ap.add_argument("--json", action="store_true", help="the figures as one JSON object on the last line")
     args = ap.parse_args()
+    if args.quick:
+        args.steps = 2
     job = factories.Job(
         tp=8, pp=4, dp=8, ranks_per_node=args.ranks_per_node, steps=args.steps, skew_ms=50.0,
         hang_timeout_us=10_000_000, hang_times=18, period_s=1, hb_ms=1000, flush_ms=10,
     )  # fmt: skip
     t = time.perf_counter()
-    _model, batches = factories.build(job)
+    if args.synthetic:
+        batches = _synthetic(args.synthetic, 0.2 if args.quick else 1.0)
+    else:
+        _model, batches = factories.build(job)
     n = sum(len(b) for _, b in batches)
     span = (batches[-1][0] - batches[0][0]) / 1e9
-    print(f"load: {job.world} ranks, {n} records over {span:.1f} s of job time "
+    world = args.synthetic or job.world
+    print(f"load: {world} ranks, {n} records over {span:.1f} s of job time "
           f"({n / span:,.0f} records/s in the job), built in {time.perf_counter() - t:.1f} s")  # fmt: skip
     variants = [
-        ("per message (as received)", None, False),
-        ("coalesced per 50 ms poll", 50_000_000, False),
-        ("per message, edge + engine", None, True),
-        ("coalesced, edge + engine", 50_000_000, True),  # what c4d.master does (Ingest.feed_many)
+        ("per message (as received)", None, False, "records_per_s_per_message"),
+        ("coalesced per 50 ms poll", 50_000_000, False, "records_per_s"),
+        ("per message, edge + engine", None, True, "records_per_s_edge_per_message"),
+        # what c4d.master does (Ingest.feed_many)
+        ("coalesced, edge + engine", 50_000_000, True, "records_per_s_edge"),
     ]
-    for label, co, edge in variants:
+    out: dict[str, float] = {}
+    for label, co, edge, key in variants:
         dt, n, feeds = drive(batches, 200_000_000, co, edge)
         rate, per = n / dt, n / feeds
+        out[key] = round(rate)
         print(
             f"{label:>28}: {rate:>10,.0f} records/s  ({feeds} feeds, {per:.0f} records/feed, {dt:.2f} s CPU)"
         )
+    if args.json:
+        print(json.dumps(out))
     return 0
 
 

@@ -198,6 +198,34 @@ def cmd_master(args) -> int:
     return EXIT_FOUND if found(m.diagnoses) else EXIT_OK
 
 
+def cmd_agent(args) -> int:
+    from c4d.agent.agent import Agent, AgentConfig
+
+    _setup_logging(args.log_level)
+    _signals_raise()
+    cfg = AgentConfig(master=args.master, bind=args.bind, flush_s=args.flush_ms / 1000, trace=args.trace)
+    try:
+        a = Agent(cfg)
+    except (OSError, ValueError) as e:  # zmq errors are OSErrors: a bad or busy endpoint
+        print(f"c4d agent: {e}", file=sys.stderr)
+        return EXIT_BAD
+    print(f"c4d agent listening on {a.endpoint}, forwarding to {args.master}", file=sys.stderr, flush=True)
+    try:
+        a.run()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        a.flush()
+        a.close()
+        st = a.stats
+        logging.getLogger("c4d").info(
+            "agent: %d record(s) in, %d forwarded (%d ops summarised into %d), %d dropped",
+            a.summary.stats["in"], st["forwarded"], a.summary.stats["ops summarised"],
+            a.summary.stats["summaries"], st["dropped"],
+        )  # fmt: skip
+    return EXIT_OK
+
+
 def cmd_keygen(args) -> int:
     from c4d import curve
 
@@ -303,6 +331,7 @@ def cmd_sim(args) -> int:
                 endpoint=endpoint,
                 max_seconds=args.max_seconds,
                 on_poll=(view.update if view else None),
+                agents=getattr(args, "agents", False),
             )
             if master is not None:
                 master.finish()
@@ -675,6 +704,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--master", metavar="EP", help="send to a running c4d master at EP instead of an in-process one"
     )
     p.add_argument(
+        "--agents",
+        action="store_true",
+        help="each simulated node's ranks send to a node agent (as `c4d agent`) that forwards to the master",
+    )
+    p.add_argument(
         "--max-seconds",
         type=_positive(float),
         default=600.0,
@@ -699,6 +733,36 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_master_opts(p)
     p.set_defaults(func=cmd_sim)
+
+    p = add(
+        "agent",
+        "per-node aggregator: the node's ranks send here, it summarises and forwards to the master",
+        "One per node, for jobs that `c4d run` does not launch (c4d run hosts one itself): point the "
+        "ranks' C4D_MASTER_ADDR at --bind. Collectives of communicators that live on this node reach "
+        "the master as one summary each; everything else is forwarded (docs/deploy.md). Runs until "
+        "SIGINT/SIGTERM; exit 0, or 1 when an endpoint is bad.",
+    )
+    p.add_argument("--master", required=True, metavar="EP", help="the master's endpoint (c4d master --bind)")
+    p.add_argument(
+        "--bind",
+        default="tcp://127.0.0.1:5556",
+        metavar="EP",
+        help="endpoint the node's ranks send to (their C4D_MASTER_ADDR)",
+    )
+    p.add_argument(
+        "--trace", metavar="FILE", help="keep the node's full stream in this trace (c4d analyze reads it)"
+    )
+    p.add_argument(
+        "--flush-ms", type=_positive(int), default=100, metavar="MS", help="forward to the master this often"
+    )
+    p.add_argument(
+        "--log-level",
+        type=_log_level,
+        default=logging.INFO,
+        metavar="L",
+        help="Debug, Info, Warning or Error",
+    )
+    p.set_defaults(func=cmd_agent)
 
     p = add(
         "demo",

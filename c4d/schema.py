@@ -30,6 +30,7 @@ class Kind(enum.IntEnum):
     PEER = 5
     TICK = 6  # master-written: the engine ran at time_ns (master clock)
     STAGE = 7  # the training code set the rank's hang timeout (c4d.hang_timeout)
+    OPSUM = 8  # a node agent's summary of one collective of a node-local communicator (c4d/agent)
 
 
 class Op(enum.IntEnum):
@@ -58,6 +59,7 @@ class OpFlag(enum.IntEnum):
     CONFIG_CALL = 1 << 4
     NO_EVENT = 1 << 5
     EVENT_ERROR = 1 << 6
+    COMPUTE_GIVEN = 1 << 7  # a node agent's forwarded OP: compute_ns holds the rank's compute so far
 
 
 HBF_FINAL = 1  # heartbeat hb_flags: the process is exiting cleanly
@@ -175,7 +177,7 @@ OP = np.dtype(
         ("dtype", "u1"),
         ("redop", "u1"),
         ("flags", "u1"),
-        ("reserved", "V8"),
+        ("compute_ns", "<i8"),  # 0 from a shim; with OpFlag.COMPUTE_GIVEN (agents): compute so far
     ]
 )
 
@@ -250,6 +252,30 @@ STAGE = np.dtype(
     ]
 )
 
+OPSUM_MAX_MEMBERS = 8
+OPSF_ENDS_KNOWN = 1  # OPSUM flags: every member's end time was known
+
+# Written by a node agent (c4d/agent), never by a rank: see record.h, c4d_opsum_record
+OPSUM = np.dtype(
+    _HEADER
+    + [
+        ("comm_id", "<u8"),
+        ("seq", "<u8"),
+        ("bytes", "<u8"),
+        ("last_arrive_ns", "<u8"),
+        ("transfer_ns", "<i8"),
+        ("margin_ns", "<i8"),
+        ("wait_med_ns", "<i8"),
+        ("wait_max_ns", "<i8"),
+        ("comm_rank", "<i4"),
+        ("comm_nranks", "<i4"),
+        ("compute_ns", "<f4", (OPSUM_MAX_MEMBERS,)),
+        ("op", "u1"),
+        ("flags", "u1"),
+        ("reserved", "V6"),
+    ]
+)
+
 DTYPES: dict[Kind, np.dtype] = {
     Kind.REGISTER: REGISTER,
     Kind.OP: OP,
@@ -257,6 +283,7 @@ DTYPES: dict[Kind, np.dtype] = {
     Kind.COMM: COMM,
     Kind.PEER: PEER,
     Kind.STAGE: STAGE,
+    Kind.OPSUM: OPSUM,
 }
 
 UINT64_MAX = np.uint64(0xFFFFFFFFFFFFFFFF)

@@ -30,6 +30,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -140,10 +141,17 @@ def _die_with_parent() -> None:
 class SimJob:
     """The rank processes of one simulated job."""
 
-    def __init__(self, cfg: SimConfig, master_endpoint: str, job_dir: Path | None = None):
+    def __init__(
+        self,
+        cfg: SimConfig,
+        master_endpoint: str,
+        job_dir: Path | None = None,
+        node_endpoints: dict[str, str] | None = None,
+    ):
         cfg.validate()
         self.cfg = cfg
         self.endpoint = master_endpoint
+        self.node_endpoints = dict(node_endpoints or {})  # a node's agent (c4d/agent), where it has one
         self._own_dir = job_dir is None
         self.job_dir = Path(job_dir or tempfile.mkdtemp(prefix="c4d-sim-"))
         self.job_id = f"sim{uuid.uuid4().hex[:8]}"
@@ -168,7 +176,7 @@ class SimJob:
             RANK=str(rank),
             WORLD_SIZE=str(cfg.ranks),
             LOCAL_RANK=str(rank % cfg.ranks_per_node),
-            C4D_MASTER_ADDR=self.endpoint,
+            C4D_MASTER_ADDR=self.node_endpoints.get(self.layout[rank], self.endpoint),
             C4D_NODE_NAME=self.layout[rank],
             C4D_JOB_ID=self.job_id,
             C4D_CLOCK_OFFSET_NS=str(self.offsets_ns[self.layout[rank]]),
@@ -275,6 +283,56 @@ class SimResult:
     returncodes: list = field(default_factory=list)
 
 
+class _AgentThread(threading.Thread):
+    """A node agent (c4d/agent) in its own thread, as `c4d agent` would run beside the node's ranks:
+    its sockets live in that thread; it forwards at its own pace while the master steps here."""
+
+    def __init__(self, master_endpoint: str, bind: str) -> None:
+        super().__init__(daemon=True, name=f"c4d-agent {bind}")
+        self.master_endpoint, self.endpoint = master_endpoint, bind
+        self.stop = threading.Event()
+        self.ready = threading.Event()
+        self.error: BaseException | None = None
+        self.stats: dict[str, int] = {}
+
+    def run(self) -> None:
+        from c4d.agent.agent import Agent, AgentConfig
+
+        try:
+            a = Agent(AgentConfig(master=self.master_endpoint, bind=self.endpoint, flush_s=0.05))
+        except BaseException as e:
+            self.error = e
+            self.ready.set()
+            return
+        self.ready.set()
+        try:
+            a.run(self.stop.is_set)
+            a.flush()
+        finally:
+            self.stats = {**a.summary.stats, **a.stats}
+            a.close()
+
+
+def _start_agents(cfg: SimConfig, master_endpoint: str, sock_dir: Path) -> dict[str, _AgentThread]:
+    """One node agent per simulated node, on a private ipc endpoint."""
+    out: dict[str, _AgentThread] = {}
+    for i, node in enumerate(sorted(set(cfg.layout), key=cfg.layout.index)):
+        t = out[node] = _AgentThread(master_endpoint, f"ipc://{sock_dir}/agent-{i}.sock")
+        t.start()
+        t.ready.wait()
+        if t.error is not None:
+            _stop_agents(out)
+            raise OSError(f"cannot start the agent of {node}: {t.error}")
+    return out
+
+
+def _stop_agents(agents: dict[str, _AgentThread]) -> None:
+    for t in agents.values():
+        t.stop.set()
+    for t in agents.values():
+        t.join(5.0)
+
+
 def run(
     cfg: SimConfig,
     master=None,
@@ -282,16 +340,20 @@ def run(
     max_seconds: float = 600.0,
     on_poll=None,
     stop_on_error: bool = True,
+    agents: bool = False,
 ) -> SimResult:
     """Run the job to its end (or to an ERROR diagnosis, or to ``max_seconds``).
 
     ``master`` (a c4d.master.Master) is driven in this thread; with ``endpoint`` only
-    (an external master), the job is just supervised.
+    (an external master), the job is just supervised. ``agents``: every simulated node's ranks
+    send to that node's agent (c4d/agent), stepped in this thread, which forwards to the master.
     """
     ep = master.endpoint if master is not None else endpoint
     if ep is None:
         raise ValueError("need a master or an endpoint")
-    job = SimJob(cfg, ep)
+    sock_dir = Path(tempfile.mkdtemp(prefix="c4d-agents-")) if agents else None
+    node_agents = _start_agents(cfg, ep, sock_dir) if sock_dir else {}
+    job = SimJob(cfg, ep, node_endpoints={n: a.endpoint for n, a in node_agents.items()})
     t0 = time.monotonic()
     status, reason = EXIT_TIMEOUT, f"stopped after --max-seconds {max_seconds:g}"
     next_scan = t0 + 0.5
@@ -325,6 +387,9 @@ def run(
                 master.step(timeout_s=0.05)
             master.tick(time.time_ns())
     finally:
+        _stop_agents(node_agents)
+        if sock_dir is not None:
+            shutil.rmtree(sock_dir, ignore_errors=True)
         rcs = job.returncodes()
         job.kill()
         _log_config_warnings(job)

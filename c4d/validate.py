@@ -80,6 +80,8 @@ REASONS: tuple[str, ...] = (
     "bad comm event",
     "bad peer record",
     "bad stage",
+    "bad summary",
+    "bad compute",
     "unknown communicator",
     "communicator size changed",
     "communicator budget",
@@ -93,14 +95,16 @@ MAX_DEVICE = 4096
 MAX_RESULT = 64  # ncclResult_t: 9 values today (nccl_abi.h), room for new ones
 NO_OP = 255  # heartbeat pend_op: none
 # TICK is the master's own
-WIRE_KINDS = (Kind.REGISTER, Kind.OP, Kind.HEARTBEAT, Kind.COMM, Kind.PEER, Kind.STAGE)
+WIRE_KINDS = (Kind.REGISTER, Kind.OP, Kind.HEARTBEAT, Kind.COMM, Kind.PEER, Kind.STAGE, Kind.OPSUM)
 _GONE = (int(schema.CommEvent.FINALIZE), int(schema.CommEvent.DESTROY), int(schema.CommEvent.ABORT))
 _P2P = int(OpFlag.P2P)
+_COMPUTE_GIVEN = int(OpFlag.COMPUTE_GIVEN)
 _ALL_FLAGS = sum(int(f) for f in OpFlag)
 _TOMBSTONES = 65536  # destroyed communicators remembered after they were freed
 _WIRE = np.array([int(k) for k in WIRE_KINDS], np.uint16)
 _REGISTER, _OP, _COMM, _PEER = int(Kind.REGISTER), int(Kind.OP), int(Kind.COMM), int(Kind.PEER)
-_WITH_COMM = np.array([_OP, int(Kind.HEARTBEAT), _COMM, _PEER], np.uint16)
+_WITH_COMM = np.array([_OP, int(Kind.HEARTBEAT), _COMM, _PEER, int(Kind.OPSUM)], np.uint16)
+_COLLECTIVES = [int(o) for o in Op if o not in (Op.Send, Op.Recv)]
 
 
 @dataclass(frozen=True)
@@ -432,6 +436,10 @@ def _check_op(a: np.ndarray, world: np.ndarray, lo: int, hi: int) -> np.ndarray:
     for f in ("issue_ns", "start_ns", "end_ns", "return_ns"):
         t_ok &= _time_ok(a[f], lo, hi)
     _flag(code, ~t_ok, "bad time")
+    # 0 from a shim; a node agent's running compute sum (COMPUTE_GIVEN) is at most the job's age
+    cmp = a["compute_ns"]
+    given = (flags & _COMPUTE_GIVEN) != 0
+    _flag(code, np.where(given, (cmp < 0) | (cmp > hi - lo), cmp != 0), "bad compute")
     return code
 
 
@@ -488,10 +496,38 @@ def _check_stage(a: np.ndarray, world: np.ndarray, lo: int, hi: int) -> np.ndarr
     return code
 
 
+def _check_opsum(a: np.ndarray, world: np.ndarray, lo: int, hi: int) -> np.ndarray:
+    """A node agent's summary of one node-local collective (c4d/agent): as untrusted as a rank's
+    records. Its members are at most OPSUM_MAX_MEMBERS; durations are bounded like record ages;
+    the unused compute slots are NaN."""
+    code = np.zeros(len(a), np.uint8)
+    _comm_fields(code, a, world)
+    nr = a["comm_nranks"].astype(np.int64)
+    _flag(code, nr > schema.OPSUM_MAX_MEMBERS, "bad comm size")
+    _flag(code, ~np.isin(a["op"], _COLLECTIVES), "bad op")
+    _flag(code, a["seq"] >= MAX_SEQ, "bad seq")
+    _flag(code, a["bytes"] > MAX_COUNT, "bad count")
+    span = hi - lo
+    bad = (a["flags"] & ~np.uint8(schema.OPSF_ENDS_KNOWN)) != 0
+    bad |= np.abs(a["transfer_ns"]) > span
+    for f in ("margin_ns", "wait_med_ns", "wait_max_ns"):
+        bad |= (a[f] < 0) | (a[f] > span)
+    bad |= a["wait_med_ns"] > a["wait_max_ns"]
+    g = a["compute_ns"]
+    used = np.arange(schema.OPSUM_MAX_MEMBERS)[None, :] < nr[:, None]
+    fin = np.isfinite(g)
+    bad |= (used & fin & ((g < 0) | (g > span))).any(axis=1) | (~used & ~np.isnan(g)).any(axis=1)
+    bad |= (used & ~fin & ~np.isnan(g)).any(axis=1)  # infinities
+    _flag(code, bad, "bad summary")
+    _flag(code, ~_time_ok(a["last_arrive_ns"], lo, hi), "bad time")
+    return code
+
+
 _CHECKS = (
     (int(Kind.OP), schema.OP, _check_op),
     (int(Kind.HEARTBEAT), schema.HEARTBEAT, _check_heartbeat),
     (int(Kind.COMM), schema.COMM, _check_comm),
     (int(Kind.PEER), schema.PEER, _check_peer),
     (int(Kind.STAGE), schema.STAGE, _check_stage),
+    (int(Kind.OPSUM), schema.OPSUM, _check_opsum),
 )

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from c4d import trace
+from c4d import schema, trace
 from tests.conftest import free_port, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,6 +50,7 @@ def test_every_block_is_tested():
         "reach",
         "torchrun-single",
         "torchrun-multi",
+        "torchrun-agents",
         "slurm-script",
         "slurm-submit",
         "c4d-master.yaml",
@@ -183,6 +184,51 @@ def test_torchrun_several_nodes(tools, tmp_path, libc4d, simtrain):
     tr = trace.load(tmp_path / "job.c4d")
     assert sorted(tr.nodes) == [0, 1, 2, 3]
     assert sorted(set(tr.nodes.values())) == ["node-a", "node-b"]
+
+
+def test_torchrun_several_nodes_through_agents(tools, tmp_path, libc4d, simtrain):
+    """Two "nodes" on this host, each with its agent on a port of its own; the master's trace
+    has every rank, and each agent kept its node's full stream."""
+    port, rdzv = free_port(), free_port()
+    master_part, node_part = BLOCKS["torchrun-agents"].split("# on each of the 4 nodes")
+    master_part = master_part.replace("5555", str(port)) + "echo $! > master.pid; wait\n"
+    master = subprocess.Popen(["bash", "-c", master_part], env=_env(tools), cwd=tmp_path)
+    wait_for(lambda: (tmp_path / "job.c4d").exists(), timeout=60, what="the master to start")
+    job = tmp_path / "job"
+    job.mkdir()
+    sim_job = f"d{uuid.uuid4().hex[:8]}"
+    nodes = []
+    for name in ("node-a", "node-b"):
+        (tmp_path / name).mkdir()
+        part = (
+            node_part.replace("master-host:5555", f"127.0.0.1:{port}")
+            .replace("master-host", "127.0.0.1")
+            .replace("5556", str(free_port()))
+            .replace("29500", str(rdzv))
+            .replace("--nnodes 4", "--nnodes 2")
+            .replace("--nproc-per-node 8", "--nproc-per-node 2")
+            .replace("train.py", _train(simtrain, job))
+        )
+        env = _env(tools, C4D_NODE_NAME=name, SIMNCCL_JOB=sim_job)
+        out = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True}
+        nodes.append(subprocess.Popen(["bash", "-c", part], env=env, cwd=tmp_path / name, **out))
+    try:
+        outs = [n.communicate(timeout=240)[0] for n in nodes]
+        assert [n.returncode for n in nodes] == [0, 0], outs
+    finally:
+        for n in nodes:
+            if n.poll() is None:
+                n.kill()
+        pid = (tmp_path / "master.pid").read_text().strip()
+        os.kill(int(pid), signal.SIGTERM)
+        master.wait(timeout=30)
+    tr = trace.load(tmp_path / "job.c4d")
+    assert sorted(tr.nodes) == [0, 1, 2, 3]
+    assert sorted(set(tr.nodes.values())) == ["node-a", "node-b"]
+    assert (tr.raw.raw["kind"] == schema.Kind.OPSUM).any()  # the TP all-reduces came summarised
+    for name in ("node-a", "node-b"):
+        local = trace.load(tmp_path / name / "node.c4d")
+        assert set(local.nodes.values()) == {name} and len(local.ops) > 0
 
 
 # -- Slurm ------------------------------------------------------------------------------------

@@ -141,7 +141,9 @@ def test_times_and_fields_out_of_their_domains_are_each_counted():
     cases = {
         "bad time": lambda a: a["end_ns"].__setitem__(0, np.uint64(1 << 63)),  # negative as int64
         "bad dtype": lambda a: a["dtype"].__setitem__(0, 99),
-        "bad flags": lambda a: a["flags"].__setitem__(0, 0x80),
+        # every bit of flags has a meaning now (0x80: an agent's COMPUTE_GIVEN): p2p on a collective
+        "bad flags": lambda a: a["flags"].__setitem__(0, a["flags"][0] | 0x04),
+        "bad compute": lambda a: a["compute_ns"].__setitem__(0, 5),  # a shim's are 0
         "bad comm rank": lambda a: a["comm_rank"].__setitem__(0, WORLD),
         "bad seq": lambda a: a["seq"].__setitem__(0, np.uint64(1 << 60)),
         "bad count": lambda a: a["bytes"].__setitem__(0, np.uint64(1 << 62)),

@@ -18,6 +18,7 @@ STRUCTS = {
     schema.COMM: "c4d_comm_record",
     schema.PEER: "c4d_peer_record",
     schema.STAGE: "c4d_stage_record",
+    schema.OPSUM: "c4d_opsum_record",
 }
 HEADER_FIELDS = {"kind", "version", "rank", "time_ns"}
 

@@ -32,16 +32,19 @@ from c4d.engine.state import (
     Comm,
     P2PPairs,
     RankTable,
+    compute_gaps,
+    summaries_completed,
 )
 from c4d.engine.types import CommSnapshot, DiagKind, Diagnosis, EngineSnapshot, Level, Localization, RankState
 from c4d.ratelog import RateLimitedLog
-from c4d.schema import Kind, Op, op_name
+from c4d.schema import Kind, Op, OpFlag, op_name
 
 log = logging.getLogger("c4d.engine")
 
 CHUNK = 8192  # rows ingested at once (see feed)
 RATE_WINDOW_NS = 5_000_000_000  # the live view's ops/s
 _V = np.dtype((np.void, schema.RECORD_SIZE))
+COMPUTE_GIVEN = int(OpFlag.COMPUTE_GIVEN)
 
 
 class Engine:
@@ -209,7 +212,7 @@ class Engine:
             & (raw["version"] >= 1)
             & (raw["version"] <= schema.SCHEMA_VERSION)
             & (kind >= Kind.REGISTER)
-            & (kind <= Kind.STAGE)
+            & (kind <= Kind.OPSUM)
             & (kind != Kind.TICK)
         )
         if not ok.all():
@@ -237,6 +240,8 @@ class Engine:
             self._feed_heartbeats(parts[Kind.HEARTBEAT])
         if len(parts[Kind.OP]):
             self._feed_ops(parts[Kind.OP])
+        if len(parts[Kind.OPSUM]):
+            self._feed_opsum(parts[Kind.OPSUM])
         if len(parts[Kind.STAGE]):
             self.stages.feed(parts[Kind.STAGE], recv[raw["kind"] == Kind.STAGE])
         if len(parts[Kind.PEER]):
@@ -299,6 +304,40 @@ class Engine:
             self._pairs.feed(np.concatenate(p2p_rows), np.concatenate(p2p_comm), np.concatenate(p2p_shared),
                              self.comms, self.ranks)  # fmt: skip
 
+    def _feed_opsum(self, rows: np.ndarray) -> None:
+        """Node agents' summaries of node-local collectives: reduced for every communicator at
+        once (state.summaries_completed), then kept per communicator (Comm.add_summaries). A
+        summary of a communicator whose members the master knows on more than one node (or not
+        all yet) claims one host clock it does not have: dropped."""
+        n = rows["comm_nranks"]
+        ok = (rows["comm_id"] != 0) & (n >= 1) & (n <= schema.OPSUM_MAX_MEMBERS)
+        ok &= (rows["comm_rank"] >= 0) & (rows["comm_rank"] < n)
+        if not ok.all():
+            self._invalid("a bad comm id/rank/size in OPSUM records", int((~ok).sum()))
+            rows = rows[ok]
+        if not len(rows):
+            return
+        rows = rows[np.lexsort((rows["seq"], rows["comm_id"]))]
+        cid = rows["comm_id"]
+        heads = np.flatnonzero(np.r_[True, cid[1:] != cid[:-1]])
+        tails = np.r_[heads[1:], len(rows)]
+        out, gaps = summaries_completed(rows, self.ranks)
+        gain = self.cfg.clock_gain
+        g_last = rows["rank"].astype(np.int64)
+        for h, t in zip(heads.tolist(), tails.tolist(), strict=True):
+            c = self._comm(int(cid[h]), int(rows["comm_nranks"][h]))
+            if c is None or bool((rows["comm_nranks"][h:t] != c.n).any()):
+                self._invalid("an unknown communicator or a changed size in OPSUM records", t - h)
+                continue
+            self._member(c, rows["comm_rank"][h:t].astype(np.int64), g_last[h:t])
+            if not c._one_clock(self.ranks):
+                self._invalid("a summary of a communicator not known on one node", t - h)
+                continue
+            k = (t - h) * c.n  # the OP records they stand for (the live view's rate)
+            c.ops_seen += k
+            c.done_log.append((self._chunk_recv, k))
+            c.add_summaries(out[h:t], gaps[h:t, : c.n], self.ranks, gain)
+
     @staticmethod
     def _shares_events(ops: np.ndarray) -> np.ndarray:
         """Per op: 1 when another op of this chunk came from the same ncclGroup of the same rank
@@ -306,34 +345,28 @@ class Engine:
         out = np.zeros(len(ops), np.int64)
         ing = np.flatnonzero((ops["flags"] & IN_GROUP) != 0)
         if len(ing):
-            key = np.stack([ops["rank"][ing].astype(np.int64), ops["group_id"][ing].astype(np.int64)], axis=1)
-            _, inv, cnt = np.unique(key, axis=0, return_inverse=True, return_counts=True)
-            out[ing] = cnt[inv.ravel()] > 1
+            r, gid = ops["rank"][ing], ops["group_id"][ing]
+            o = np.lexsort((gid, r))
+            r, gid = r[o], gid[o]
+            new = np.r_[True, (r[1:] != r[:-1]) | (gid[1:] != gid[:-1])]
+            run = np.cumsum(new) - 1
+            cnt = np.bincount(run)
+            out[ing[o]] = cnt[run] > 1
         return out
 
     def _gaps(self, ops: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Per op: arrival minus the end of the same rank's previous synchronizing op (its compute
-        gap), -1 unknown; and the rank's compute so far, this gap included (a running sum, so
-        the compute between any two of its ops is a difference). Ops of one-rank communicators
-        (a pure data-parallel job's TP and PP groups) wait for nobody, so they do not end a
-        compute gap: a rank's compute before its DP all-reduce spans them."""
+        """Per op: its compute gap and the rank's compute so far (state.compute_gaps). An agent's
+        forwarded OP records carry the compute so far (the agent saw the rank's summarised ops,
+        the master did not): those are taken as given."""
         R = self.ranks
-        start = ops["start_ns"].astype(np.int64)
-        arr = np.where(start > 0, start, ops["issue_ns"].astype(np.int64))
-        end = np.where(ops["comm_nranks"] >= 2, ops["end_ns"].astype(np.int64), 0)
-        g = ops["rank"].astype(np.int64)
+        given = (ops["flags"] & COMPUTE_GIVEN) != 0
+        if not given.any():
+            return compute_gaps(ops, R.last_end, R.compute_ns)
         gaps = np.full(len(ops), -1, np.int64)
-        cum = np.zeros(len(ops), np.int64)
-        order = np.lexsort((arr, g))
-        gs = g[order]
-        cuts = np.flatnonzero(gs[1:] != gs[:-1]) + 1
-        for seg in np.split(order, cuts):
-            r = int(g[seg[0]])
-            prev = np.maximum.accumulate(np.r_[R.last_end[r], end[seg][:-1]])
-            gaps[seg] = np.where(prev > 0, np.maximum(arr[seg] - prev, 0), -1)
-            cum[seg] = R.compute_ns[r] + np.cumsum(np.maximum(gaps[seg], 0))
-            R.compute_ns[r] = cum[seg][-1]
-            R.last_end[r] = max(int(R.last_end[r]), int(end[seg].max()))
+        cum = ops["compute_ns"].astype(np.int64)
+        if not given.all():
+            own = np.flatnonzero(~given)
+            gaps[own], cum[own] = compute_gaps(ops[own], R.last_end, R.compute_ns)
         return gaps, cum
 
     def flush(self) -> None:

@@ -37,6 +37,8 @@ P2P = int(OpFlag.P2P)
 IN_GROUP = int(OpFlag.IN_GROUP)
 SEND, RECV = int(Op.Send), int(Op.Recv)
 END_SYNC_OPS = (int(Op.AllReduce), int(Op.AllGather), int(Op.ReduceScatter), int(Op.AlltoAll))
+_END_SYNC = np.zeros(256, bool)  # by op code: END_SYNC_OPS
+_END_SYNC[list(END_SYNC_OPS)] = True
 GONE_EVENTS = (int(schema.CommEvent.FINALIZE), int(schema.CommEvent.DESTROY), int(schema.CommEvent.ABORT))
 
 COMPLETED = np.dtype(
@@ -55,6 +57,7 @@ COMPLETED = np.dtype(
         ("wait_med", "<i8"),
         ("wait_max", "<i8"),
         ("aligned", "?"),  # every member's clock offset was known when it was reduced
+        ("ends_known", "?"),  # every member's end time was known
     ]
 )
 
@@ -118,6 +121,67 @@ def _grow(a: np.ndarray, n: int, fill) -> np.ndarray:
     out = np.full(n, fill, dtype=a.dtype)
     out[: len(a)] = a
     return out
+
+
+def compute_gaps(
+    ops: np.ndarray, last_end: np.ndarray, compute_ns: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per op: arrival minus the end of the same rank's previous synchronizing op (its compute
+    gap), -1 unknown; and the rank's compute so far, this gap included (a running sum, so
+    the compute between any two of its ops is a difference). Ops of one-rank communicators
+    (a pure data-parallel job's TP and PP groups) wait for nobody, so they do not end a
+    compute gap: a rank's compute before its DP all-reduce spans them.
+
+    ``last_end`` and ``compute_ns`` (indexed by global rank, updated here) carry each rank's
+    latest end and running sum from chunk to chunk: the master's engine and a node agent
+    (c4d/agent/summary.py) keep their own, and compute the same values from a rank's stream."""
+    start = ops["start_ns"].astype(np.int64)
+    arr = np.where(start > 0, start, ops["issue_ns"].astype(np.int64))
+    end = np.where(ops["comm_nranks"] >= 2, ops["end_ns"].astype(np.int64), 0)
+    g = ops["rank"].astype(np.int64)
+    m = len(ops)
+    gaps = np.full(m, -1, np.int64)
+    cum = np.zeros(m, np.int64)
+    if not m:
+        return gaps, cum
+    order = np.lexsort((arr, g))
+    gs, a, e = g[order], arr[order], end[order]
+    first = np.ones(m, bool)
+    first[1:] = gs[1:] != gs[:-1]
+    seg = np.cumsum(first) - 1  # segment (rank) of each sorted row
+    heads = np.flatnonzero(first)
+    ranks_ = gs[heads]
+    # prev[i] = the latest end before row i in its rank's order: a running max per segment of
+    # (the rank's last end, then its rows' ends), done at once by lifting each segment above the
+    # previous ones (times relative to the chunk's earliest, so nothing overflows)
+    before = np.empty(m, np.int64)  # the value each row's running max takes in before it
+    before[first] = last_end[ranks_]
+    nf = ~first
+    before[nf] = e[np.flatnonzero(nf) - 1]
+    pos = before > 0
+    if pos.any():
+        lo = int(before[pos].min())
+        span = int(before.max()) - lo + 2
+        if span * (len(heads) + 1) < (1 << 62):
+            lifted = np.where(pos, before - lo + 1, 0) + seg * span
+            prev = np.maximum.accumulate(lifted) - seg * span
+            prev = np.where(prev > 0, prev + lo - 1, 0)
+        else:  # times too far apart to lift: one running max per rank
+            prev = np.empty(m, np.int64)
+            for h, t in zip(heads.tolist(), [*heads[1:].tolist(), m], strict=True):
+                prev[h:t] = np.maximum.accumulate(before[h:t])
+    else:
+        prev = np.zeros(m, np.int64)
+    gp = np.where(prev > 0, np.maximum(a - prev, 0), -1)
+    run = np.cumsum(np.maximum(gp, 0))
+    base = run[heads] - np.maximum(gp[heads], 0)  # the running sum before each segment
+    cs = compute_ns[ranks_][seg] + run - base[seg]
+    gaps[order], cum[order] = gp, cs
+    tails = np.r_[heads[1:] - 1, m - 1]
+    compute_ns[ranks_] = cs[tails]
+    seg_end = np.maximum.reduceat(e, heads)
+    last_end[ranks_] = np.maximum(last_end[ranks_], seg_end)
+    return gaps, cum
 
 
 def _row_nanmedian(a: np.ndarray) -> np.ndarray:
@@ -413,12 +477,14 @@ class Comm:
     def add_p2p(self, ops: np.ndarray) -> None:
         """p2p OP rows: completion counters per (member, op, peer) for the hang graph."""
         self.has_p2p = True
-        keys = np.stack([ops["comm_rank"].astype(np.int64), ops["op"].astype(np.int64), ops["peer"]], axis=1)
-        uk, inv = np.unique(keys, axis=0, return_inverse=True)
+        # one int64 per (comm rank, op, peer), ordered as the tuples are: comm ranks and peers
+        # are below MAX_NRANKS = 2^17, ops below 16
+        key = (ops["comm_rank"].astype(np.int64) << 21) | (ops["op"].astype(np.int64) << 17) | ops["peer"]
+        uk, inv = np.unique(key, return_inverse=True)
         mx = np.zeros(len(uk), np.int64)
         np.maximum.at(mx, inv.ravel(), ops["seq"].astype(np.int64) + 1)
-        for (a, b, c), m in zip(uk.tolist(), mx.tolist(), strict=True):
-            k = (a, b, c)
+        for k0, m in zip(uk.tolist(), mx.tolist(), strict=True):
+            k = (k0 >> 21, (k0 >> 17) & 15, k0 & 0x1FFFF)
             if m > self.p2p_done.get(k, 0):
                 self.p2p_done[k] = m
 
@@ -560,22 +626,80 @@ class Comm:
         out["aligned"] = known
         # Clock refinement: these ops end (nearly) together on every rank, so each rank's
         # median residual against the op's median end is its remaining offset error.
-        sync = np.isin(op, END_SYNC_OPS) & (self.end[slots] > 0).all(axis=1)
+        out["ends_known"] = (self.end[slots] > 0).all(axis=1)
+        sync = np.isin(op, END_SYNC_OPS) & out["ends_known"]
         if gain > 0 and n >= 2 and sync.any() and known:
             R = E[sync] - endmed[sync, None]
             res = np.median(R, axis=0)
             res = np.clip(res - res.mean(), -1e9, 1e9)
             ranks.add_residuals(self.grank, gain * res)
-        self.pending.append(out)
         # each member's compute before the op (see add_collectives): what a slow rank's peers
         # wait for
-        self.pending_gaps.append(np.where(G >= 0, G, np.nan).astype(np.float32))
+        self._completed(out, np.where(G >= 0, G, np.nan).astype(np.float32))
+        return out
+
+    def _completed(self, out: np.ndarray, gaps: np.ndarray) -> None:
+        """Keep COMPLETED rows (and their members' compute, ops x n) for the slow windows and the
+        live view."""
+        self.pending.append(out)
+        self.pending_gaps.append(gaps)
         self.recent.append(out)
-        self.recent_n += m
+        self.recent_n += len(out)
         if self.recent_n > 2048 and len(self.recent) > 1:
             r = np.concatenate(self.recent)[-1024:]
             self.recent, self.recent_n = [r], len(r)
-        return out
+
+    def add_summaries(self, out: np.ndarray, gaps: np.ndarray, ranks: RankTable, gain: float) -> None:
+        """COMPLETED rows made from a node agent's OPSUM records (``summaries_completed``) of this
+        communicator, whose members all run on one node (the caller checked ``_one_clock``):
+        kept as ``_reduce`` keeps its own, with what one host's members give the clock
+        refinement (a zero residual)."""
+        self.has_coll = True
+        self.op_done[:] = np.maximum(self.op_done, int(out["seq"].max()) + 1)
+        # the members' running compute at their latest op here is the agent's: a later OP record
+        # of this communicator (an agent that fell back to forwarding) gets an unknown gap
+        self.last_cum[:] = -1
+        known = bool(((self.grank >= 0) & ranks.aligned(np.maximum(self.grank, 0))).all())
+        out["aligned"] = known
+        if gain > 0 and self.n >= 2 and known and bool((out["ends_known"] & _END_SYNC[out["op"]]).any()):
+            ranks.add_residuals(self.grank, np.zeros(self.n))
+        self._completed(out, gaps)
+
+
+def summaries_completed(s: np.ndarray, ranks: RankTable) -> tuple[np.ndarray, np.ndarray]:
+    """COMPLETED rows (``aligned`` left to ``Comm.add_summaries``) and the members' compute
+    (ops x OPSUM_MAX_MEMBERS, NaN beyond each op's members) of OPSUM rows, all communicators at
+    once: times move onto the master's clock by the offset of the node (the last member's)."""
+    m = len(s)
+    rows = np.arange(m)
+    n = s["comm_nranks"].astype(np.int64)
+    last = s["comm_rank"].astype(np.int64)
+    op = s["op"]
+    nbytes = s["bytes"].astype(np.int64)
+    out = np.zeros(m, COMPLETED)
+    out["seq"] = s["seq"].astype(np.int64)
+    out["op"] = op
+    out["bytes"] = nbytes
+    L = s["last_arrive_ns"].astype(np.int64) - ranks.offsets(s["rank"].astype(np.int64))
+    out["last_arrive"] = L
+    out["first_arrive"] = L - s["wait_max_ns"]  # the first arriver waits longest
+    out["last"] = last
+    out["margin"] = s["margin_ns"]
+    transfer = s["transfer_ns"].astype(np.float64)
+    out["transfer"] = s["transfer_ns"]
+    size = total_bytes(op, nbytes, n)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out["busbw"] = np.where(transfer > 0, size / transfer * busbw_factor(op, n), np.nan)
+    out["wait_med"] = s["wait_med_ns"]
+    out["wait_max"] = s["wait_max_ns"]
+    G = np.ascontiguousarray(s["compute_ns"], dtype=np.float32)
+    gl = G[rows, last]
+    out["gap_last"] = np.where(np.isfinite(gl), gl, -1).astype(np.int64)
+    Gf = G.astype(np.float64)
+    Gf[rows, last] = np.nan
+    out["gap_others"] = np.where(n >= 2, _row_nanmedian(Gf), np.nan)
+    out["ends_known"] = (s["flags"] & schema.OPSF_ENDS_KNOWN) != 0
+    return out, G
 
 
 def _p2p_split(c: Comm, done: np.ndarray, gs: np.ndarray, gr: np.ndarray) -> np.ndarray:

@@ -265,6 +265,7 @@ def assemble(
         schema.Kind.COMM: comm_recs,
         schema.Kind.PEER: np.empty(0, dtype=schema.PEER),
         schema.Kind.STAGE: np.empty(0, dtype=schema.STAGE),
+        schema.Kind.OPSUM: np.empty(0, dtype=schema.OPSUM),  # node agents' only
     }
 
     full = {

@@ -178,8 +178,14 @@ def add_parser(sub) -> argparse.ArgumentParser:
     g.add_argument(
         "--master",
         metavar="EP",
-        help="ranks report to this running master instead of one hosted by c4d run; "
-        "c4d diagnoses then reach c4d run only through --diagnoses-from",
+        help="ranks report to this running master (through this node's agent, hosted by c4d run on "
+        "--bind) instead of one hosted by c4d run; c4d diagnoses then reach c4d run only through "
+        "--diagnoses-from",
+    )
+    g.add_argument(
+        "--no-agent",
+        action="store_true",
+        help="with --master: the ranks send to the master directly, not through this node's agent",
     )
     g.add_argument(
         "--diagnoses-from",
@@ -190,7 +196,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "--bind",
         default="tcp://127.0.0.1:*",
         metavar="EP",
-        help="endpoint of the hosted master, kept across restarts (default tcp://127.0.0.1:*, a free port)",
+        help="endpoint of the hosted master, or with --master of the node agent the ranks send to; kept "
+        "across restarts (default tcp://127.0.0.1:*, a free port)",
     )
     g.add_argument("--trace", metavar="FILE", help="the hosted master writes each attempt's trace to FILE "
                    "with .attemptN before its suffix, and the hung ranks' stacks beside it")  # fmt: skip
@@ -235,6 +242,8 @@ def config(args):
         raise ValueError(
             "--diagnoses-from goes with --master (the hosted master's diagnoses arrive by themselves)"
         )
+    if args.no_agent and not args.master:
+        raise ValueError("--no-agent goes with --master (the hosted master is this node's aggregator)")
     if args.live and args.master:
         raise ValueError("--live needs the hosted master (not --master)")
     policy = PolicyConfig(
@@ -267,6 +276,7 @@ def config(args):
         preload=not args.no_preload,
         evidence_wait_s=args.evidence_wait,
         live=args.live,
+        agent=not args.no_agent,
     )
 
 

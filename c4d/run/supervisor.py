@@ -79,6 +79,9 @@ class RunConfig:
     preload: bool = True
     evidence_wait_s: float = 20.0
     live: bool = False
+    agent: bool = True
+    """with ``master``: the ranks send to a node agent hosted here (c4d/agent) on ``bind``,
+    which summarises and forwards to the master; False: they send to the master directly"""
 
     def __post_init__(self) -> None:
         self.run_dir = Path(self.run_dir)
@@ -119,6 +122,12 @@ class Supervisor:
         self.records: list[AttemptRecord] = []
         self.view: Any = None
         self._endpoint: Endpoint | None = None  # bound at the first attempt, kept to the end
+        self._agent: Any = None  # the node agent (with an external master), kept to the end
+        if cfg.master and cfg.agent:  # a bad endpoint is bad input: the caller prints one line
+            from c4d.agent.agent import Agent, AgentConfig
+
+            self._agent = Agent(AgentConfig(master=cfg.master, bind=cfg.bind))
+            log.info("c4d run: node agent on %s, forwarding to %s", self._agent.endpoint, cfg.master)
         self._trace: str | None = None
         self._pids: Any = None  # the current source's rank → pid lookup
         self._diag_log = open(cfg.run_dir / "diagnoses.jsonl", "a", encoding="utf-8")  # noqa: SIM115
@@ -150,6 +159,9 @@ class Supervisor:
             self._close_view()
             if self._endpoint is not None:
                 self._endpoint.close()
+            if self._agent is not None:
+                self._agent.flush()
+                self._agent.close()
         status = self._exit_status()
         self._summary(status)
         last = self.records[-1]
@@ -181,7 +193,7 @@ class Supervisor:
             return AttemptRecord(Attempt(idx, End.not_started, None, "isolated", detail=why), 0.0)
         self.evidence.new_attempt()
         source = self._source(idx)
-        endpoint = source.endpoint if isinstance(source, LocalMaster) else cfg.master
+        endpoint = source.endpoint if isinstance(source, LocalMaster) else self._agent_endpoint()
         env = self._env(idx, endpoint)
         self.capture.start_attempt(f"attempt {idx} starts: {json.dumps(cfg.argv)}")
         t0 = time.monotonic()
@@ -249,6 +261,11 @@ class Supervisor:
             self._show(src)
         return src
 
+    def _agent_endpoint(self) -> str | None:
+        """Where the ranks send when the master is external: this node's agent (kept across
+        restarts like the hosted master's endpoint), or the master itself (--no-agent)."""
+        return self._agent.endpoint if self._agent is not None else self.cfg.master
+
     def _heard(self, d: Any) -> None:
         """Every diagnosis of the local master, in its thread, stacks included when known."""
         self.evidence.on_diagnosis(d, self._pids() if self._pids else None)
@@ -284,11 +301,14 @@ class Supervisor:
         self._pids = source.pids if source is not None else None
         first_final: float | None = None
         while True:
+            if self._agent is not None:  # receives for up to 0.05 s, forwards what is due
+                self._agent.step(timeout_s=0.05)
             if source is not None:
-                diags = source.poll(0.1)
+                diags = source.poll(0.05 if self._agent is not None else 0.1)
             else:
                 diags = []
-                time.sleep(0.1)
+                if self._agent is None:
+                    time.sleep(0.1)
             errors = [d for d in diags if self._record(d, source) == "ERROR"]
             if self.view is not None:
                 self.view.update()

@@ -41,8 +41,10 @@ enum c4d_record_kind {
   C4D_REC_PEER = 5,      /* per-peer transfer progress from the NCCL profiler plugin API */
   C4D_REC_TICK = 6,      /* written by the master into traces only: "the engine ran at h.time_ns"
                             (master clock), so an offline replay evaluates exactly when the live run did */
-  C4D_REC_STAGE = 7      /* the training code set this process's hang timeout (c4d.hang_timeout):
+  C4D_REC_STAGE = 7,     /* the training code set this process's hang timeout (c4d.hang_timeout):
                             sent when it changes, and again with every REGISTER repeat */
+  C4D_REC_OPSUM = 8      /* written by a node agent (c4d agent) only: one collective of a communicator
+                            whose members all run on the agent's node, reduced from their OP records */
 };
 
 /* c4d_heartbeat_record.hb_flags */
@@ -73,7 +75,8 @@ enum c4d_op_flags {
   C4D_OPF_INPLACE = 1u << 3,       /* sendbuff aliases recvbuff */
   C4D_OPF_CONFIG_CALL = 1u << 4,   /* the ...Config variant was called */
   C4D_OPF_NO_EVENT = 1u << 5,      /* event pool empty: host times only */
-  C4D_OPF_EVENT_ERROR = 1u << 6    /* an event query failed: times unreliable */
+  C4D_OPF_EVENT_ERROR = 1u << 6,   /* an event query failed: times unreliable */
+  C4D_OPF_COMPUTE_GIVEN = 1u << 7  /* set by a node agent only: compute_ns holds the rank's compute so far */
 };
 
 /* c4d_comm_record.event */
@@ -148,7 +151,9 @@ typedef struct c4d_op_record {
   uint8_t dtype;      /* ncclDataType_t (255 unknown: imports of data NCCL has no type for) */
   uint8_t redop;      /* ncclRedOp_t (255 none) */
   uint8_t flags;      /* enum c4d_op_flags */
-  uint8_t reserved[8];
+  int64_t compute_ns; /* 0 from the shim. A node agent's forwarded OP (C4D_OPF_COMPUTE_GIVEN): the
+                         rank's compute so far, the sum of its gaps between synchronizing ops (ns),
+                         which the master cannot compute when the agent summarised some of its ops */
 } c4d_op_record;
 
 typedef struct c4d_heartbeat_record {
@@ -215,6 +220,36 @@ typedef struct c4d_stage_record {
   uint8_t reserved[96];
 } c4d_stage_record;
 
+/* Written by a node agent, never by a rank: collective (comm_id, seq) of a communicator of at most
+ * C4D_OPSUM_MAX_MEMBERS members that all run on the agent's node, once every member's OP record is
+ * in. One host clock, so the times below need no alignment among the members; the master maps
+ * them onto its clock with the node's offset. Wait, transfer and margin are as the master's engine
+ * computes them from the members' OP records (c4d/engine/state.py: Comm._reduce). */
+#define C4D_OPSUM_MAX_MEMBERS 8
+typedef struct c4d_opsum_record {
+  c4d_record_header h;      /* rank: the member that arrived last; time_ns: the latest of its members' records */
+  uint64_t comm_id;
+  uint64_t seq;
+  uint64_t bytes;
+  uint64_t last_arrive_ns;  /* the last member's arrival (device start, else host issue) */
+  int64_t transfer_ns;      /* median end minus the last arrival */
+  int64_t margin_ns;        /* last arrival minus the next-to-last */
+  int64_t wait_med_ns;      /* members' wait for the last one: median */
+  int64_t wait_max_ns;      /* and maximum */
+  int32_t comm_rank;        /* the member that arrived last */
+  int32_t comm_nranks;      /* <= C4D_OPSUM_MAX_MEMBERS */
+  float compute_ns[C4D_OPSUM_MAX_MEMBERS]; /* each member's compute before this op since its previous
+                                              op of this communicator; NaN unknown or no member */
+  uint8_t op;               /* enum c4d_op_kind (collectives only) */
+  uint8_t flags;            /* enum c4d_opsum_flags */
+  uint8_t reserved[6];
+} c4d_opsum_record;
+
+/* c4d_opsum_record.flags */
+enum c4d_opsum_flags {
+  C4D_OPSF_ENDS_KNOWN = 1u << 0 /* every member's end time was known (end_ns > 0) */
+};
+
 #ifdef __cplusplus
 static_assert(sizeof(c4d_batch_header) == 16, "batch header size");
 static_assert(sizeof(c4d_record_header) == 16, "record header size");
@@ -224,6 +259,7 @@ static_assert(sizeof(c4d_heartbeat_record) == C4D_RECORD_SIZE, "heartbeat size")
 static_assert(sizeof(c4d_comm_record) == C4D_RECORD_SIZE, "comm size");
 static_assert(sizeof(c4d_peer_record) == C4D_RECORD_SIZE, "peer size");
 static_assert(sizeof(c4d_stage_record) == C4D_RECORD_SIZE, "stage size");
+static_assert(sizeof(c4d_opsum_record) == C4D_RECORD_SIZE, "opsum size");
 }
 #endif
 

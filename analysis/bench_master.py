@@ -1,0 +1,307 @@
+"""One master, many ranks: how many a master diagnoses in real time, with and without node agents.
+
+    python analysis/bench_master.py [--quick] [--json] [--max-ranks N] [--seconds S]
+
+A synthetic TP x PP x DP job (analysis/master_load.py: valid v1 records, 500 collectives per
+second per rank, 8 ranks a node) is sent through real ZeroMQ by a sender process to a real
+``c4d.master.Master`` (collector, edge validation, engine; no trace) in this process:
+
+* capacity: a sender pushes a job's records as fast as the master takes them; records/s the
+  master ingests with the engine on (wall and CPU time of the master), for N ranks raw and
+  for N ranks through agents (what one agent per node forwards: c4d/agent/summary.py);
+* real time: the largest N (tp 8 x pp 4 x dp 2^i) whose capacity covers the job's own rate
+  after aggregation, measured at each N on the way up (not extrapolated); then a paced run
+  at that N (the sender sends each 50 ms window of the job when it is due) that checks the
+  master keeps up, reports the master's memory, and injects a hang (a rank stops before its
+  TP all-reduce) to measure the end-to-end diagnosis latency: from the hang's start to the
+  master's RankNonCommHang WARNING naming it (T = the job's hang timeout is part of it);
+* the agent's own cost: records/s one Summariser takes for a node's raw stream (one core).
+
+The machine may be shared: figures are wall time on it; ``uptime`` is printed with them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import multiprocessing as mp
+import os
+import resource
+import sys
+import time
+from pathlib import Path
+
+_ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(_ROOT), str(_ROOT / "analysis")]
+
+from master_load import Load, Shape  # noqa: E402
+
+from c4d import schema  # noqa: E402
+
+CHUNK_ROUNDS = 25  # rounds per window a sender sends at once (50 ms at 500 rounds/s)
+
+
+# -- the sender process ----------------------------------------------------------------
+def _sender(endpoint: str, shape: Shape, agents: bool, rounds: int, paced: bool, t0_ns: int,
+            hang: tuple[int, int] | None, ready, sent, lag) -> None:  # fmt: skip
+    import zmq
+
+    ctx = zmq.Context()
+    s = ctx.socket(zmq.PUSH)
+    s.setsockopt(zmq.SNDHWM, 100000)
+    s.connect(endpoint)
+    load = Load(shape, t0_ns, agents=agents, hang=hang)
+    step = CHUNK_ROUNDS * (2 if agents else 1)  # an agent flushes every 100 ms, a shim every 50 ms
+    wins = [(k, min(k + step, rounds)) for k in range(0, rounds, step)]
+    pre = [load.messages(a, b) for a, b in wins]  # built before the clock starts: sending is all it does
+    h = load.hello()
+    hello = [h[i : i + 8192] for i in range(0, len(h), 8192)]  # under the master's message limit
+    ready.set()
+    from c4d import wire
+
+    for part in hello:
+        s.send(wire.encode(part))
+    n = len(h)
+    worst = 0.0
+    for i, (_a, b) in enumerate(wins):
+        if paced:
+            due = t0_ns + b * shape.period_ns  # the window's last round has happened
+            wait = (due - time.time_ns()) / 1e9
+            if wait > 0:
+                time.sleep(wait)
+            worst = max(worst, -wait)
+        msgs = pre[i]
+        for m in msgs:
+            s.send(m, copy=False)
+        n += sum((len(m) - schema.BATCH_HEADER.itemsize) // schema.RECORD_SIZE for m in msgs)
+        sent.value = n
+    lag.value = worst
+    s.close(linger=-1)
+    ctx.term()
+
+
+def _master(tick_s: float = 0.2):
+    from c4d.master import Master, MasterConfig
+
+    return Master(MasterConfig(bind="tcp://127.0.0.1:*", tick_s=tick_s))
+
+
+def _rss_mib() -> tuple[float, float]:
+    cur = peak = 0.0
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                cur = int(line.split()[1]) / 1024
+            elif line.startswith("VmHWM:"):
+                peak = int(line.split()[1]) / 1024
+    return cur, peak
+
+
+def _cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+# -- capacity ----------------------------------------------------------------------------
+def capacity(shape: Shape, agents: bool, seconds: float) -> dict:
+    """Records/s the master ingests (engine on) when a sender pushes as fast as it takes them."""
+    m = _master()
+    rounds = int(seconds * shape.rate)
+    ctx = mp.get_context("fork")
+    ready, sent, lag = ctx.Event(), ctx.Value("q", 0), ctx.Value("d", 0.0)
+    p = ctx.Process(target=_sender, args=(m.endpoint, shape, agents, rounds, False, time.time_ns(), None,
+                                          ready, sent, lag), daemon=True)  # fmt: skip
+    p.start()
+    ready.wait(600)
+    w0, c0 = time.perf_counter(), _cpu()
+    while True:
+        m.step(timeout_s=0.02)
+        if not p.is_alive() and (m.collector.records >= sent.value or p.exitcode):
+            break
+        if time.perf_counter() - w0 > 600:
+            break
+    if p.exitcode:
+        raise SystemExit(f"bench_master: the sender failed (exit {p.exitcode})")
+    m.tick(time.time_ns())  # the last records evaluated
+    wall, cpu = time.perf_counter() - w0, _cpu() - c0
+    n = m.collector.records
+    p.join(10)
+    out = {
+        "ranks": shape.world,
+        "agents": agents,
+        "records": n,
+        "wall_s": round(wall, 3),
+        "cpu_s": round(cpu, 3),
+        "records_per_s": round(n / wall),
+        "records_per_cpu_s": round(n / cpu) if cpu else None,
+        "job_records_per_s": round(shape.rows_per_round(agents) * shape.rate),
+        "dropped": m.edge.dropped,
+        "failures": dict(m.ingest.failures),
+    }
+    m.close()
+    return out
+
+
+# -- real time -----------------------------------------------------------------------------
+def paced(shape: Shape, agents: bool, seconds: float, hang_at_s: float) -> dict:
+    """The job sent at its own pace; a hang injected at ``hang_at_s``."""
+    m = _master(tick_s=0.2)
+    rounds = int(seconds * shape.rate)
+    k_h = int(hang_at_s * shape.rate)
+    culprit = shape.world - 3  # a rank of the last node: its TP group waits for it
+    ctx = mp.get_context("fork")
+    ready, sent, lag = ctx.Event(), ctx.Value("q", 0), ctx.Value("d", 0.0)
+    # the job's clock starts once the sender has built every message (it reports how late it was)
+    t0 = time.time_ns() + int((1.0 + 0.5 * seconds) * 1e9)
+    p = ctx.Process(target=_sender, args=(m.endpoint, shape, agents, rounds, True, t0, (k_h, culprit),
+                                          ready, sent, lag), daemon=True)  # fmt: skip
+    p.start()
+    ready.wait(600)
+    backlog = []
+    seen_ms = None
+    seen_d = None
+    c0 = _cpu()
+    last = time.perf_counter()
+    while True:
+        new = m.step()
+        for d in new:
+            if seen_ms is None and d.kind.name == "RankNonCommHang" and culprit in d.ranks:
+                seen_ms, seen_d = time.time_ns(), d
+        if time.perf_counter() - last >= 0.25:
+            last = time.perf_counter()
+            backlog.append(sent.value - m.collector.records)
+        if not p.is_alive():
+            break
+    if p.exitcode:
+        raise SystemExit(f"bench_master: the sender failed (exit {p.exitcode})")
+    done = time.perf_counter()
+    while m.collector.records < sent.value and time.perf_counter() - done < 30:
+        m.step(timeout_s=0.02)
+    drain = time.perf_counter() - done
+    cpu = _cpu() - c0
+    rss, peak = _rss_mib()
+    hang_ns = t0 + k_h * shape.period_ns
+    T = shape.hang_timeout_us / 1e6
+    lat = (seen_ms - hang_ns) / 1e9 if seen_ms else None
+    out = {
+        "ranks": shape.world,
+        "agents": agents,
+        "seconds": seconds,
+        "records": m.collector.records,
+        "job_records_per_s": round(shape.rows_per_round(agents) * shape.rate),
+        "sender_late_s": round(lag.value, 3),
+        "drain_s": round(drain, 3),
+        "backlog_max_records": int(max(backlog)) if backlog else 0,
+        "kept_up": drain < 1.0 and lag.value < 0.5,
+        "master_cpu_share": round(cpu / seconds, 2),
+        "master_rss_mib": round(rss, 1),
+        "master_peak_rss_mib": round(peak, 1),
+        "hang_timeout_s": T,
+        "hang_latency_s": round(lat, 3) if lat is not None else None,
+        "hang_latency_beyond_T_s": round(lat - T, 3) if lat is not None else None,
+        # what the engine measured: the wait on the master clock (rank times moved by its offsets)
+        "hang_waited_s": seen_d.detail.get("waited_s") if seen_d is not None else None,
+        "dropped": m.edge.dropped,
+    }
+    m.close()
+    p.join(10)
+    return out
+
+
+# -- the agent's own cost ------------------------------------------------------------------
+def agent_rate(seconds: float) -> dict:
+    """Records/s one node agent's edge + summariser take (a node of 8 ranks of a 32-rank job)."""
+    from c4d.agent.summary import Summariser
+    from c4d.validate import Edge
+
+    shape = Shape(tp=8, pp=2, dp=2)
+    load = Load(shape, time.time_ns())
+    hello = load.hello()
+    rounds = int(seconds * shape.rate)
+    wins = []
+    for k in range(0, rounds, 50):
+        raw, _who = load.window(k, min(k + 50, rounds))
+        wins.append(raw[load.node[raw["rank"]] == 0])
+    edge, summ = Edge(), Summariser()
+    t = time.time_ns()
+    summ.feed(edge.admit(hello[load.node[hello["rank"]] == 0], t))
+    c0 = time.process_time()
+    n = out = 0
+    for w in wins:
+        o = summ.feed(edge.admit(w, t))
+        n += len(w)
+        out += len(o)
+    cpu = time.process_time() - c0
+    return {"records": n, "records_per_cpu_s": round(n / cpu), "forwarded": out,
+            "node_records_per_s": round(n / seconds), "summarised": int(summ.stats["summaries"])}  # fmt: skip
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="small sizes, a few seconds (CI smoke run)")
+    ap.add_argument("--json", action="store_true", help="the figures as one JSON object on the last line")
+    ap.add_argument("--max-ranks", type=int, default=16384)
+    ap.add_argument("--seconds", type=float, default=None, help="job seconds per capacity run")
+    args = ap.parse_args()
+    quiet = logging.getLogger("c4d")  # the masters' incident log is not the bench's output
+    quiet.addHandler(logging.NullHandler())
+    quiet.propagate = False
+    print(f"uptime: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f} "
+          f"(load average, {os.cpu_count()} cores)")  # fmt: skip
+    if args.quick:
+        sizes, cap_s, run_s, hang_s, T = [16, 32], args.seconds or 0.2, 2.5, 0.5, 500_000
+    else:
+        sizes = [32 * 2**i for i in range(12) if 32 * 2**i <= args.max_ranks]
+        cap_s, run_s, hang_s, T = args.seconds or 1.0, 8.0, 3.0, 1_000_000
+    res: dict = {"capacity": [], "paced": []}
+    best: dict[bool, int] = {}
+    for agents in (False, True):
+        for n in sizes:
+            shape = Shape(tp=8, pp=min(4, n // 8), dp=max(1, n // 32), hang_timeout_us=T)
+            c = capacity(shape, agents, cap_s)
+            res["capacity"].append(c)
+            ok = c["records_per_s"] >= c["job_records_per_s"]
+            mode = "agents" if agents else "raw"
+            verdict = "real time" if ok else "falls behind"
+            print(f"{mode:>6} {n:>6} ranks: master ingests {c['records_per_s']:>9,} records/s "
+                  f"({c['records_per_cpu_s'] or 0:>9,} per CPU s); the job makes "
+                  f"{c['job_records_per_s']:>10,}/s: {verdict}", flush=True)  # fmt: skip
+            if not ok:
+                break
+            best[agents] = n
+    for agents in (False, True):
+        n = best.get(agents)
+        if n is None:
+            continue
+        shape = Shape(tp=8, pp=min(4, n // 8), dp=max(1, n // 32), hang_timeout_us=T)
+        r = paced(shape, agents, run_s, hang_s)
+        res["paced"].append(r)
+        print(f"{'agents' if agents else 'raw':>6} {n:>6} ranks paced {run_s:g} s: kept up {r['kept_up']} "
+              f"(drain {r['drain_s']} s, sender late {r['sender_late_s']} s), master RSS "
+              f"{r['master_rss_mib']} MiB (peak {r['master_peak_rss_mib']}), hang diagnosed after "
+              f"{r['hang_latency_s']} s (T = {r['hang_timeout_s']} s)", flush=True)  # fmt: skip
+    a = agent_rate(1.0 if not args.quick else 0.5)
+    res["agent"] = a
+    print(f" agent: {a['records_per_cpu_s']:,} records/s per CPU s (a node of 8 ranks makes "
+          f"{a['node_records_per_s']:,}/s)")  # fmt: skip
+    raw_caps = [c for c in res["capacity"] if not c["agents"]]
+    agent_caps = [c for c in res["capacity"] if c["agents"]]
+    kept = {bool(r["agents"]): r for r in res["paced"]}
+    summary = {
+        "records_per_s": max((c["records_per_s"] for c in raw_caps), default=0),
+        "records_per_s_agents": max((c["records_per_s"] for c in agent_caps), default=0),
+        "ranks_real_time": best.get(False, 0) if kept.get(False, {}).get("kept_up") else 0,
+        "ranks_real_time_agents": best.get(True, 0) if kept.get(True, {}).get("kept_up") else 0,
+        "master_rss_mib": max((r["master_peak_rss_mib"] for r in res["paced"]), default=None),
+        "hang_latency_s": kept.get(True, kept.get(False, {})).get("hang_latency_s"),
+        "agent_records_per_cpu_s": a["records_per_cpu_s"],
+        "load_avg_1m": round(os.getloadavg()[0], 2),
+    }
+    if args.json:
+        print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

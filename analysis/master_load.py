@@ -1,0 +1,236 @@
+"""A synthetic TP x PP x DP job's record streams, as its ranks (raw) or its node agents send them.
+
+Built with numpy from one round's template, so a sender keeps up with any master: round k
+(every ``1 / rate`` s of job time) is a tensor-parallel all-reduce on every rank; every
+``pp_every`` rounds a pipeline send/recv between adjacent stages, every ``dp_every`` rounds
+a data-parallel all-reduce; heartbeats every ``hb_ms`` per rank and communicator and per
+process; REGISTER and COMM records at the start (REGISTER again every 10 heartbeats).
+All valid v1 records (the master's edge admits them).
+
+Layout as Megatron (and tests/factories.py): rank = t + tp * (p + pp * d), TP groups are
+consecutive ranks on one node (``ranks_per_node = tp``), DP groups strided across nodes.
+
+``agents=True`` gives what one node agent per node forwards (c4d/agent/summary.py): one OPSUM
+per TP all-reduce instead of ``tp`` OP records, the other OP records with the rank's compute
+attached, everything else as the ranks sent it. ``hang`` (round, rank) stops that rank before
+round ``k``: its TP group waits there (heartbeats show the members arrived, the rank not).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from c4d import schema
+from c4d.schema import Kind, Op, OpFlag
+
+_V = np.dtype((np.void, schema.RECORD_SIZE))
+US = 1000
+
+
+@dataclass
+class Shape:
+    tp: int = 8
+    pp: int = 4
+    dp: int = 8
+    rate: float = 500.0  # collectives per second per rank (round rate)
+    pp_every: int = 25
+    dp_every: int = 100
+    hb_ms: int = 200
+    hang_timeout_us: int = 1_000_000
+    hang_times: int = 3
+
+    @property
+    def world(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    @property
+    def nodes(self) -> int:
+        return self.world // self.tp
+
+    @property
+    def period_ns(self) -> int:
+        return int(1e9 / self.rate)
+
+    def rows_per_round(self, agents: bool) -> float:
+        """Records per round of the whole job (averaged over the pp/dp/heartbeat cycles)."""
+        n = self.world
+        tp_rows = n // self.tp if agents else n
+        pp_rows = 2 * n * (self.pp - 1) / self.pp / self.pp_every
+        dp_rows = n / self.dp_every
+        hb = n * 4 / (self.hb_ms * 1e6 / self.period_ns)
+        return tp_rows + pp_rows + dp_rows + hb
+
+
+class Load:
+    def __init__(self, shape: Shape, t0_ns: int, agents: bool = False, hang: tuple[int, int] | None = None):
+        self.s, self.t0, self.agents, self.hang = shape, int(t0_ns), agents, hang
+        s = shape
+        g = np.arange(s.world)
+        self.t, self.p, self.d = g % s.tp, (g // s.tp) % s.pp, g // (s.tp * s.pp)
+        self.node = g // s.tp
+        self.tp_id = (1 << 40) | (g // s.tp)
+        self.dp_id = (2 << 40) | (self.p * s.tp + self.t)
+        self.pp_id = (3 << 40) | (self.d * s.tp + self.t)
+        self.hb_every = max(1, int(s.hb_ms * 1e6 // s.period_ns))
+
+    # -- start-up ----------------------------------------------------------------------
+    def hello(self) -> np.ndarray:
+        """REGISTER of every rank and COMM init of every communicator member (HEADER rows)."""
+        s, g = self.s, np.arange(self.s.world)
+        r = np.zeros(s.world, schema.REGISTER)
+        self._hdr(r, Kind.REGISTER, g, self.t0)
+        r["hang_timeout_us"], r["hang_times"] = s.hang_timeout_us, s.hang_times
+        r["pid"], r["world_size"], r["local_rank"] = 1000 + g, s.world, self.t
+        r["cuda_device"], r["bw_check_period_s"], r["heartbeat_ms"] = self.t, 1, s.hb_ms
+        r["log_level"], r["device_timing"] = 2, 1
+        r["node"] = np.char.encode(np.char.add("node-", self.node.astype(str)))
+        r["job"] = b"bench"
+        parts = [r.view(schema.HEADER)]
+        for cid, cr, n in (
+            (self.tp_id, self.t, s.tp),
+            (self.dp_id, self.d, s.dp),
+            (self.pp_id, self.p, s.pp),
+        ):
+            c = np.zeros(s.world, schema.COMM)
+            self._hdr(c, Kind.COMM, g, self.t0)
+            c["comm_id"], c["comm_rank"], c["comm_nranks"] = cid, cr, n
+            c["color"] = c["key"] = -1
+            c["device"], c["event"] = self.t, schema.CommEvent.INIT_RANK
+            parts.append(c.view(schema.HEADER))
+        return np.concatenate([p.view(_V) for p in parts]).view(schema.HEADER)
+
+    # -- rounds --------------------------------------------------------------------------
+    def window(self, k0: int, k1: int) -> tuple[np.ndarray, np.ndarray]:
+        """Rounds [k0, k1): HEADER rows and each row's sender (its rank, or with agents its node)."""
+        rows: list[np.ndarray] = []
+        who: list[np.ndarray] = []
+        for k in range(k0, k1):
+            for part in self._round(k):
+                rows.append(part.view(_V))
+                who.append(self._sender(part))
+        if not rows:
+            return np.empty(0, schema.HEADER), np.empty(0, np.int64)
+        return np.concatenate(rows).view(schema.HEADER), np.concatenate(who)
+
+    def messages(self, k0: int, k1: int) -> list[bytes]:
+        """Rounds [k0, k1) as ZeroMQ messages: one batch per sender (rank or node agent)."""
+        from c4d import wire
+
+        raw, who = self.window(k0, k1)
+        order = np.argsort(who, kind="stable")
+        raw, who = raw[order], who[order]
+        cuts = np.flatnonzero(who[1:] != who[:-1]) + 1
+        return [wire.encode(part) for part in np.split(raw, cuts)]
+
+    def _sender(self, part: np.ndarray) -> np.ndarray:
+        g = part["rank"].astype(np.int64)
+        return self.node[g] if self.agents else g
+
+    def _round(self, k: int) -> list[np.ndarray]:
+        s = self.s
+        t = self.t0 + k * s.period_ns
+        out = []
+        alive = np.ones(s.world, bool)
+        stuck_tp = np.zeros(s.world, bool)
+        if self.hang is not None and k >= self.hang[0]:
+            culprit = self.hang[1]
+            stuck_tp = self.tp_id == self.tp_id[culprit]
+            alive[culprit] = False
+        go = ~stuck_tp
+        # the TP all-reduce: arrivals spread over 20 us, done 100 us after the last one
+        g = np.flatnonzero(go)
+        if len(g):
+            arr = t + 10 * US + (g % s.tp) * 2 * US
+            end = t + 10 * US + (s.tp - 1) * 2 * US + 100 * US
+            if self.agents:
+                out.append(self._opsum(g[self.t[g] == s.tp - 1], k, t, end))
+            else:
+                out.append(self._ops(g, self.tp_id[g], self.t[g], s.tp, k, Op.AllReduce, arr, end, -1, t))
+        if k % s.pp_every == 0 and s.pp > 1:
+            j = k // s.pp_every
+            snd = np.flatnonzero(go & alive & (self.p < s.pp - 1))
+            rcv = np.flatnonzero(go & alive & (self.p > 0))
+            e = t + 200 * US
+            out.append(self._ops(snd, self.pp_id[snd], self.p[snd], s.pp, j, Op.Send, t + 150 * US, e,
+                                 self.p[snd] + 1, t, p2p=True))  # fmt: skip
+            out.append(self._ops(rcv, self.pp_id[rcv], self.p[rcv], s.pp, j, Op.Recv, t + 150 * US, e,
+                                 self.p[rcv] - 1, t, p2p=True))  # fmt: skip
+        if k % s.dp_every == 0 and s.dp > 1:
+            j = k // s.dp_every
+            g = np.flatnonzero(go & alive)
+            out.append(self._ops(g, self.dp_id[g], self.d[g], s.dp, j, Op.AllReduce, t + 300 * US,
+                                 t + 800 * US, -1, t))  # fmt: skip
+        hb = np.flatnonzero(np.arange(s.world) % self.hb_every == k % self.hb_every)
+        if len(hb):
+            out.extend(self._heartbeats(hb, k, t, stuck_tp))
+        if k and k % (10 * self.hb_every) == 0:
+            reg = self.hello()[: s.world].copy()
+            reg["time_ns"] = t
+            out.append(reg)
+        return [o for o in out if len(o)]
+
+    def _hdr(self, a: np.ndarray, kind: Kind, g: np.ndarray, t) -> None:
+        a["kind"], a["version"], a["rank"], a["time_ns"] = kind, schema.SCHEMA_VERSION, g, t
+
+    def _ops(self, g, cid, cr, n, seq, op, arr, end, peer, t, p2p=False) -> np.ndarray:
+        a = np.zeros(len(g), schema.OP)
+        self._hdr(a, Kind.OP, g, np.asarray(end) + 50 * US)
+        a["comm_id"], a["seq"], a["comm_rank"], a["comm_nranks"] = cid, seq, cr, n
+        a["issue_ns"], a["start_ns"], a["end_ns"], a["return_ns"] = t, arr, end, t + 5 * US
+        a["count"], a["bytes"], a["dtype"], a["redop"] = 1 << 20, 4 << 20, schema.DType.float32, 0
+        a["peer"], a["device"], a["op"] = peer, self.t[g], op
+        flags = int(OpFlag.DEVICE_TIMING) | (int(OpFlag.P2P) if p2p else 0)
+        if self.agents:  # forwarded by an agent: the rank's compute so far
+            flags |= int(OpFlag.COMPUTE_GIVEN)
+            a["compute_ns"] = (seq + 1) * (self.s.period_ns - 150 * US)
+        a["flags"] = flags
+        return a.view(schema.HEADER)
+
+    def _opsum(self, last: np.ndarray, k: int, t: int, end: int) -> np.ndarray:
+        """One OPSUM per TP group (``last``: each group's last arriver), as Summariser makes them."""
+        s = self.s
+        a = np.zeros(len(last), schema.OPSUM)
+        self._hdr(a, Kind.OPSUM, last, end + 50 * US)
+        L = t + 10 * US + (s.tp - 1) * 2 * US
+        a["comm_id"], a["seq"], a["bytes"] = self.tp_id[last], k, 4 << 20
+        a["last_arrive_ns"], a["transfer_ns"] = L, end - L
+        a["margin_ns"], a["wait_med_ns"], a["wait_max_ns"] = 2 * US, s.tp // 2 * 2 * US, (s.tp - 1) * 2 * US
+        a["comm_rank"], a["comm_nranks"] = s.tp - 1, s.tp
+        a["compute_ns"] = np.nan
+        a["compute_ns"][:, : s.tp] = float(s.period_ns - 150 * US)
+        a["op"], a["flags"] = Op.AllReduce, schema.OPSF_ENDS_KNOWN
+        return a.view(schema.HEADER)
+
+    def _heartbeats(self, g: np.ndarray, k: int, t: int, stuck_tp: np.ndarray) -> list[np.ndarray]:
+        s = self.s
+        out = []
+        hang_k, culprit = self.hang if self.hang is not None else (None, -1)
+        for cid, cr, n, done in (
+            (self.tp_id, self.t, s.tp, k),
+            (self.dp_id, self.d, s.dp, k // s.dp_every),
+            (self.pp_id, self.p, s.pp, 0),
+            (None, None, s.world, 0),
+        ):
+            h = np.zeros(len(g), schema.HEARTBEAT)
+            self._hdr(h, Kind.HEARTBEAT, g, t)
+            h["pend_seq"], h["pend_op"], h["pend_peer"] = schema.UINT64_MAX, 255, -1
+            h["device"] = self.t[g]
+            if cid is None:  # the process
+                h["comm_rank"], h["comm_nranks"] = g, n
+            else:
+                h["comm_id"], h["comm_rank"], h["comm_nranks"] = cid[g], cr[g], n
+                h["n_issued"] = h["n_arrived"] = h["n_done"] = done
+                if cid is self.tp_id and hang_k is not None:
+                    st = stuck_tp[g]  # the culprit's group: the others arrived at hang_k, it did not
+                    h["n_done"][st] = hang_k
+                    h["n_issued"][st] = h["n_arrived"][st] = hang_k + 1
+                    h["pend_seq"][st], h["pend_op"][st] = hang_k, Op.AllReduce
+                    h["pend_issue_ns"][st] = h["pend_start_ns"][st] = self.t0 + hang_k * s.period_ns + 10 * US
+                    me = g == culprit
+                    h["n_issued"][me] = h["n_arrived"][me] = hang_k
+                    h["pend_seq"][me], h["pend_op"][me] = schema.UINT64_MAX, 255
+                    h["pend_issue_ns"][me] = h["pend_start_ns"][me] = 0
+            out.append(h.view(schema.HEADER))
+        return out

@@ -1,0 +1,31 @@
+"""The scale benches' --quick runs (in the test suite, so in CI): they finish in seconds and end with their
+figures as one JSON object on the last stdout line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _last_json(script: str) -> dict:
+    p = subprocess.run([sys.executable, str(ROOT / "analysis" / script), "--quick", "--json"],
+                       capture_output=True, text=True, timeout=300, cwd=ROOT)  # fmt: skip
+    assert p.returncode == 0, p.stderr[-2000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def test_bench_master_quick():
+    out = _last_json("bench_master.py")
+    assert out["records_per_s"] > 0 and out["records_per_s_agents"] > 0
+    assert out["hang_latency_s"] is not None and out["hang_latency_s"] > 0  # the injected hang was found
+    assert out["agent_records_per_cpu_s"] > 0
+    assert {"ranks_real_time", "ranks_real_time_agents", "master_rss_mib"} <= set(out)
+
+
+def test_bench_engine_quick():
+    out = _last_json("bench_engine.py")
+    assert out["records_per_s"] > 0 and out["records_per_s_edge"] > 0
