@@ -598,7 +598,6 @@ void* agent_main(void*) {
   a.started_mono = mono_now_ns();
   C4D_LOG(kDebug, "agent up: rank %d pid %d → %s", g_cfg.rank, int(getpid()), g_cfg.master_addr);
   send_register();
-  stamp_clock_calibrate();  // the TSC rate, before the first op is converted (timing.h)
   const uint64_t hb_period = uint64_t(g_cfg.heartbeat_ms) * 1000000ull;
   uint64_t next_hb = mono_now_ns();
   for (;;) {

@@ -146,8 +146,6 @@ uint64_t stamp_to_ns(uint64_t stamp) {
   return uint64_t(int64_t(p.real) + int64_t(double(int64_t(stamp - p.tsc)) * g_stamp.ns_per_tick));
 }
 
-void stamp_clock_calibrate() { stamp_to_ns(0); }
-
 void timing_tick(uint64_t mono_now) {
   if (g_stamp_tsc && g_stamp.ns_per_tick != 0 && mono_now - g_stamp.last.mono >= kTscPairPeriodNs) measure_rate();
   for (int d = 0; d < kMaxDevices; ++d) {

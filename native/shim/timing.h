@@ -62,9 +62,6 @@ void stamp_clock_init(bool allow_tsc);
  * pair is 10 ms old, to measure the TSC rate (once per process). */
 uint64_t stamp_to_ns(uint64_t stamp);
 
-/* Agent thread, at its start: measures the TSC rate now (the wait above), not at the first op. */
-void stamp_clock_calibrate();
-
 /* Monotonic ns, for the agent's own schedule (never written into records). */
 inline uint64_t mono_now_ns() {
   timespec ts;
