@@ -66,3 +66,23 @@ def nccl_tests_data() -> Path:
         if d.is_dir():
             return d
     return Path(__file__).resolve().parents[2] / "shared" / "data" / "nccl-tests"
+
+
+@pytest.fixture
+def master():
+    """A test master on a free port (tests/test_shim.py: Master); no errors by the end."""
+    from tests.test_shim import Master
+
+    m = Master()
+    yield m
+    m.close()
+    assert not m.errors, m.errors
+
+
+@pytest.fixture
+def jobs():
+    """Simulated rank processes started by a test (tests/test_shim.py: Job), killed at its end."""
+    started: list = []
+    yield started
+    for j in started:
+        j.kill()

@@ -47,14 +47,6 @@ def replay(tmp_path_factory) -> Path:
     return exe
 
 
-@pytest.fixture
-def master():
-    m = Master()
-    yield m
-    m.close()
-    assert not m.errors, m.errors
-
-
 def run_replay(replay: Path, libc4d, master: Master, symbol: str, order: str, via: str):
     """The harness as one process; via 'path' dlopens libc4d.so like NCCL_PROFILER_PLUGIN=<path>,
     'static' preloads it and looks the symbol up like NCCL_PROFILER_PLUGIN=STATIC_PLUGIN."""

@@ -119,14 +119,6 @@ def calls(request, programs) -> tuple[str, Path]:
     return request.param, programs[request.param]
 
 
-@pytest.fixture
-def master():
-    m = Master()
-    yield m
-    m.close()
-    assert not m.errors, m.errors
-
-
 def run(exe: Path, lib: Path | None, master: Master, **extra: str) -> subprocess.CompletedProcess:
     env = base_env(lib, C4D_MASTER_ADDR=master.endpoint, RANK="0", NCCL_DEBUG="WARN", **extra)
     env.pop("NCCL_PROFILER_PLUGIN", None)

@@ -48,22 +48,6 @@ SANITIZED = bool(os.environ.get("C4D_TEST_PRELOAD_PREFIX"))
 EXIT_LINE = re.compile(r"c4d: exit: the agent (finished|was left) after ([\d.]+) ms \(bound (\d+) ms\)")
 
 
-@pytest.fixture
-def master():
-    m = Master()
-    yield m
-    m.close()
-    assert not m.errors, m.errors
-
-
-@pytest.fixture
-def jobs():
-    started: list[Job] = []
-    yield started
-    for j in started:
-        j.kill()
-
-
 def _verified(job: Job, world: int, timeout: float = 180) -> None:
     assert job.wait(timeout) == [0] * world, [job.stderr(r) for r in range(world)]
     assert job.stdout(0) == "verify ok\n", job.stdout(0)

@@ -20,17 +20,9 @@ from c4d import curve, schema, trace
 from c4d.collector import Collector, exposed
 from tests.conftest import c4d_cmd, wait_for
 from tests.masterproc import MasterProc
-from tests.test_shim import Job, base_env, run_job
+from tests.test_shim import base_env, run_job
 
 pytestmark = pytest.mark.skipif(not curve.available(), reason="this pyzmq's libzmq has no CURVE")
-
-
-@pytest.fixture
-def jobs():
-    started: list[Job] = []
-    yield started
-    for j in started:
-        j.kill()
 
 
 VERIFY = ["--verify", "--job-dir", "{dir}"]

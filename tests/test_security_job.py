@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 
 import numpy as np
-import pytest
 import zmq
 
 from c4d import schema, trace, wire
@@ -19,15 +18,7 @@ from c4d.master import Master, MasterConfig
 from tests import records as R
 from tests.conftest import wait_for
 from tests.masterproc import MasterProc
-from tests.test_shim import Job, base_env, run_job, train
-
-
-@pytest.fixture
-def jobs():
-    started: list[Job] = []
-    yield started
-    for j in started:
-        j.kill()
+from tests.test_shim import base_env, run_job, train
 
 
 def _pids_in(path) -> set[int]:

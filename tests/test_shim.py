@@ -168,14 +168,6 @@ def _tested_build(libc4d):
     assert not want or Path(libc4d).resolve().is_relative_to(Path(want).resolve()), (libc4d, want)
 
 
-@pytest.fixture
-def master():
-    m = Master()
-    yield m
-    m.close()
-    assert not m.errors, m.errors
-
-
 class Job:
     """Rank processes of c4d-simtrain, one per rank, stderr captured to files."""
 
@@ -217,14 +209,6 @@ class Job:
                 f.close()
         for f in glob.glob(f"/dev/shm/simnccl-{self.job}*"):
             os.unlink(f)
-
-
-@pytest.fixture
-def jobs():
-    started: list[Job] = []
-    yield started
-    for j in started:
-        j.kill()
 
 
 def run_job(jobs, simtrain, world, args, env, tmp_path) -> Job:

@@ -35,22 +35,6 @@ SEND_WAIT, RECV_WAIT = 9, 10
 PROFILER = re.compile(r"profiler: (\d+) transfers, (\d+) PEER records, (\d+) events untracked")
 
 
-@pytest.fixture
-def master():
-    m = Master()
-    yield m
-    m.close()
-    assert not m.errors, m.errors
-
-
-@pytest.fixture
-def jobs():
-    started = []
-    yield started
-    for j in started:
-        j.kill()
-
-
 def plugin_env(libc4d, master: Master, **extra: str) -> dict[str, str]:
     """One rank per node unless told otherwise: NCCL (and simnccl) emit ProxyOps for network
     transfers only, so per-peer progress needs ranks on different nodes."""
