@@ -108,7 +108,10 @@ def test_only_senders_with_the_masters_key_get_in_and_the_others_are_counted(
                 c if c.get("handshake: wrong key", 0) >= 2 and c.get("handshake: no CURVE", 0) >= 2 else None
             )
 
-        counts = wait_for(refused, 30, "both refused jobs counted")
+        try:
+            counts = wait_for(refused, 30, "both refused jobs counted")
+        except AssertionError as e:
+            raise AssertionError(f"{e}: {m.counters('c4d_bad_messages_by_reason')}") from None
     finally:
         assert m.stop() == 0
     # a refused sender that exits mid-handshake is "broken off"; nothing else happened
