@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 
 from c4d import schema
-from tests.test_shim import base_env, final_seen, jobs, master, run_job, train, wait_records  # noqa: F401
+from tests.test_shim import base_env, final_seen, run_job, train, wait_records
 
 KERNEL_CLOCK = Path("/sys/devices/system/clocksource/clocksource0/current_clocksource")
 
 
 @pytest.mark.parametrize("tsc", ["1", "0"])
-def test_op_times_are_host_clock_times_with_and_without_tsc(tsc, libc4d, simtrain, master, jobs, tmp_path):  # noqa: F811
+def test_op_times_are_host_clock_times_with_and_without_tsc(tsc, libc4d, simtrain, master, jobs, tmp_path):
     world = 4
     env = base_env(libc4d, C4D_MASTER_ADDR=master.endpoint, C4D_HEARTBEAT_MS="50", C4D_TSC=tsc)
     before = time.time_ns()
@@ -46,7 +46,7 @@ def test_op_times_are_host_clock_times_with_and_without_tsc(tsc, libc4d, simtrai
             assert (np.diff(by_seq["issue_ns"].astype(np.int64)) >= -50_000).all()
 
 
-def test_tsc_is_used_only_where_the_kernel_keeps_time_with_it(libc4d, simtrain, master, jobs, tmp_path):  # noqa: F811
+def test_tsc_is_used_only_where_the_kernel_keeps_time_with_it(libc4d, simtrain, master, jobs, tmp_path):
     """C4D_RUNTIME_LOG_LEVEL=DEBUG says once which clock the hot path uses."""
     env = base_env(libc4d, C4D_MASTER_ADDR=master.endpoint, C4D_RUNTIME_LOG_LEVEL="DEBUG")
     job = run_job(jobs, simtrain, 2, train(2, 2, 1), env, tmp_path)
