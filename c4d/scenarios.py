@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from c4d import faults, schema, trace
+from c4d.sim import QUICK_ENV
 
 EXPECTED_KIND = {
     "noncomm-hang": "RankNonCommHang",
@@ -39,21 +40,10 @@ HANG_KINDS = {"RankNonCommHang", "RankCommHang", "RankLost", "CollectiveMismatch
 ISOLATING_KINDS = HANG_KINDS - {"CollectiveMismatch"}  # a program bug takes no node out
 SLOW_STEPS = 250  # enough for the onset window and two more at the slowed pace
 
-# small thresholds so a matrix runs in minutes: T = 1 s, ERROR after 3 × T, 1 s slow windows;
-# heartbeats at T/5 so that silence (RankLost) is measurable at this T.
-# Links at 1 GB/s inside a node and 0.25 GB/s across nodes (simnccl's defaults are 4 and 1):
-# on a 2-core machine running up to 32 rank processes, every simulated op also costs
-# 0.1–0.5 ms of process wake-ups, which at the default bandwidths is as long as a 256 KiB
-# tensor-parallel transfer itself, so a factor-4 slower link would show as ~2x. With the
-# modeled transfer dominating that overhead, a factor F slowdown reads as roughly F.
-SCENARIO_ENV = {
-    "C4D_HANG_TIMEOUT": "1000000",
-    "C4D_HANG_TIMES": "3",
-    "C4D_CONN_BW_CHECK_PERIOD": "1",
-    "C4D_HEARTBEAT_MS": "200",
-    "SIMNCCL_INTRA_GBPS": "1",
-    "SIMNCCL_INTER_GBPS": "0.25",
-}
+# `c4d sim --quick`'s thresholds and link speeds, so a matrix runs in minutes (c4d.sim.QUICK_ENV
+# says why: T = 1 s, ERROR after 3 x T, 1 s slow windows, heartbeats at T/5, links slow enough
+# that a factor F slowdown reads as roughly F on a small machine).
+SCENARIO_ENV = QUICK_ENV
 
 
 @dataclass(frozen=True)
