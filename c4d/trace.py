@@ -94,18 +94,10 @@ class TraceWriter:
             self._f.close()  # flushes first, and closes the file even when that flush fails
 
 
-@dataclass
-class RawTrace:
-    """The undecoded content of a trace: its header and its records as ``schema.HEADER`` rows."""
+class _DamageReport:
+    """What damage cost, from ``damaged`` ((file offset, bytes skipped) pairs)."""
 
-    meta: dict[str, Any]
-    raw: np.ndarray
-    truncated_bytes: int = 0  # bytes of an incomplete record at the end (a cut file)
-    skipped: int = 0  # records of unknown kind or newer version
-    path: str = ""
-    kinds: dict[schema.Kind, np.ndarray] = field(default_factory=dict)
-    format_version: int = FORMAT_VERSION
-    damaged: list[tuple[int, int]] = field(default_factory=list)  # (file offset, bytes skipped)
+    damaged: list[tuple[int, int]]
 
     @property
     def damaged_bytes(self) -> int:
@@ -117,10 +109,24 @@ class RawTrace:
         return self.damaged_bytes // schema.RECORD_SIZE
 
 
+@dataclass
+class RawTrace(_DamageReport):
+    """The undecoded content of a trace: its header and its records as ``schema.HEADER`` rows."""
+
+    meta: dict[str, Any]
+    raw: np.ndarray
+    truncated_bytes: int = 0  # bytes of an incomplete record at the end (a cut file)
+    skipped: int = 0  # records of unknown kind or newer version
+    path: str = ""
+    kinds: dict[schema.Kind, np.ndarray] = field(default_factory=dict)
+    format_version: int = FORMAT_VERSION
+    damaged: list[tuple[int, int]] = field(default_factory=list)  # (file offset, bytes skipped)
+
+
 CHUNK_BYTES = 16 << 20  # what a streaming reader holds of the file at a time
 
 
-class TraceStream:
+class TraceStream(_DamageReport):
     """A trace read piece by piece: ``chunks()`` yields its records (``schema.HEADER`` rows,
     unknown kinds and newer versions dropped, older ones upgraded) a few MiB at a time, so a
     trace of any size is read in bounded memory. What ``read_raw`` reports (cut, skipped,
@@ -159,15 +165,6 @@ class TraceStream:
             raise TraceError(f"{p}: trace header is not valid JSON: {e}") from None
         self.format_version = fmt
         self.body_offset = _PREFIX.size + meta_len
-
-    @property
-    def damaged_bytes(self) -> int:
-        return sum(n for _, n in self.damaged)
-
-    @property
-    def lost_records(self) -> int:
-        """Records lost to damage (at most: damaged bytes / record size)."""
-        return self.damaged_bytes // schema.RECORD_SIZE
 
     def chunks(self) -> Iterator[np.ndarray]:
         """The records, in file order, one array per piece read (writable, typed ``schema.HEADER``)."""
