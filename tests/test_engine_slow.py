@@ -236,3 +236,23 @@ def test_p2p_transfer_is_measured_only_where_the_lone_side_provably_arrived_last
     assert len(grads) == 4 and (grads["transfer"] == 100_000).all()
     # activations 0 -> 1: the lone receiver arrived first and waited; never measured
     assert not ((done["src"] == 0) & (done["dst"] == 1)).any()
+
+
+def test_a_link_of_a_rank_named_slow_is_that_ranks_incident_not_a_new_one():
+    """In the windows after a rank was named RankCommSlow, one of its links may be the only unit
+    that passes the tests (README example, rank 5: links 5-7 then 1-5 named by exclusion three
+    seconds on). The rule: that link verdict is the rank's, for HELD_WINDOWS windows."""
+    from c4d.engine.calibration import localize
+    from c4d.engine.config import EngineConfig
+    from c4d.engine.slow import HELD_WINDOWS, SlowJudge
+
+    j = SlowJudge(EngineConfig())
+    link = localize(DiagKind.RankCommSlow, How.exclusion, Target.link, (5, 7), "x", prior=0.8, link=(5, 7))
+    assert j._held_by_rank(link, 12) is link  # no rank named yet: the link stands
+    j.comm_slow_ranks[5] = 10
+    held = j._held_by_rank(link, 10 + HELD_WINDOWS)
+    assert held.target is Target.rank and held.ranks == (5,) and held.link is None
+    assert held.basis.endswith("/held") and "link 5-7" in held.evidence
+    assert j._held_by_rank(link, 11 + HELD_WINDOWS) is link  # the rank's incident has ended
+    other = localize(DiagKind.RankCommSlow, How.exclusion, Target.link, (1, 3), "x", prior=0.8, link=(1, 3))
+    assert j._held_by_rank(other, 11) is other  # a link away from the rank is its own fault

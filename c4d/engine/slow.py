@@ -40,6 +40,7 @@ CLEAR_SLOW_OPS = 0.2  # a unit with more of its ops this slow is not evidence th
 SLOW_OPS_SHARE = 0.6  # a slow unit has at least this share of its ops below slow_bw_ratio x reference
 P2P_MIN_OPS_FACTOR = 2  # a p2p link needs this many times slow_min_ops measured transfers (noisier)
 P2P_STRONG = 0.8  # a p2p link this far below the line (x slow_bw_ratio) is slow in its first window
+HELD_WINDOWS = 3  # a link of a rank named slow up to this many windows ago is the rank's (see incidents.py)
 STOOD_OUT = 0.3  # share of a window's ops in which a rank's compute stood out, for the next window
 
 
@@ -60,6 +61,7 @@ class SlowJudge:
         self.next_window: int | None = None
         self.baseline: dict[tuple, deque[float]] = {}  # unit base key -> clean windows' bw
         self.slow_ranks: dict[int, int] = {}  # global rank -> last window it was reported slow in
+        self.comm_slow_ranks: dict[int, int] = {}  # global rank -> last window it was named RankCommSlow
         self.slow_units: dict[tuple, int] = {}  # unit key -> last window it was slow in
         self.last_judged: dict[tuple, int] = {}  # unit key -> last window it had enough ops in
         self.unit_members: dict[tuple, tuple[int, ...]] = {}  # unit key -> global ranks
@@ -397,6 +399,7 @@ class SlowJudge:
             loc = self._localize(ranks, comms, u, list(shapes.values()), d, w)
             if loc is None:
                 continue  # waits a window for its ranks' other units (see _localize)
+            loc = self._held_by_rank(loc, w)
             gkey = (loc.target.value, loc.ranks) if loc.localized else ("unit", key)
             groups.setdefault(gkey, []).append((u, d, loc))
         out = []
@@ -413,8 +416,28 @@ class SlowJudge:
                 d["p2p_link"] = list(u.link)
             for g in loc.ranks if loc.localized else ():
                 self.slow_ranks[g] = w
+            if loc.target is Target.rank:
+                self.comm_slow_ranks[loc.ranks[0]] = w
             out.append(SlowFinding(DiagKind.RankCommSlow, c, u.op, u.seq, loc.ranks, loc, d))
         return out
+
+    def _held_by_rank(self, loc: Localization, w: int) -> Localization:
+        """A link verdict with an end that was named RankCommSlow within the last
+        ``HELD_WINDOWS`` windows is that rank's fault seen on one link (a slow rank slows all its
+        links, but in a given window only one may pass the tests): the rank again, so an operator
+        sees one incident, not the rank's links one after another."""
+        if loc.target is not Target.link or loc.link is None:
+            return loc
+        ends = [(self.comm_slow_ranks.get(r, -HELD_WINDOWS - 1), r) for r in loc.link]
+        w0, r = max(ends)
+        if w - w0 > HELD_WINDOWS:
+            return loc
+        a, b = loc.link
+        return localize(
+            DiagKind.RankCommSlow, How.cross_comm, Target.rank, (r,),
+            f"link {a}-{b} is one of rank {r}'s links, and rank {r} was named slow {w - w0} window(s) "
+            "before: the same fault", prior=0.7, refine="held",
+        )  # fmt: skip
 
     def _p2p_low_now(self, key: tuple, w: int) -> None:
         latest = self.p2p_low.get(key, (-9, -9))[0]
