@@ -151,6 +151,7 @@ class Engine:
     def _member(self, c: Comm, cr: np.ndarray, g: np.ndarray) -> None:
         new = c.grank[cr] != g
         if new.any():
+            c.version += 1
             for a, b in zip(cr[new].tolist(), g[new].tolist(), strict=True):
                 c.grank[a] = b
                 if (c.idx, a) not in self.ranks.comms_of[b]:
@@ -258,6 +259,7 @@ class Engine:
             if parent.any():
                 c.parent = int(parent[parent != 0][-1])
             gone = np.isin(part["event"], GONE_EVENTS)
+            c.version += 1
             c.gone[cr[gone]] = True
             c.gone[cr[~gone]] = False
 

@@ -186,6 +186,7 @@ class WaitGraph:
         self.nodes: dict[NodeKey, _Node] = {}
         self.blocks_of: dict[int, list[NodeKey]] = {}
         self.view: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self._off = ranks.offsets(np.arange(ranks.n))  # once per tick: per communicator it was 2/5 of a tick
         for c in comms.values():
             self._collect(c)
         self._memo: dict[NodeKey, _Expl] = {}
@@ -193,20 +194,35 @@ class WaitGraph:
         self.edges: set[_Edge] = set()  # victim edges seen by the walk (for cycles)
 
     # -- graph nodes -------------------------------------------------------------------
+    def _view(self, c: Comm) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """c's arrived and done counts per member and its members' clock offsets (this tick)."""
+        v = self.view.get(c.idx)
+        if v is None:
+            done = c.done_eff()
+            g = c.grank
+            ok = (g >= 0) & (g < len(self._off))
+            off = np.zeros(len(g), np.int64)
+            off[ok] = self._off[g[ok]]
+            v = self.view[c.idx] = (np.maximum(c.n_arrived, done), done, off)
+        return v
+
     def _collect(self, c: Comm) -> None:
+        if c.idle_version == c.version:
+            return  # nobody waited in it at an earlier tick and nothing came since
         done = c.done_eff()
         arr = np.maximum(c.n_arrived, done)
-        off = self.r.offsets(c.grank)
-        self.view[c.idx] = (arr, done, off)
         live = c.hb_seen & ~c.gone & (c.grank >= 0)
-        if not live.any():
+        wait = np.flatnonzero(live & (arr > done))
+        pb = live & (c.pend_seq >= 0) & ((c.pend_flags & P2P) != 0) & (c.pend_start > 0)
+        if not len(wait) and not pb.any():
+            c.idle_version = c.version
             return
-        for cr in np.flatnonzero(live & (arr > done)).tolist():
+        _, _, off = self._view(c)
+        for cr in wait.tolist():
             k = int(done[cr])
             t = int(c.last_arrive[cr]) or int(c.pend_start[cr]) or int(c.pend_issue[cr]) or int(c.hb_time[cr])
             op = int(c.pend_op[cr]) if c.pend_seq[cr] == k and not c.pend_flags[cr] & P2P else None
             self._add(NodeKey(False, c.idx, k), c, op, int(c.grank[cr]), t - int(off[cr]))
-        pb = live & (c.pend_seq >= 0) & ((c.pend_flags & P2P) != 0) & (c.pend_start > 0)
         for cr in np.flatnonzero(pb).tolist():
             op, q, s = int(c.pend_op[cr]), int(c.pend_peer[cr]), int(c.pend_seq[cr])
             if c.p2p_done.get((cr, op, q), 0) > s:
@@ -225,7 +241,7 @@ class WaitGraph:
 
     def report_ns(self, c: Comm, cr: int) -> int:
         """Master time of member cr's latest report on comm c."""
-        return int(c.hb_time[cr]) - int(self.view[c.idx][2][cr])
+        return int(c.hb_time[cr]) - int(self._view(c)[2][cr])
 
     def since(self, g: int, key: NodeKey) -> int:
         """When rank g began waiting in node ``key`` (master clock)."""
@@ -281,7 +297,7 @@ class WaitGraph:
 
     def _coll(self, node: _Node) -> _Expl:
         c, k = node.comm, node.seq
-        arr, done, _ = self.view[c.idx]
+        arr, done, _ = self._view(c)
         e = _Expl()
         members = c.members()
         if (done[members] > k).any():

@@ -119,13 +119,14 @@ class SlowJudge:
 
     def _closed_coll(self, c: Comm, closed: int, P: int) -> tuple[np.ndarray, np.ndarray] | None:
         """Take c's COMPLETED rows (and their members' gaps) of windows that may now be judged."""
-        if not c.pending:
+        if not c.pending or c.pending_min_la // P > closed:
             return None
         ops = np.concatenate(c.pending) if len(c.pending) > 1 else c.pending[0]
         gaps = np.concatenate(c.pending_gaps) if len(c.pending_gaps) > 1 else c.pending_gaps[0]
         win = ops["last_arrive"] // P
         keep = win > closed
         c.pending, c.pending_gaps = ([ops[keep]], [gaps[keep]]) if keep.any() else ([], [])
+        c.pending_min_la = int(ops["last_arrive"][keep].min()) if keep.any() else 1 << 62
         ops, gaps, win = ops[~keep], gaps[~keep], win[~keep]
         use = ops["aligned"]  # reduced before the members' clocks were known: not compared
         if self.next_window is not None:

@@ -374,6 +374,10 @@ class Comm:
         self.grank = np.full(n, -1, np.int64)
         self.gone = np.zeros(n, bool)
         self.parent = 0
+        # bumped by every change to what the hang graph reads (hang.WaitGraph skips a
+        # communicator nobody waited in at the version it last saw)
+        self.version = 0
+        self.idle_version = -1
         # latest heartbeat per member
         self.hb_seen = np.zeros(n, bool)
         self.hb_time = np.zeros(n, np.int64)  # rank clock
@@ -409,6 +413,7 @@ class Comm:
         self.incomplete = 0  # ops evicted before every member reported
         # derived
         self.pending: list[np.ndarray] = []  # COMPLETED rows not yet judged by a slow window
+        self.pending_min_la = 1 << 62  # their earliest last_arrive (the slow judge skips c until it closes)
         self.pending_gaps: list[np.ndarray] = []  # their members' compute before each op (ops x n, ns)
         self.recent: list[np.ndarray] = []  # COMPLETED rows for the live view
         self.recent_n = 0
@@ -443,6 +448,7 @@ class Comm:
 
     # -- ingestion ---------------------------------------------------------------------
     def add_heartbeats(self, hb: np.ndarray) -> None:
+        self.version += 1
         cr = hb["comm_rank"].astype(np.int64)
         # latest row per member (rows are in arrival order; a rank's stream is FIFO)
         _, first_rev = np.unique(cr[::-1], return_index=True)
@@ -476,6 +482,7 @@ class Comm:
 
     def add_p2p(self, ops: np.ndarray) -> None:
         """p2p OP rows: completion counters per (member, op, peer) for the hang graph."""
+        self.version += 1
         self.has_p2p = True
         # one int64 per (comm rank, op, peer), ordered as the tuples are: comm ranks and peers
         # are below MAX_NRANKS = 2^17, ops below 16
@@ -490,6 +497,7 @@ class Comm:
 
     def add_collectives(self, ops: np.ndarray, cum: np.ndarray, ranks: RankTable, gain: float) -> np.ndarray:
         """Scatter collective OP rows into the ring; return COMPLETED rows of the ops now complete."""
+        self.version += 1
         self.has_coll = True
         seq = ops["seq"].astype(np.int64)
         cr = ops["comm_rank"].astype(np.int64)
@@ -642,6 +650,8 @@ class Comm:
         """Keep COMPLETED rows (and their members' compute, ops x n) for the slow windows and the
         live view."""
         self.pending.append(out)
+        if len(out):
+            self.pending_min_la = min(self.pending_min_la, int(out["last_arrive"].min()))
         self.pending_gaps.append(gaps)
         self.recent.append(out)
         self.recent_n += len(out)
@@ -654,6 +664,7 @@ class Comm:
         communicator, whose members all run on one node (the caller checked ``_one_clock``):
         kept as ``_reduce`` keeps its own, with what one host's members give the clock
         refinement (a zero residual)."""
+        self.version += 1
         self.has_coll = True
         self.op_done[:] = np.maximum(self.op_done, int(out["seq"].max()) + 1)
         # the members' running compute at their latest op here is the agent's: a later OP record
