@@ -13,12 +13,17 @@ the master's ingest path (c4d/ingest.py: edge validation, c4d/validate.py, then 
 pp 4: many more communicators per chunk). Prints records/s for each, measured in CPU time of
 this process (the machine may be shared);
 ``--json`` adds them as one JSON object on the last line, ``--quick`` runs 2 steps (CI smoke run).
+``--baseline DIR`` measures another checkout (DIR/analysis/bench_engine.py with the same
+options, in a subprocess: DIR's c4d) before and after this one, and prints its figures beside
+ours ("was ..."): side by side in one run, on the same load of the machine.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -82,7 +87,13 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="2 steps: a smoke run of a few seconds")
     ap.add_argument("--synthetic", type=int, metavar="N", help="bench_master's job of N ranks instead")
     ap.add_argument("--json", action="store_true", help="the figures as one JSON object on the last line")
+    ap.add_argument(
+        "--baseline", metavar="DIR", type=Path, help="another checkout to measure beside this one"
+    )
     args = ap.parse_args()
+    if args.baseline and not (args.baseline / "analysis" / "bench_engine.py").is_file():
+        print(f"bench_engine: --baseline {args.baseline}: no analysis/bench_engine.py there", file=sys.stderr)
+        return 1
     if args.quick:
         args.steps = 2
     job = factories.Job(
@@ -106,6 +117,9 @@ def main() -> int:
         # what c4d.master does (Ingest.feed_many)
         ("coalesced, edge + engine", 50_000_000, True, "records_per_s_edge"),
     ]
+    was: list[dict[str, float]] = []
+    if args.baseline:
+        was.append(_baseline(args))
     out: dict[str, float] = {}
     for label, co, edge, key in variants:
         dt, n, feeds = drive(batches, 200_000_000, co, edge)
@@ -114,9 +128,32 @@ def main() -> int:
         print(
             f"{label:>28}: {rate:>10,.0f} records/s  ({feeds} feeds, {per:.0f} records/feed, {dt:.2f} s CPU)"
         )
+    if args.baseline:
+        was.append(_baseline(args))
+        print(f"baseline {args.baseline} (measured before and after):")
+        for label, _co, _edge, key in variants:
+            lo, hi = sorted(w[key] for w in was)
+            print(
+                f"{label:>28}: {out[key]:>10,.0f} records/s  was {lo:,.0f}-{hi:,.0f}  ({out[key] / hi:.2f}x)"
+            )
+        out.update({f"was_{k}": min(w[k] for w in was) for k in was[0]})
     if args.json:
         print(json.dumps(out))
     return 0
+
+
+def _baseline(args) -> dict[str, float]:
+    """The other checkout's figures for the same options (its own bench, its own c4d)."""
+    cmd = [sys.executable, str(args.baseline / "analysis" / "bench_engine.py"), "--json",
+           "--steps", str(args.steps), "--ranks-per-node", str(args.ranks_per_node)]  # fmt: skip
+    if args.synthetic:
+        cmd += ["--synthetic", str(args.synthetic)]
+    if args.quick:
+        cmd.append("--quick")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = str(args.baseline)
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True)
+    return json.loads(res.stdout.strip().splitlines()[-1])
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ Call from one thread (the master's); nothing here blocks or sleeps.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Hashable, Iterator
 from typing import Any
@@ -30,9 +31,13 @@ from c4d.engine.state import (
     OP_SPLIT,
     P2P,
     Comm,
+    Complete,
     P2PPairs,
+    Pool,
     RankTable,
+    compute_before,
     compute_gaps,
+    reduce_comms,
     summaries_completed,
 )
 from c4d.engine.types import CommSnapshot, DiagKind, Diagnosis, EngineSnapshot, Level, Localization, RankState
@@ -45,6 +50,16 @@ CHUNK = 8192  # rows ingested at once (see feed)
 RATE_WINDOW_NS = 5_000_000_000  # the live view's ops/s
 _V = np.dtype((np.void, schema.RECORD_SIZE))
 COMPUTE_GIVEN = int(OpFlag.COMPUTE_GIVEN)
+HB_FIELDS = (  # (Pool member array, HEARTBEAT field) copied as they are (Comm.add_heartbeats)
+    ("n_issued", "n_issued"), ("n_arrived", "n_arrived"), ("n_done", "n_done"),
+    ("last_arrive", "last_arrive_ns"), ("pend_op", "pend_op"), ("pend_peer", "pend_peer"),
+    ("pend_flags", "pend_flags"), ("pend_issue", "pend_issue_ns"), ("pend_start", "pend_start_ns"),
+    ("p2p_in_flight", "p2p_in_flight"),
+)  # fmt: skip
+# A chunk's OP and HEARTBEAT rows of all communicators ingested together (Engine._collectives,
+# state.reduce_comms, Engine._heartbeats); False: one communicator at a time
+# (Comm.add_collectives, Comm.add_heartbeats), the reference tests/test_engine_batched.py compares with
+BATCHED = True
 
 
 class Engine:
@@ -63,6 +78,7 @@ class Engine:
         self._epoch = [-1]
         self._slow = SlowJudge(self.cfg)
         self._pairs = P2PPairs()
+        self._pool = Pool()  # every communicator's membership and ring tags, for _collectives
         self.stages = Stages()  # the training code's staged hang timeouts (stage.py)
         self._now = 0
         self._ratelog = RateLimitedLog(log)
@@ -86,7 +102,7 @@ class Engine:
                 return None
             i = self._comm_index[cid] = self._next_idx
             self._next_idx += 1
-            c = Comm(i, cid, n)
+            c = Comm(i, cid, n, self._pool)
             if self._split:
                 c.split = []
             self.comms[i] = c
@@ -96,7 +112,16 @@ class Engine:
     def _by_comm(
         self, rows: np.ndarray, what: str, extra: np.ndarray | None = None
     ) -> Iterator[tuple[Comm, np.ndarray, np.ndarray]]:
-        """Yield (comm, its rows, the matching slice of ``extra``) in comm-id order, rows kept in order.
+        """Yield (comm, its rows, the matching slice of ``extra``) in comm-id order, rows kept in order."""
+        rows, extra, spans = self._comm_slices(rows, what, extra)
+        for c, h, t in spans:
+            yield c, rows[h:t], extra[h:t]
+
+    def _comm_slices(
+        self, rows: np.ndarray, what: str, extra: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray, list[tuple[Comm, int, int]]]:
+        """The valid rows sorted by comm id (stable: each communicator's in arrival order), the
+        matching ``extra``, and each communicator's (comm, first row, end row), in comm-id order.
 
         PEER records carry no communicator size: they only attach to a communicator some
         other record already announced.
@@ -112,24 +137,43 @@ class Engine:
             self._invalid(f"a bad comm id/rank/size in {what} records", int((~ok).sum()))
             rows, extra = rows[ok], extra[ok]
         if not len(rows):
-            return
+            return rows, extra, []
         order = np.argsort(rows["comm_id"], kind="stable")
         rows, extra = rows[order], extra[order]
         cid = rows["comm_id"]
-        cuts = np.flatnonzero(cid[1:] != cid[:-1]) + 1
-        for part, ex in zip(np.split(rows, cuts), np.split(extra, cuts), strict=True):
-            cid0 = int(part["comm_id"][0])
+        heads = np.flatnonzero(np.r_[True, cid[1:] != cid[:-1]])
+        tails = np.r_[heads[1:], len(rows)]
+        if sized:
+            nr = rows["comm_nranks"]
+            first, lo, hi = (
+                nr[heads].tolist(),
+                np.minimum.reduceat(nr, heads).tolist(),
+                np.maximum.reduceat(nr, heads).tolist(),
+            )
+        else:
+            top = np.maximum.reduceat(rows["comm_rank"], heads).tolist()
+        spans, bad_rows = [], False
+        for k, (h, t, cid0) in enumerate(
+            zip(heads.tolist(), tails.tolist(), cid[heads].tolist(), strict=True)
+        ):
             if sized:
-                c = self._comm(cid0, int(part["comm_nranks"][0]))
-                bad = c is None or bool((part["comm_nranks"] != c.n).any())
+                c = self._comm(cid0, first[k])
+                bad = c is None or lo[k] != c.n or hi[k] != c.n
             else:
                 i = self._comm_index.get(cid0)
                 c = None if i is None else self.comms[i]
-                bad = c is None or bool((part["comm_rank"] >= c.n).any())
+                bad = c is None or top[k] >= c.n
             if bad or c is None:
-                self._invalid(f"an unknown communicator or a changed size in {what} records", len(part))
+                self._invalid(f"an unknown communicator or a changed size in {what} records", t - h)
+                bad_rows = True
                 continue
-            yield c, part, ex
+            spans.append((c, h, t))
+        if bad_rows:  # keep the good ones' rows only
+            idx = np.concatenate([np.arange(h, t) for _, h, t in spans]) if spans else np.empty(0, np.int64)
+            rows, extra = rows[idx], extra[idx]
+            cut = np.cumsum([0] + [t - h for _, h, t in spans]).tolist()
+            spans = [(c, cut[k], cut[k + 1]) for k, (c, _, _) in enumerate(spans)]
+        return rows, extra, spans
 
     def free_comms(self, cids) -> int:
         """Forget communicators (destroyed, or silent for long: c4d/validate.py, Edge.expire): their
@@ -140,6 +184,7 @@ class Engine:
             if i is None:
                 continue
             c = self.comms.pop(i)
+            self._pool.detach(c)
             freed.append(i)
             for g in np.unique(c.grank[c.grank >= 0]).tolist():
                 self.ranks.comms_of[g] = [t for t in self.ranks.comms_of[g] if t[0] != i]
@@ -270,9 +315,32 @@ class Engine:
             fin = (p["hb_flags"] & schema.HBF_FINAL) != 0
             self.ranks.final[p["rank"][fin]] = True
             hb = hb[~proc]
-        for c, part, _ in self._by_comm(hb, "HEARTBEAT"):
-            self._member(c, part["comm_rank"].astype(np.int64), part["rank"].astype(np.int64))
-            c.add_heartbeats(part)
+        if not BATCHED:
+            for c, part, _ in self._by_comm(hb, "HEARTBEAT"):
+                self._member(c, part["comm_rank"].astype(np.int64), part["rank"].astype(np.int64))
+                c.add_heartbeats(part)
+            return
+        rows, _, spans = self._comm_slices(hb, "HEARTBEAT")
+        if not spans:
+            return
+        _ci, member = self._members(rows, spans)
+        for c, _h, _t in spans:
+            c.version += 1
+        # Comm.add_heartbeats for every communicator: the latest row per member
+        _, first_rev = np.unique(member[::-1], return_index=True)
+        idx = len(member) - 1 - first_rev
+        rows, member = rows[idx], member[idx]
+        M = self._pool.member
+        t = rows["time_ns"].astype(np.int64)
+        newer = t >= M["hb_time"][member]
+        rows, member, t = rows[newer], member[newer], t[newer]
+        M["hb_seen"][member] = True
+        M["hb_time"][member] = t
+        M["grank"][member] = rows["rank"]
+        for k, f in HB_FIELDS:
+            M[k][member] = rows[f]
+        ps = rows["pend_seq"]
+        M["pend_seq"][member] = np.where(ps == schema.UINT64_MAX, -1, ps.astype(np.int64))
 
     def _feed_ops(self, ops: np.ndarray) -> None:
         ok = ops["op"] < len(Op)
@@ -281,9 +349,150 @@ class Engine:
             ops = ops[ok]
             if not len(ops):  # (an empty chunk of ops once crashed _gaps: issue 14)
                 return
+        _gaps, cum = self._gaps(ops)
+        extra = np.stack([self._shares_events(ops), cum], axis=1)
+        if not BATCHED:
+            self._feed_ops_each(ops, extra)
+            return
+        rows, ex, spans = self._comm_slices(ops, "OP", extra)
+        if not spans:
+            return
+        ci, member = self._members(rows, spans)
+        for c, h, t in spans:
+            c.ops_seen += t - h
+            c.done_log.append((self._chunk_recv, t - h))
+        p2p = (rows["flags"] & P2P) != 0
+        if not p2p.all():
+            coll = ~p2p
+            self._collectives(rows[coll], ci[coll], member[coll], ex[coll, 1], spans)
+        if p2p.any():
+            pi = np.flatnonzero(p2p)
+            k, cnt = np.unique(ci[pi], return_counts=True)
+            for k1, v in zip(k.tolist(), cnt.tolist(), strict=True):
+                spans[k1][0].p2p_rows += v
+            nn = np.array([c.n for c, _, _ in spans])
+            peer = rows["peer"][pi]
+            pi = pi[(peer >= 0) & (peer < nn[ci[pi]])]
+            if len(pi):
+                pp, kp = rows[pi], ci[pi]
+                heads = np.flatnonzero(np.r_[True, kp[1:] != kp[:-1]])
+                for a, b in itertools.pairwise([*heads.tolist(), len(pi)]):
+                    spans[int(kp[a])][0].add_p2p(pp[a:b])
+                idx = np.array([c.idx for c, _, _ in spans], np.int64)
+                # one pass over every communicator's sends and receives
+                self._pairs.feed(pp, idx[kp], ex[pi, 0] != 0, self.comms, self.ranks)
+
+    def _members(self, rows: np.ndarray, spans: list[tuple[Comm, int, int]]) -> tuple[np.ndarray, np.ndarray]:
+        """``_member`` for the rows of every communicator at once (rows as ``_comm_slices`` gives
+        them); returns each row's span and its member's Pool index."""
+        ci = np.repeat(np.arange(len(spans)), [t - h for _, h, t in spans])
+        mbase = np.array([c.mbase for c, _, _ in spans], np.int64)
+        cr = rows["comm_rank"].astype(np.int64)
+        member = mbase[ci] + cr
+        g = rows["rank"].astype(np.int64)
+        new = self._pool.member["grank"][member] != g
+        if new.any():
+            for i in np.flatnonzero(new).tolist():
+                c = spans[ci[i]][0]
+                a, b = int(cr[i]), int(g[i])
+                c.grank[a] = b
+                if (c.idx, a) not in self.ranks.comms_of[b]:
+                    self.ranks.comms_of[b].append((c.idx, a))
+            for k in np.unique(ci[new]).tolist():
+                spans[k][0].version += 1
+        return ci, member
+
+    def _collectives(
+        self,
+        co: np.ndarray,
+        ci: np.ndarray,
+        member: np.ndarray,
+        cum: np.ndarray,
+        spans: list[tuple[Comm, int, int]],
+    ) -> None:
+        """Collective OP rows of every communicator of a chunk (``ci``: each row's span, rows in
+        span order, each span's in arrival order): what Comm.add_collectives does one
+        communicator at a time, at once. An op whose every member's row is in the chunk and
+        whose ring slot nothing else of the chunk claims (the common case) is reduced straight
+        from the rows; the others go through the communicator's ring (Comm.scatter)."""
+        P = self._pool
+        seq = co["seq"].astype(np.int64)
+        cr = co["comm_rank"].astype(np.int64)
+        present = np.unique(ci).tolist()
+        for k in present:
+            c = spans[k][0]
+            c.version += 1
+            c.has_coll = True
+        P.member["grank"][member] = co["rank"]
+        np.maximum.at(P.member["op_done"], member, seq + 1)
+        comp = compute_before(P.member["last_cum"], member, seq, cum)
+        nn = np.array([c.n for c, _, _ in spans], np.int64)
+        W = np.array([c.W for c, _, _ in spans], np.int64)
+        sbase = np.array([c.sbase for c, _, _ in spans], np.int64)
+        gslot = sbase[ci] + seq % W[ci]  # Pool slot index
+        m = len(co)
+        o = np.lexsort((cr, seq, ci))
+        ci_o, seq_o, cr_o, gs_o = ci[o], seq[o], cr[o], gslot[o]
+        head = np.r_[True, (ci_o[1:] != ci_o[:-1]) | (seq_o[1:] != seq_o[:-1])]
+        heads = np.flatnonzero(head)
+        size = np.diff(np.r_[heads, m])
+        run = np.cumsum(head) - 1
+        # complete: n rows, comm ranks 0..n-1; the slot: no other op of the chunk, older than this op
+        complete = (size == nn[ci_o[heads]]) & np.logical_and.reduceat(
+            cr_o == np.arange(m) - heads[run], heads
+        )
+        _, inv, uc = np.unique(gslot, return_inverse=True, return_counts=True)
+        per_slot = uc[inv.ravel()][o][heads]
+        tag_old = P.slot["tag"][gs_o[heads]]
+        fast = complete & (per_slot == size) & (seq_o[heads] > tag_old)
+        parts: dict[int, list[Complete]] = {}
+        if fast.any():
+            fh = heads[fast]
+            gs = gs_o[fh]
+            evicted = (tag_old[fast] >= 0) & ~P.slot["processed"][gs]
+            if evicted.any():
+                for k, v in zip(*np.unique(ci_o[fh][evicted], return_counts=True), strict=True):
+                    spans[int(k)][0].incomplete += int(v)
+            last_row = np.maximum.reduceat(o, heads)[fast]  # the ring keeps the op kind of the last row
+            P.slot["tag"][gs] = seq_o[fh]
+            P.slot["processed"][gs] = True
+            op = co["op"][last_row]
+            P.slot["opk"][gs] = op
+            nbytes = co["bytes"][last_row].astype(np.int64)
+            start = co["start_ns"].astype(np.int64)
+            arr = np.where(start > 0, start, co["issue_ns"].astype(np.int64))[o]
+            end, gap = co["end_ns"].astype(np.int64)[o], comp[o]
+            fast_rows = fast[run]
+            n_f, ci_f = nn[ci_o[fh]], ci_o[fh]
+            for n in np.unique(n_f).tolist():
+                sel = np.flatnonzero(fast_rows & (nn[ci_o] == n))
+                og = np.flatnonzero(n_f == n)
+                A, E, G = (x[sel].reshape(-1, n) for x in (arr, end, gap))
+                cs = ci_f[og]
+                cuts = np.flatnonzero(np.r_[True, cs[1:] != cs[:-1]]).tolist() + [len(og)]
+                for a, b in itertools.pairwise(cuts):
+                    q = og[a:b]
+                    parts.setdefault(int(cs[a]), []).append(
+                        Complete(A[a:b], E[a:b], G[a:b], op[q], nbytes[q], seq_o[fh][q])
+                    )
+            ring = np.ones(m, bool)
+            ring[o[fast_rows]] = False
+        else:
+            ring = np.ones(m, bool)
+        if ring.any():
+            for k in np.unique(ci[ring]).tolist():
+                c = spans[k][0]
+                sel = np.flatnonzero(ring & (ci == k))
+                slots = c.scatter(co[sel], seq[sel], cr[sel], comp[sel])
+                if len(slots):
+                    parts.setdefault(k, []).append(Complete.of(c, slots))
+        done = [(spans[k][0], Complete.join(parts[k])) for k in sorted(parts)]
+        reduce_comms(done, self.ranks, self.cfg.clock_gain)  # exactly what add_collectives one by one gives
+
+    def _feed_ops_each(self, ops: np.ndarray, extra: np.ndarray) -> None:
+        """One communicator at a time (Comm.add_collectives): the reference the batched path is
+        tested against (engine.BATCHED)."""
         gain = self.cfg.clock_gain
-        gaps, cum = self._gaps(ops)
-        extra = np.stack([gaps, self._shares_events(ops), cum], axis=1)
         p2p_rows, p2p_comm, p2p_shared = [], [], []
         for c, part, ex in self._by_comm(ops, "OP", extra):
             n = len(part)
@@ -299,9 +508,9 @@ class Engine:
                     c.add_p2p(pp[okp])
                     p2p_rows.append(pp[okp])
                     p2p_comm.append(np.full(int(okp.sum()), c.idx, np.int64))
-                    p2p_shared.append(ex[p2p][okp, 1] != 0)
+                    p2p_shared.append(ex[p2p][okp, 0] != 0)
             if (~p2p).any():
-                c.add_collectives(part[~p2p], ex[~p2p, 2], self.ranks, gain)
+                c.add_collectives(part[~p2p], ex[~p2p, 1], self.ranks, gain)
         if p2p_rows:  # one pass over every communicator's sends and receives
             self._pairs.feed(np.concatenate(p2p_rows), np.concatenate(p2p_comm), np.concatenate(p2p_shared),
                              self.comms, self.ranks)  # fmt: skip

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -267,12 +269,14 @@ class RankTable:
         node_ok = self.rel_node_ok[np.maximum(nd, 0)] if len(self.rel_node_ok) else np.zeros(len(nd), bool)
         return np.where(nd >= 0, node_ok, self.rel_rank_ok[g])
 
-    def add_residuals(self, g: np.ndarray, res: np.ndarray) -> None:
+    def add_residuals(self, g: np.ndarray, res: np.ndarray, join: bool = True) -> None:
         """End-time consensus step: per-rank residuals, averaged per node (a host moves as one).
-        The domains of ``g`` become (or stay) one island."""
+        The domains of ``g`` become (or stay) one island; ``join=False``: they are already
+        (state.reduce_comms applies the steps of many communicators at once that way)."""
         nd = self.node[g]
         has = nd >= 0
-        self._merge(nd[has], g[~has])
+        if join:
+            self._merge(nd[has], g[~has])
         if has.any():
             k = len(self.node_names)
             s = np.bincount(nd[has], weights=res[has], minlength=k)
@@ -365,11 +369,81 @@ class RankTable:
                 }
 
 
+class Pool:
+    """The per-member and per-slot arrays that a chunk's collective rows update (membership,
+    ``op_done``, ``last_cum``; the ring's ``tag``, ``opk``, ``processed``) of every
+    communicator, in one flat array each, so the engine updates all communicators' with one
+    numpy call (Engine._feed_ops). Each Comm's arrays are views of its ranges (``mbase``,
+    ``sbase``), re-pointed when the pool grows; a freed communicator's ranges are not reused."""
+
+    MEMBER = (
+        ("grank", np.int64, -1), ("op_done", np.int64, 0), ("last_cum", np.int64, -1),
+        ("hb_seen", np.bool_, False), ("hb_time", np.int64, 0), ("n_issued", np.int64, 0),
+        ("n_arrived", np.int64, 0), ("n_done", np.int64, 0), ("last_arrive", np.int64, 0),
+        ("pend_seq", np.int64, -1), ("pend_op", np.int16, 255), ("pend_peer", np.int32, -1),
+        ("pend_flags", np.int16, 0), ("pend_issue", np.int64, 0), ("pend_start", np.int64, 0),
+        ("p2p_in_flight", np.int64, 0),
+    )  # fmt: skip
+    SLOT = (("tag", np.int64, -1), ("opk", np.uint8, 0), ("processed", np.bool_, False))
+
+    def __init__(self) -> None:
+        self.member = {k: np.full(0, f, dt) for k, dt, f in self.MEMBER}
+        self.slot = {k: np.full(0, f, dt) for k, dt, f in self.SLOT}
+        self.m_used = self.s_used = 0
+        self.comms: dict[int, Comm] = {}  # by index
+
+    def attach(self, c: Comm) -> None:
+        grow = False
+        for arrs, spec, used, need in (
+            (self.member, self.MEMBER, self.m_used, c.n), (self.slot, self.SLOT, self.s_used, c.W)
+        ):  # fmt: skip
+            cap = len(next(iter(arrs.values())))
+            if used + need > cap:
+                size = max(1024, 2 * cap, used + need)
+                for k, _dt, f in spec:
+                    arrs[k] = _grow(arrs[k], size, f)
+                grow = True
+        c.mbase, c.sbase = self.m_used, self.s_used
+        self.m_used += c.n
+        self.s_used += c.W
+        self.comms[c.idx] = c
+        for d in self.comms.values() if grow else (c,):
+            self._point(d)
+
+    def _point(self, c: Comm) -> None:
+        for k, _dt, _f in self.MEMBER:
+            setattr(c, k, self.member[k][c.mbase : c.mbase + c.n])
+        for k, _dt, _f in self.SLOT:
+            setattr(c, k, self.slot[k][c.sbase : c.sbase + c.W])
+
+    def detach(self, c: Comm) -> None:
+        self.comms.pop(c.idx, None)
+
+
+def compute_before(last_cum: np.ndarray, member: np.ndarray, seq: np.ndarray, cum: np.ndarray) -> np.ndarray:
+    """Each member's compute before op k of its communicator: its running compute sum now minus
+    at its previous op there (a rank's ops arrive in its stream's order), so every gap in
+    between counts, in whatever communicator (a pipeline stage's compute ends at a p2p send,
+    not at the DP all-reduce that follows). Unknown (-1) at its first op. ``member`` indexes
+    ``last_cum`` (a comm rank, or a Pool member index for many communicators at once), which
+    is updated to each member's latest op."""
+    order = np.lexsort((seq, member))
+    m_o, cum_o = member[order], cum[order]
+    first = np.r_[True, m_o[1:] != m_o[:-1]]
+    prev = np.where(first, last_cum[m_o], np.r_[-1, cum_o[:-1]])
+    comp = np.empty_like(cum)
+    comp[order] = np.where(prev >= 0, cum_o - prev, -1)
+    last = np.r_[m_o[1:] != m_o[:-1], True]
+    last_cum[m_o[last]] = cum_o[last]
+    return comp
+
+
 class Comm:
     """One communicator's arrays. ``n`` members, op ring of ``W`` sequence slots."""
 
-    def __init__(self, idx: int, cid: int, n: int) -> None:
+    def __init__(self, idx: int, cid: int, n: int, pool: Pool | None = None) -> None:
         self.idx, self.id, self.n = idx, cid, n
+        self.mbase = self.sbase = -1  # where its arrays lie in the engine's Pool (-1: its own)
         self.W = int(min(1024, max(64, (1 << 20) // max(n, 1))))
         self.grank = np.full(n, -1, np.int64)
         self.gone = np.zeros(n, bool)
@@ -425,6 +499,8 @@ class Comm:
         self.done_log: deque[tuple[int, int]] = deque(maxlen=4096)
         self.p2p_rows = 0
         self.p2p_recent: deque[np.ndarray] = deque(maxlen=64)
+        if pool is not None:
+            pool.attach(self)
 
     # -- derived views -----------------------------------------------------------------
     def done_eff(self) -> np.ndarray:
@@ -496,13 +572,23 @@ class Comm:
                 self.p2p_done[k] = m
 
     def add_collectives(self, ops: np.ndarray, cum: np.ndarray, ranks: RankTable, gain: float) -> np.ndarray:
-        """Scatter collective OP rows into the ring; return COMPLETED rows of the ops now complete."""
+        """Scatter collective OP rows into the ring; return COMPLETED rows of the ops now complete.
+        (The engine does this for all communicators of a chunk at once: Engine._collectives.)"""
         self.version += 1
         self.has_coll = True
         seq = ops["seq"].astype(np.int64)
         cr = ops["comm_rank"].astype(np.int64)
         self.grank[cr] = ops["rank"]
         np.maximum.at(self.op_done, cr, seq + 1)
+        comp = compute_before(self.last_cum, cr, seq, cum)
+        slots = self.scatter(ops, seq, cr, comp)
+        if not len(slots):
+            return np.empty(0, COMPLETED)
+        return self._reduce(slots, ranks, gain)
+
+    def scatter(self, ops: np.ndarray, seq: np.ndarray, cr: np.ndarray, comp: np.ndarray) -> np.ndarray:
+        """Put collective OP rows (and each member's compute before the op) into the ring; return
+        the slots of the ops now complete, in seq order, marked processed."""
         W = self.W
         slot = seq % W
         tag = self.tag[slot]
@@ -520,18 +606,6 @@ class Comm:
             self.has[s_new] = False
             self.gap[s_new] = -1
             self.processed[s_new] = False
-        # Each member's compute before op k of this communicator: its running compute sum now
-        # minus at its previous op here (a rank's ops arrive in its stream's order), so every
-        # gap in between counts, in whatever communicator (a pipeline stage's compute ends at
-        # a p2p send, not at the DP all-reduce that follows). Unknown (-1) at its first op.
-        order = np.lexsort((seq, cr))
-        cr_o, cum_o = cr[order], cum[order]
-        first = np.r_[True, cr_o[1:] != cr_o[:-1]]
-        prev = np.where(first, self.last_cum[cr_o], np.r_[-1, cum_o[:-1]])
-        comp = np.empty_like(cum)
-        comp[order] = np.where(prev >= 0, cum_o - prev, -1)
-        last = np.r_[cr_o[1:] != cr_o[:-1], True]
-        self.last_cum[cr_o[last]] = cum_o[last]
         ok = seq == self.tag[slot]
         if not ok.all():
             ops, seq, cr, slot, comp = ops[ok], seq[ok], cr[ok], slot[ok], comp[ok]
@@ -545,11 +619,10 @@ class Comm:
         self.nbytes[slot] = ops["bytes"].astype(np.int64)
         touched = np.unique(slot)
         done = touched[self.has[touched].all(axis=1) & ~self.processed[touched]]
-        if not len(done):
-            return np.empty(0, COMPLETED)
-        done = done[np.argsort(self.tag[done], kind="stable")]
-        self.processed[done] = True
-        return self._reduce(done, ranks, gain)
+        if len(done):
+            done = done[np.argsort(self.tag[done], kind="stable")]
+            self.processed[done] = True
+        return done
 
     def _one_clock(self, ranks: RankTable) -> bool:
         """Every member is known and registered the same node (one host clock)."""
@@ -559,92 +632,13 @@ class Comm:
         return bool((nd >= 0).all() and (nd == nd[0]).all())
 
     def _reduce(self, slots: np.ndarray, ranks: RankTable, gain: float) -> np.ndarray:
-        """One COMPLETED row per complete op; also refines clock offsets from end times."""
-        n = self.n
-        off = ranks.offsets(self.grank)
-        A = self.arr[slots] - off  # aligned arrivals (master clock)
-        E = self.end[slots] - off
-        G = self.gap[slots]
-        m = len(slots)
-        rows = np.arange(m)
-        out = np.zeros(m, COMPLETED)
-        out["seq"] = self.tag[slots]
-        op = self.opk[slots]
-        out["op"] = op
-        out["bytes"] = self.nbytes[slots]
-        endmed = np.median(E, axis=1)
-        # Who arrived last, by how much, and the transfer (last arrival -> done). Within one
-        # host clock, aligned times are exact. Across hosts they carry the offset estimate's
-        # error (ms early on, as large as the transfer itself), so ops that end together on
-        # every member use each rank's own duration d = end - arrival instead, which needs no
-        # clock: the last arriver has the smallest d, transfer = min d, wait_i = d_i - min d.
-        K = A.astype(np.float64)  # "lateness": larger = arrived later
-        own = np.zeros(m, bool)
-        if n >= 2 and not self._one_clock(ranks):
-            Eo, Ao = self.end[slots], self.arr[slots]
-            own = np.isin(op, END_SYNC_OPS) & (Eo > 0).all(axis=1) & (Ao > 0).all(axis=1)
-            if own.any():
-                K[own] = -(Eo[own] - Ao[own]).astype(np.float64)
-        last = K.argmax(axis=1)
-        Klast = K[rows, last]
-        L = A[rows, last]
-        out["last_arrive"] = L
-        out["first_arrive"] = A.min(axis=1)
-        out["last"] = last
-        second = np.partition(K, n - 2, axis=1)[:, n - 2] if n >= 2 else Klast
-        out["margin"] = (Klast - second).astype(np.int64)
-        transfer = np.where(own, -Klast, endmed - L)
-        out["transfer"] = transfer.astype(np.int64)
-        size = total_bytes(op, self.nbytes[slots], np.full(m, n))
-        with np.errstate(divide="ignore", invalid="ignore"):  # ends before the last arrival: timer noise
-            out["busbw"] = np.where(transfer > 0, size / transfer * busbw_factor(op, np.full(m, n)), np.nan)
-        wait = (Klast[:, None] - K).astype(np.int64)
-        out["wait_med"] = np.median(wait, axis=1).astype(np.int64)
-        out["wait_max"] = wait.max(axis=1)
-        if self.split is not None:
-            sp = np.zeros((m, n), OP_SPLIT)
-            sp["comm_id"] = self.id
-            sp["seq"] = self.tag[slots][:, None]
-            sp["rank"] = self.grank[None, :]
-            sp["comm_rank"] = np.arange(n)[None, :]
-            sp["peer"] = -1
-            sp["op"] = op[:, None]
-            sp["bytes"] = self.nbytes[slots][:, None]
-            sp["arrive_ns"] = A
-            sp["last_arrive_ns"] = L[:, None]
-            sp["wait_ns"] = wait
-            sp["transfer_ns"] = transfer[:, None]
-            sp["lateness_ns"] = K - np.median(K, axis=1)[:, None]
-            sp["compute_ns"] = np.where(G >= 0, G, np.nan)
-            with np.errstate(divide="ignore", invalid="ignore"):
-                alg = np.where(transfer > 0, size / transfer, np.nan)
-            sp["algbw_gbs"] = alg[:, None]
-            sp["busbw_gbs"] = out["busbw"][:, None]
-            self.split.append(sp.ravel())
-        out["gap_last"] = G[rows, last]
-        if n >= 2:
-            Gf = np.where(G >= 0, G, np.nan).astype(float)
-            Gf[rows, last] = np.nan
-            out["gap_others"] = _row_nanmedian(Gf)
-        else:
-            out["gap_others"] = np.nan
-        # Ops reduced before every member's clock offset was known are not compared across
-        # ranks (the slow windows skip them).
-        known = bool(((self.grank >= 0) & ranks.aligned(np.maximum(self.grank, 0))).all())
-        out["aligned"] = known
-        # Clock refinement: these ops end (nearly) together on every rank, so each rank's
-        # median residual against the op's median end is its remaining offset error.
-        out["ends_known"] = (self.end[slots] > 0).all(axis=1)
-        sync = np.isin(op, END_SYNC_OPS) & out["ends_known"]
-        if gain > 0 and n >= 2 and sync.any() and known:
-            R = E[sync] - endmed[sync, None]
-            res = np.median(R, axis=0)
-            res = np.clip(res - res.mean(), -1e9, 1e9)
-            ranks.add_residuals(self.grank, gain * res)
-        # each member's compute before the op (see add_collectives): what a slow rank's peers
-        # wait for
-        self._completed(out, np.where(G >= 0, G, np.nan).astype(np.float32))
-        return out
+        """One COMPLETED row per complete op (``reduce_group`` of this communicator alone), kept;
+        then the clock refinement from their end times."""
+        red = reduce_group([self], [Complete.of(self, slots)], ranks, gain)
+        red.keep(0)
+        if red.writer[0]:
+            ranks.add_residuals(self.grank, red.res[0])
+        return red.out
 
     def _completed(self, out: np.ndarray, gaps: np.ndarray) -> None:
         """Keep COMPLETED rows (and their members' compute, ops x n) for the slow windows and the
@@ -675,6 +669,255 @@ class Comm:
         if gain > 0 and self.n >= 2 and known and bool((out["ends_known"] & _END_SYNC[out["op"]]).any()):
             ranks.add_residuals(self.grank, np.zeros(self.n))
         self._completed(out, gaps)
+
+
+class Complete(NamedTuple):
+    """One communicator's complete ops as its ring holds them (rank clocks), in seq order."""
+
+    arr: np.ndarray  # ops x n: arrival (device start, else host issue)
+    end: np.ndarray  # ops x n
+    gap: np.ndarray  # ops x n: the member's compute before the op, -1 unknown
+    op: np.ndarray
+    nbytes: np.ndarray
+    seq: np.ndarray
+
+    @classmethod
+    def of(cls, c: Comm, slots: np.ndarray) -> Complete:
+        return cls(c.arr[slots], c.end[slots], c.gap[slots], c.opk[slots], c.nbytes[slots], c.tag[slots])
+
+    @classmethod
+    def join(cls, parts: list[Complete]) -> Complete:
+        """One communicator's ops from several sources (straight from a chunk's rows, from the
+        ring), in seq order."""
+        if len(parts) == 1:
+            return parts[0]
+        cat = [np.concatenate([p[k] for p in parts]) for k in range(6)]
+        o = np.argsort(cat[5], kind="stable")
+        return cls(*(x[o] for x in cat))
+
+
+@dataclass
+class Reduced:
+    """``reduce_group``'s result for communicators of one size: their COMPLETED rows one after
+    the other (communicator i's are ``out[bounds[i]:bounds[i + 1]]``), the members' compute
+    (ops x n, NaN unknown), OP_SPLIT rows (ops x n) when some communicator keeps them, and
+    the clock refinement each would apply (``writer``: it has one; ``res``: ranks x n, ns)."""
+
+    comms: list[Comm]
+    out: np.ndarray
+    gaps: np.ndarray
+    split: np.ndarray | None
+    bounds: list[int]
+    writer: np.ndarray
+    res: np.ndarray
+
+    def keep(self, i: int) -> None:
+        """Communicator i keeps its rows (Comm._completed, and its OP_SPLIT rows)."""
+        c, a, b = self.comms[i], self.bounds[i], self.bounds[i + 1]
+        if c.split is not None and self.split is not None:
+            c.split.append(self.split[a:b].ravel())
+        c._completed(self.out[a:b], self.gaps[a:b])
+
+
+def reduce_group(comms: list[Comm], parts: list[Complete], ranks: RankTable, gain: float) -> Reduced:
+    """One COMPLETED row per complete op of communicators of one size n, all at once (each row
+    depends only on its op and its communicator's members), with the offsets as they are now.
+    Applies nothing to ``ranks``: the caller applies ``res`` where ``writer``, in communicator
+    order (``Comm._reduce`` one at a time, ``reduce_comms`` in waves)."""
+    n = comms[0].n
+    C = len(comms)
+    cnt = [len(p.seq) for p in parts]
+    bounds = np.r_[0, np.cumsum(cnt)].tolist()
+    seg = np.repeat(np.arange(C), cnt)
+    cat = (lambda k: parts[0][k]) if C == 1 else (lambda k: np.concatenate([p[k] for p in parts]))
+    arr, end, G = cat(0), cat(1), cat(2)
+    op, nbytes, seq = cat(3), cat(4), cat(5)
+    grank = np.stack([c.grank for c in comms]) if C > 1 else comms[0].grank[None, :]
+    off = ranks.offsets(grank.ravel()).reshape(C, n)[seg]
+    A = arr - off  # aligned arrivals (master clock)
+    E = end - off
+    m = len(seq)
+    rows = np.arange(m)
+    out = np.zeros(m, COMPLETED)
+    out["seq"] = seq
+    out["op"] = op
+    out["bytes"] = nbytes
+    endmed = np.median(E, axis=1)
+    # Who arrived last, by how much, and the transfer (last arrival -> done). Within one
+    # host clock, aligned times are exact. Across hosts they carry the offset estimate's
+    # error (ms early on, as large as the transfer itself), so ops that end together on
+    # every member use each rank's own duration d = end - arrival instead, which needs no
+    # clock: the last arriver has the smallest d, transfer = min d, wait_i = d_i - min d.
+    K = A.astype(np.float64)  # "lateness": larger = arrived later
+    own = np.zeros(m, bool)
+    gr_ok = (grank >= 0).all(axis=1)
+    nd = ranks.node[np.maximum(grank, 0)]
+    one_clock = gr_ok & (nd >= 0).all(axis=1) & (nd == nd[:, :1]).all(axis=1)
+    if n >= 2 and not one_clock.all():
+        own = ~one_clock[seg] & _END_SYNC[op] & (end > 0).all(axis=1) & (arr > 0).all(axis=1)
+        if own.any():
+            K[own] = -(end[own] - arr[own]).astype(np.float64)
+    last = K.argmax(axis=1)
+    Klast = K[rows, last]
+    L = A[rows, last]
+    out["last_arrive"] = L
+    out["first_arrive"] = A.min(axis=1)
+    out["last"] = last
+    second = np.partition(K, n - 2, axis=1)[:, n - 2] if n >= 2 else Klast
+    out["margin"] = (Klast - second).astype(np.int64)
+    transfer = np.where(own, -Klast, endmed - L)
+    out["transfer"] = transfer.astype(np.int64)
+    size = total_bytes(op, nbytes, np.full(m, n))
+    with np.errstate(divide="ignore", invalid="ignore"):  # ends before the last arrival: timer noise
+        out["busbw"] = np.where(transfer > 0, size / transfer * busbw_factor(op, np.full(m, n)), np.nan)
+    wait = (Klast[:, None] - K).astype(np.int64)
+    out["wait_med"] = np.median(wait, axis=1).astype(np.int64)
+    out["wait_max"] = wait.max(axis=1)
+    sp = None
+    if any(c.split is not None for c in comms):
+        sp = np.zeros((m, n), OP_SPLIT)
+        sp["comm_id"] = np.array([c.id for c in comms], np.uint64)[seg, None]
+        sp["seq"] = seq[:, None]
+        sp["rank"] = grank[seg]
+        sp["comm_rank"] = np.arange(n)[None, :]
+        sp["peer"] = -1
+        sp["op"] = op[:, None]
+        sp["bytes"] = nbytes[:, None]
+        sp["arrive_ns"] = A
+        sp["last_arrive_ns"] = L[:, None]
+        sp["wait_ns"] = wait
+        sp["transfer_ns"] = transfer[:, None]
+        sp["lateness_ns"] = K - np.median(K, axis=1)[:, None]
+        sp["compute_ns"] = np.where(G >= 0, G, np.nan)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            alg = np.where(transfer > 0, size / transfer, np.nan)
+        sp["algbw_gbs"] = alg[:, None]
+        sp["busbw_gbs"] = out["busbw"][:, None]
+    out["gap_last"] = G[rows, last]
+    if n >= 2:
+        Gf = np.where(G >= 0, G, np.nan).astype(float)
+        Gf[rows, last] = np.nan
+        out["gap_others"] = _row_nanmedian(Gf)
+    else:
+        out["gap_others"] = np.nan
+    # Ops reduced before every member's clock offset was known are not compared across
+    # ranks (the slow windows skip them).
+    known = np.asarray(gr_ok & ranks.aligned(np.maximum(grank, 0).ravel()).reshape(C, n).all(axis=1))
+    out["aligned"] = known[seg]
+    # Clock refinement: these ops end (nearly) together on every rank, so each rank's
+    # median residual against the op's median end is its remaining offset error.
+    out["ends_known"] = (end > 0).all(axis=1)
+    sync = _END_SYNC[op] & out["ends_known"]
+    writer = np.zeros(C, bool)
+    res = np.zeros((C, n))
+    if gain > 0 and n >= 2:
+        writer = known & (np.bincount(seg[sync], minlength=C) > 0)
+        if writer.any():
+            w = writer[seg] & sync
+            med = _seg_col_median(E[w] - endmed[w, None], seg[w], C)[writer]
+            res[writer] = gain * np.clip(med - med.mean(axis=1, keepdims=True), -1e9, 1e9)
+    # each member's compute before the op (see add_collectives): what a slow rank's peers
+    # wait for
+    gaps = np.where(G >= 0, G, np.nan).astype(np.float32)
+    return Reduced(comms, out, gaps, sp, bounds, writer, res)
+
+
+def reduce_comms(done: list[tuple[Comm, Complete]], ranks: RankTable, gain: float) -> None:
+    """Reduce the complete ops of many communicators (``(comm, its ops)`` in the order the
+    per-communicator path, ``Comm._reduce`` one after the other, would take them) with exactly
+    its results, in a few ``reduce_group`` calls instead of one per communicator.
+
+    What orders them is the clock refinement: communicator i's residuals move the offsets
+    that a later communicator j reads when it shares a clock domain (a node, or a rank whose
+    node is unknown) with i. So they run in waves: all communicators of a wave read the
+    offsets as they are at its start, then its refinements are applied in communicator
+    order. A communicator goes to the first wave after every earlier one that refines a
+    domain of it, and one that refines goes no earlier than any earlier one that reads its
+    domains; a refinement that would join clock islands (``RankTable._merge``, which moves
+    whole islands) ends its wave and starts the next. Communicators on disjoint domains (all
+    tensor-parallel groups of a job) share a wave; the data-parallel groups through one node
+    take one wave each."""
+    if not done:
+        return
+    comms = [c for c, _ in done]
+    parts = [p for _, p in done]
+    n_of = np.array([c.n for c in comms])
+    cnt = np.array([len(p.seq) for p in parts])
+    gr = np.concatenate([c.grank for c in comms])
+    heads = np.r_[0, np.cumsum(n_of)[:-1]]
+    nd = ranks.node[np.maximum(gr, 0)]
+    dom = np.where(nd >= 0, nd, -1 - gr)
+    dom = np.where(gr >= 0, dom, np.iinfo(np.int64).min)  # an unknown member reads no offset
+    lab = np.where(nd >= 0, ranks.isl_node[np.maximum(nd, 0)], ranks.isl_rank[np.maximum(gr, 0)])
+    # may refine: every member known and aligned, some op an end-synchronized one with ends known
+    # (reduce_group decides; this only has to be true wherever it will)
+    syn = np.array([bool((_END_SYNC[p.op] & (p.end > 0).all(axis=1)).any()) for p in parts])
+    known = np.minimum.reduceat((gr >= 0) & ranks.aligned(np.maximum(gr, 0)), heads)
+    may = (gain > 0) & (n_of >= 2) & known & syn & (cnt > 0)
+    lab_lo, lab_hi = np.minimum.reduceat(lab, heads), np.maximum.reduceat(lab, heads)
+    merges = may & (lab_lo != lab_hi)
+    dl = dom.tolist()
+    bounds = np.r_[heads, len(gr)].tolist()
+    wave_of: list[int] = []
+    last_w: dict[int, int] = {}  # domain -> wave of its latest refinement
+    last_r: dict[int, int] = {}  # domain -> latest wave that read it
+    floor = 0
+    for i in range(len(comms)):
+        ds = set(dl[bounds[i] : bounds[i + 1]])
+        ds.discard(np.iinfo(np.int64).min)
+        w = max([floor] + [last_w[d] + 1 for d in ds if d in last_w])
+        if may[i]:
+            w = max([w] + [last_r[d] for d in ds if d in last_r])
+        for d in ds:
+            last_r[d] = max(last_r.get(d, 0), w)
+            if may[i]:
+                last_w[d] = w
+        if merges[i]:
+            floor = w + 1
+        wave_of.append(w)
+    for w in range(max(wave_of) + 1):
+        members = [i for i in range(len(comms)) if wave_of[i] == w]
+        by_n: dict[int, list[int]] = {}
+        for i in members:
+            by_n.setdefault(comms[i].n, []).append(i)
+        results: dict[int, tuple[Reduced, int]] = {}
+        for _n, idx in sorted(by_n.items()):
+            red = reduce_group([comms[i] for i in idx], [parts[i] for i in idx], ranks, gain)
+            for j, i in enumerate(idx):
+                results[i] = (red, j)
+        # refinements in communicator order: those that join no islands touch disjoint
+        # domains, so one update does them all; one that joins islands comes last in its wave
+        plain_g: list[np.ndarray] = []
+        plain_r: list[np.ndarray] = []
+        for i in members:
+            red, j = results[i]
+            red.keep(j)
+            if not red.writer[j]:
+                continue
+            if merges[i]:
+                if plain_g:
+                    ranks.add_residuals(np.concatenate(plain_g), np.concatenate(plain_r), join=False)
+                    plain_g, plain_r = [], []
+                ranks.add_residuals(comms[i].grank, red.res[j])
+            else:
+                plain_g.append(comms[i].grank)
+                plain_r.append(red.res[j])
+        if plain_g:
+            ranks.add_residuals(np.concatenate(plain_g), np.concatenate(plain_r), join=False)
+
+
+def _seg_col_median(R: np.ndarray, seg: np.ndarray, C: int) -> np.ndarray:
+    """Per segment (rows sorted by ``seg`` in [0, C)), the median of each column: np.median(R of
+    the segment, axis=0) for all segments at once (C x columns; NaN where a segment has no row)."""
+    k = np.bincount(seg, minlength=C)
+    heads = np.r_[0, np.cumsum(k)[:-1]]
+    pad = np.full((C, max(int(k.max()), 1) if len(k) else 1, R.shape[1]), np.nan)
+    pad[seg, np.arange(len(seg)) - heads[seg]] = R
+    srt = np.sort(pad, axis=1)  # NaN sort last
+    c = np.arange(C)
+    lo = srt[c, np.maximum((k - 1) // 2, 0)]
+    hi = srt[c, np.maximum(k // 2, 0)]
+    return (lo + hi) / 2
 
 
 def summaries_completed(s: np.ndarray, ranks: RankTable) -> tuple[np.ndarray, np.ndarray]:
