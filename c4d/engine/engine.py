@@ -72,6 +72,7 @@ class Engine:
         self.ranks = RankTable()
         self.comms: dict[int, Comm] = {}  # by index (stable, never reused), in creation order
         self._comm_index: dict[int, int] = {}  # comm id -> index
+        self._lk: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # the same, sorted arrays (_lookup)
         self._next_idx = 0
         self._emitted: dict[Hashable, int] = {}  # hang key -> highest count emitted
         self._active: dict[Hashable, Diagnosis] = {}  # hang key -> latest diagnosis (live view)
@@ -101,6 +102,7 @@ class Engine:
             if not 1 <= n <= MAX_NRANKS:
                 return None
             i = self._comm_index[cid] = self._next_idx
+            self._lk = None
             self._next_idx += 1
             c = Comm(i, cid, n, self._pool)
             if self._split:
@@ -108,6 +110,22 @@ class Engine:
             self.comms[i] = c
         c = self.comms[i]
         return c if c.n == n else None
+
+    def _lookup(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Index and size of each known communicator id (-1, -1 unknown)."""
+        if self._lk is None:
+            known = sorted(self._comm_index.items())
+            self._lk = (
+                np.array([k for k, _ in known], np.uint64),
+                np.array([i for _, i in known], np.int64),
+                np.array([self.comms[i].n for _, i in known], np.int64),
+            )
+        lk_ids, lk_idx, lk_n = self._lk
+        if not len(lk_ids):
+            return np.full(len(ids), -1, np.int64), np.full(len(ids), -1, np.int64)
+        pos = np.minimum(np.searchsorted(lk_ids, ids), len(lk_ids) - 1)
+        hit = lk_ids[pos] == ids
+        return np.where(hit, lk_idx[pos], -1), np.where(hit, lk_n[pos], -1)
 
     def _by_comm(
         self, rows: np.ndarray, what: str, extra: np.ndarray | None = None
@@ -143,31 +161,26 @@ class Engine:
         cid = rows["comm_id"]
         heads = np.flatnonzero(np.r_[True, cid[1:] != cid[:-1]])
         tails = np.r_[heads[1:], len(rows)]
+        ids = cid[heads]
+        idx, n = self._lookup(ids)
         if sized:
             nr = rows["comm_nranks"]
-            first, lo, hi = (
-                nr[heads].tolist(),
-                np.minimum.reduceat(nr, heads).tolist(),
-                np.maximum.reduceat(nr, heads).tolist(),
-            )
+            lo, hi = np.minimum.reduceat(nr, heads), np.maximum.reduceat(nr, heads)
+            for k in np.flatnonzero(idx < 0).tolist():  # new communicators (in comm-id order)
+                c = self._comm(int(ids[k]), int(nr[heads[k]]))
+                idx[k], n[k] = (c.idx, c.n) if c is not None else (-1, -1)
+            good = (idx >= 0) & (lo == n) & (hi == n)
         else:
-            top = np.maximum.reduceat(rows["comm_rank"], heads).tolist()
-        spans, bad_rows = [], False
-        for k, (h, t, cid0) in enumerate(
-            zip(heads.tolist(), tails.tolist(), cid[heads].tolist(), strict=True)
-        ):
-            if sized:
-                c = self._comm(cid0, first[k])
-                bad = c is None or lo[k] != c.n or hi[k] != c.n
-            else:
-                i = self._comm_index.get(cid0)
-                c = None if i is None else self.comms[i]
-                bad = c is None or top[k] >= c.n
-            if bad or c is None:
-                self._invalid(f"an unknown communicator or a changed size in {what} records", t - h)
-                bad_rows = True
-                continue
-            spans.append((c, h, t))
+            good = (idx >= 0) & (np.maximum.reduceat(rows["comm_rank"], heads) < n)
+        bad_rows = not good.all()
+        for k in np.flatnonzero(~good).tolist():
+            n_bad = int(tails[k] - heads[k])
+            self._invalid(f"an unknown communicator or a changed size in {what} records", n_bad)
+        comms = self.comms
+        spans = [
+            (comms[i], h, t)
+            for i, h, t in zip(idx[good].tolist(), heads[good].tolist(), tails[good].tolist(), strict=True)
+        ]
         if bad_rows:  # keep the good ones' rows only
             idx = np.concatenate([np.arange(h, t) for _, h, t in spans]) if spans else np.empty(0, np.int64)
             rows, extra = rows[idx], extra[idx]
@@ -181,6 +194,7 @@ class Engine:
         freed = []
         for cid in cids:
             i = self._comm_index.pop(int(cid), None)
+            self._lk = None
             if i is None:
                 continue
             c = self.comms.pop(i)
@@ -375,12 +389,35 @@ class Engine:
             pi = pi[(peer >= 0) & (peer < nn[ci[pi]])]
             if len(pi):
                 pp, kp = rows[pi], ci[pi]
-                heads = np.flatnonzero(np.r_[True, kp[1:] != kp[:-1]])
-                for a, b in itertools.pairwise([*heads.tolist(), len(pi)]):
-                    spans[int(kp[a])][0].add_p2p(pp[a:b])
+                self._p2p_done(pp, kp, spans)
                 idx = np.array([c.idx for c, _, _ in spans], np.int64)
                 # one pass over every communicator's sends and receives
                 self._pairs.feed(pp, idx[kp], ex[pi, 0] != 0, self.comms, self.ranks)
+
+    @staticmethod
+    def _p2p_done(pp: np.ndarray, kp: np.ndarray, spans: list[tuple[Comm, int, int]]) -> None:
+        """Comm.add_p2p for the p2p rows of every communicator at once (``kp``: each row's span)."""
+        # one int64 per (span, comm rank, op, peer), ordered as Comm.add_p2p orders its keys
+        key = (
+            (kp.astype(np.int64) << 38)
+            | (pp["comm_rank"].astype(np.int64) << 21)
+            | (pp["op"].astype(np.int64) << 17)
+            | pp["peer"]
+        )
+        uk, inv = np.unique(key, return_inverse=True)
+        mx = np.zeros(len(uk), np.int64)
+        np.maximum.at(mx, inv.ravel(), pp["seq"].astype(np.int64) + 1)
+        prev = -1
+        for k0, m in zip(uk.tolist(), mx.tolist(), strict=True):
+            if k0 >> 38 != prev:
+                prev = k0 >> 38
+                c = spans[prev][0]
+                c.version += 1
+                c.has_p2p = True
+                done = c.p2p_done
+            k = ((k0 >> 21) & 0x1FFFF, (k0 >> 17) & 15, k0 & 0x1FFFF)
+            if m > done.get(k, 0):
+                done[k] = m
 
     def _members(self, rows: np.ndarray, spans: list[tuple[Comm, int, int]]) -> tuple[np.ndarray, np.ndarray]:
         """``_member`` for the rows of every communicator at once (rows as ``_comm_slices`` gives

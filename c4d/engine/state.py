@@ -849,9 +849,10 @@ def reduce_comms(done: list[tuple[Comm, Complete]], ranks: RankTable, gain: floa
     dom = np.where(nd >= 0, nd, -1 - gr)
     dom = np.where(gr >= 0, dom, np.iinfo(np.int64).min)  # an unknown member reads no offset
     lab = np.where(nd >= 0, ranks.isl_node[np.maximum(nd, 0)], ranks.isl_rank[np.maximum(gr, 0)])
-    # may refine: every member known and aligned, some op an end-synchronized one with ends known
-    # (reduce_group decides; this only has to be true wherever it will)
-    syn = np.array([bool((_END_SYNC[p.op] & (p.end > 0).all(axis=1)).any()) for p in parts])
+    # may refine: every member known and aligned, some op an end-synchronized one (reduce_group
+    # decides, with the ends known too; this only has to be true wherever it will)
+    sync_ops = _END_SYNC[np.concatenate([p.op for p in parts])]
+    syn = np.bincount(np.repeat(np.arange(len(comms)), cnt), weights=sync_ops, minlength=len(comms)) > 0
     known = np.minimum.reduceat((gr >= 0) & ranks.aligned(np.maximum(gr, 0)), heads)
     may = (gain > 0) & (n_of >= 2) & known & syn & (cnt > 0)
     lab_lo, lab_hi = np.minimum.reduceat(lab, heads), np.maximum.reduceat(lab, heads)
