@@ -10,6 +10,7 @@ import json
 
 import numpy as np
 import pytest
+import records
 from factories import Fault, Job, build_cached, replay
 
 from c4d import schema
@@ -91,3 +92,28 @@ def test_the_load_exercises_clock_refinement_across_nodes(monkeypatch):
     assert any(o["aligned"].any() for v in made.values() for o in v)
     rel = clk["rel_node"]
     assert np.ptp(rel) > 10e6  # ±50 ms node clocks, refined (not just the receipt bounds)
+
+
+def _two_ranks(comm_id: int, steps: int, start_seq: int = 0) -> np.ndarray:
+    """OP rows of a 2-rank communicator (comm ranks 0, 1 = global ranks 0, 1), seq by seq."""
+    a, b = records.ops(steps, 0, comm_id, start_seq), records.ops(steps, 1, comm_id, start_seq)
+    b["comm_rank"] = 1
+    return np.concatenate([a, b]).view(schema.HEADER)
+
+
+def test_a_freed_communicators_pool_ranges_go_fresh_to_the_next_of_its_size():
+    eng = Engine(EngineConfig())
+    eng.feed(np.concatenate([records.register(0, "n0"), records.register(1, "n0")]).view(schema.HEADER), 0)
+    eng.feed(_two_ranks(0xA, 5), 0)
+    eng.tick(1_000_000_000)
+    old = next(c for c in eng.comms.values() if c.id == 0xA)
+    assert old.op_done.tolist() == [5, 5] and (old.tag[:5] == np.arange(5)).all()
+    assert eng.free_comms([0xA]) == 1
+    assert old.op_done.tolist() == [5, 5]  # the freed Comm keeps its own copies
+    eng.feed(_two_ranks(0xB, 2, start_seq=0), 1_000_000_000)
+    eng.tick(2_000_000_000)
+    new = next(c for c in eng.comms.values() if c.id == 0xB)
+    assert (new.mbase, new.sbase) == (0, 0)  # the freed ranges, not new ones
+    assert new.op_done.tolist() == [2, 2] and new.tag[:3].tolist() == [0, 1, -1]
+    assert not new.processed[2:].any() and old.tag[:5].tolist() == [0, 1, 2, 3, 4]
+    assert len(new.recent_ops()) == 2

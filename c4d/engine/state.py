@@ -1,17 +1,21 @@
 """The engine's memory: per-rank and per-communicator numpy arrays, filled batch by batch.
 
-Nothing here keeps one Python object per record. A batch is split by kind, then by
-communicator (``np.unique``), and each communicator's rows are scattered into its
-arrays with fancy indexing:
+Nothing here keeps one Python object per record, and a chunk's rows of all communicators
+are ingested together: the arrays a chunk's OP and HEARTBEAT rows update (membership,
+heartbeat counters, ``op_done``, the ring's tags) live in one ``Pool`` for every
+communicator, each ``Comm`` holding views of its ranges, so one fancy-indexed assignment
+updates them all (c4d/engine/engine.py: ``_collectives``, ``_feed_heartbeats``).
 
 * ``RankTable`` — per global rank: node, liveness (master clock), clean exit, clock offset.
 * ``Comm`` — per communicator: the latest heartbeat of every member (how far it has
   issued / arrived / finished, its oldest pending op), the highest op finished per member
   from OP records, p2p completion counters, and an op ring ``(W slots x nranks)`` of arrival,
   end and compute-gap times in which a collective (C, k) becomes *complete* once every
-  member's OP record is in. Complete ops are reduced at once (vectorised over all ops that
-  completed in the batch) to one row each of ``COMPLETED``: last arrival, wait, transfer,
-  busbw, who arrived last and by how much. Those rows feed the slow windows.
+  member's OP record is in (an op whose rows are all in one chunk skips the ring). Complete
+  ops are reduced to one row each of ``COMPLETED``: last arrival, wait, transfer, busbw, who
+  arrived last and by how much (``reduce_group``: all ops of all communicators of one size
+  at once; ``reduce_comms`` orders the groups so the clock refinement gives what one
+  communicator after the other gives). Those rows feed the slow windows.
 
 Times: ``*_ns`` from records are the sending rank's clock; the engine converts with the
 per-rank offset (rank clock minus master clock, c4d/engine/clock.py) wherever it compares
@@ -374,7 +378,8 @@ class Pool:
     ``op_done``, ``last_cum``; the ring's ``tag``, ``opk``, ``processed``) of every
     communicator, in one flat array each, so the engine updates all communicators' with one
     numpy call (Engine._feed_ops). Each Comm's arrays are views of its ranges (``mbase``,
-    ``sbase``), re-pointed when the pool grows; a freed communicator's ranges are not reused."""
+    ``sbase``), re-pointed when the pool grows; a freed communicator's ranges go to the next
+    communicator of its size, so the pool holds at most as many as were alive at once."""
 
     MEMBER = (
         ("grank", np.int64, -1), ("op_done", np.int64, 0), ("last_cum", np.int64, -1),
@@ -391,12 +396,24 @@ class Pool:
         self.slot = {k: np.full(0, f, dt) for k, dt, f in self.SLOT}
         self.m_used = self.s_used = 0
         self.comms: dict[int, Comm] = {}  # by index
+        self.free: dict[int, list[tuple[int, int]]] = {}  # by size: ranges of freed communicators
 
     def attach(self, c: Comm) -> None:
+        free = self.free.get(c.n)
+        if free:  # a freed communicator's ranges of the same size, back to their initial values
+            c.mbase, c.sbase = free.pop()
+            for k, _dt, f in self.MEMBER:
+                self.member[k][c.mbase : c.mbase + c.n] = f
+            for k, _dt, f in self.SLOT:
+                self.slot[k][c.sbase : c.sbase + c.W] = f
+            self.comms[c.idx] = c
+            self._point(c)
+            return
         grow = False
         for arrs, spec, used, need in (
-            (self.member, self.MEMBER, self.m_used, c.n), (self.slot, self.SLOT, self.s_used, c.W)
-        ):  # fmt: skip
+            (self.member, self.MEMBER, self.m_used, c.n),
+            (self.slot, self.SLOT, self.s_used, c.W),
+        ):
             cap = len(next(iter(arrs.values())))
             if used + need > cap:
                 size = max(1024, 2 * cap, used + need)
@@ -417,7 +434,16 @@ class Pool:
             setattr(c, k, self.slot[k][c.sbase : c.sbase + c.W])
 
     def detach(self, c: Comm) -> None:
-        self.comms.pop(c.idx, None)
+        """A freed communicator's ranges go to the next one of its size (its Comm keeps copies)."""
+        if self.comms.pop(c.idx, None) is not None:
+            self._own(c)
+            self.free.setdefault(c.n, []).append((c.mbase, c.sbase))
+            c.mbase = c.sbase = -1
+
+    @classmethod
+    def _own(cls, c: Comm) -> None:
+        for k, _dt, _f in (*cls.MEMBER, *cls.SLOT):
+            setattr(c, k, getattr(c, k).copy())
 
 
 def compute_before(last_cum: np.ndarray, member: np.ndarray, seq: np.ndarray, cum: np.ndarray) -> np.ndarray:
