@@ -39,6 +39,7 @@ from c4d.engine.state import (
     compute_gaps,
     reduce_comms,
     summaries_completed,
+    take,
 )
 from c4d.engine.types import CommSnapshot, DiagKind, Diagnosis, EngineSnapshot, Level, Localization, RankState
 from c4d.ratelog import RateLimitedLog
@@ -153,11 +154,11 @@ class Engine:
             ok &= (nr >= 1) & (nr <= MAX_NRANKS) & (rows["comm_rank"] < nr)
         if not ok.all():
             self._invalid(f"a bad comm id/rank/size in {what} records", int((~ok).sum()))
-            rows, extra = rows[ok], extra[ok]
+            rows, extra = take(rows, ok), extra[ok]
         if not len(rows):
             return rows, extra, []
         order = np.argsort(rows["comm_id"], kind="stable")
-        rows, extra = rows[order], extra[order]
+        rows, extra = take(rows, order), extra[order]
         cid = rows["comm_id"]
         heads = np.flatnonzero(np.r_[True, cid[1:] != cid[:-1]])
         tails = np.r_[heads[1:], len(rows)]
@@ -183,7 +184,7 @@ class Engine:
         ]
         if bad_rows:  # keep the good ones' rows only
             idx = np.concatenate([np.arange(h, t) for _, h, t in spans]) if spans else np.empty(0, np.int64)
-            rows, extra = rows[idx], extra[idx]
+            rows, extra = take(rows, idx), extra[idx]
             cut = np.cumsum([0] + [t - h for _, h, t in spans]).tolist()
             spans = [(c, cut[k], cut[k + 1]) for k, (c, _, _) in enumerate(spans)]
         return rows, extra, spans
@@ -325,10 +326,10 @@ class Engine:
     def _feed_heartbeats(self, hb: np.ndarray) -> None:
         proc = hb["comm_id"] == 0
         if proc.any():
-            p = hb[proc]
+            p = take(hb, proc)
             fin = (p["hb_flags"] & schema.HBF_FINAL) != 0
             self.ranks.final[p["rank"][fin]] = True
-            hb = hb[~proc]
+            hb = take(hb, ~proc)
         if not BATCHED:
             for c, part, _ in self._by_comm(hb, "HEARTBEAT"):
                 self._member(c, part["comm_rank"].astype(np.int64), part["rank"].astype(np.int64))
@@ -343,11 +344,11 @@ class Engine:
         # Comm.add_heartbeats for every communicator: the latest row per member
         _, first_rev = np.unique(member[::-1], return_index=True)
         idx = len(member) - 1 - first_rev
-        rows, member = rows[idx], member[idx]
+        rows, member = take(rows, idx), member[idx]
         M = self._pool.member
         t = rows["time_ns"].astype(np.int64)
         newer = t >= M["hb_time"][member]
-        rows, member, t = rows[newer], member[newer], t[newer]
+        rows, member, t = take(rows, newer), member[newer], t[newer]
         M["hb_seen"][member] = True
         M["hb_time"][member] = t
         M["grank"][member] = rows["rank"]
@@ -360,7 +361,7 @@ class Engine:
         ok = ops["op"] < len(Op)
         if not ok.all():
             self._invalid("an unknown op kind", int((~ok).sum()))
-            ops = ops[ok]
+            ops = take(ops, ok)
             if not len(ops):  # (an empty chunk of ops once crashed _gaps: issue 14)
                 return
         _gaps, cum = self._gaps(ops)
@@ -378,7 +379,7 @@ class Engine:
         p2p = (rows["flags"] & P2P) != 0
         if not p2p.all():
             coll = ~p2p
-            self._collectives(rows[coll], ci[coll], member[coll], ex[coll, 1], spans)
+            self._collectives(take(rows, coll), ci[coll], member[coll], ex[coll, 1], spans)
         if p2p.any():
             pi = np.flatnonzero(p2p)
             k, cnt = np.unique(ci[pi], return_counts=True)
@@ -388,7 +389,7 @@ class Engine:
             peer = rows["peer"][pi]
             pi = pi[(peer >= 0) & (peer < nn[ci[pi]])]
             if len(pi):
-                pp, kp = rows[pi], ci[pi]
+                pp, kp = take(rows, pi), ci[pi]
                 self._p2p_done(pp, kp, spans)
                 idx = np.array([c.idx for c, _, _ in spans], np.int64)
                 # one pass over every communicator's sends and receives
@@ -520,7 +521,7 @@ class Engine:
             for k in np.unique(ci[ring]).tolist():
                 c = spans[k][0]
                 sel = np.flatnonzero(ring & (ci == k))
-                slots = c.scatter(co[sel], seq[sel], cr[sel], comp[sel])
+                slots = c.scatter(take(co, sel), seq[sel], cr[sel], comp[sel])
                 if len(slots):
                     parts.setdefault(k, []).append(Complete.of(c, slots))
         done = [(spans[k][0], Complete.join(parts[k])) for k in sorted(parts)]
@@ -562,10 +563,10 @@ class Engine:
         ok &= (rows["comm_rank"] >= 0) & (rows["comm_rank"] < n)
         if not ok.all():
             self._invalid("a bad comm id/rank/size in OPSUM records", int((~ok).sum()))
-            rows = rows[ok]
+            rows = take(rows, ok)
         if not len(rows):
             return
-        rows = rows[np.lexsort((rows["seq"], rows["comm_id"]))]
+        rows = take(rows, np.lexsort((rows["seq"], rows["comm_id"])))
         cid = rows["comm_id"]
         heads = np.flatnonzero(np.r_[True, cid[1:] != cid[:-1]])
         tails = np.r_[heads[1:], len(rows)]

@@ -129,6 +129,13 @@ def _grow(a: np.ndarray, n: int, fill) -> np.ndarray:
     return out
 
 
+def take(rows: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """``rows[idx]`` (indices or a mask) for record arrays, copied as whole records: numpy
+    copies a many-field structured dtype field by field (~2 ms for 8,192 OP rows, 20x this)."""
+    v = np.dtype((np.void, rows.dtype.itemsize))
+    return rows.view(v)[idx].view(rows.dtype)
+
+
 def compute_gaps(
     ops: np.ndarray, last_end: np.ndarray, compute_ns: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
