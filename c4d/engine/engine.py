@@ -30,6 +30,8 @@ from c4d.engine.state import (
     MAX_RANK,
     OP_SPLIT,
     P2P,
+    RATE_WINDOW_NS,
+    RECENT_OPS,
     Comm,
     Complete,
     P2PPairs,
@@ -48,7 +50,6 @@ from c4d.schema import Kind, Op, OpFlag, op_name
 log = logging.getLogger("c4d.engine")
 
 CHUNK = 8192  # rows ingested at once (see feed)
-RATE_WINDOW_NS = 5_000_000_000  # the live view's ops/s
 _V = np.dtype((np.void, schema.RECORD_SIZE))
 COMPUTE_GIVEN = int(OpFlag.COMPUTE_GIVEN)
 HB_FIELDS = (  # (Pool member array, HEARTBEAT field) copied as they are (Comm.add_heartbeats)
@@ -536,7 +537,7 @@ class Engine:
             n = len(part)
             self._member(c, part["comm_rank"].astype(np.int64), part["rank"].astype(np.int64))
             c.ops_seen += n
-            c.done_log.append((self._chunk_recv, n))
+            c.note_done(self._chunk_recv, n)
             p2p = (part["flags"] & P2P) != 0
             c.p2p_rows += int(p2p.sum())
             if p2p.any():
@@ -584,7 +585,7 @@ class Engine:
                 continue
             k = (t - h) * c.n  # the OP records they stand for (the live view's rate)
             c.ops_seen += k
-            c.done_log.append((self._chunk_recv, k))
+            c.note_done(self._chunk_recv, k)
             c.add_summaries(out[h:t], gaps[h:t, : c.n], self.ranks, gain)
 
     @staticmethod
@@ -780,12 +781,12 @@ class Engine:
         else:
             kind = "DP"
         ops = c.recent_ops()
-        ops = ops[-256:]
+        ops = ops[-RECENT_OPS:]
         # ops finished per second over the last RATE_WINDOW_NS of master time (OP rows received:
         # one per member for a collective, two per p2p transfer), so a hang reads 0
         t0 = self._now - RATE_WINDOW_NS
         rows = sum(n for t, n in c.done_log if t > t0)
-        first = c.done_log[0][0] if c.done_log else self._now
+        first = c.first_done_ns if c.first_done_ns is not None else self._now
         span = max(min(RATE_WINDOW_NS, self._now - first), 1_000_000_000)
         per_op = 2 if kind == "PP" else max(c.n, 1)
         rate = rows / per_op / (span / 1e9)

@@ -123,6 +123,10 @@ P2P_DONE = np.dtype(
 )
 
 
+RATE_WINDOW_NS = 5_000_000_000  # the live view's ops/s is measured over this much master time
+RECENT_OPS = 256  # completed ops kept per communicator: what the live view summarises
+
+
 def _grow(a: np.ndarray, n: int, fill) -> np.ndarray:
     out = np.full(n, fill, dtype=a.dtype)
     out[: len(a)] = a
@@ -529,7 +533,8 @@ class Comm:
         self.split: list[np.ndarray] | None = None  # OP_SPLIT rows, when the engine hands them out
         # live view: OP rows per ingested chunk (master time) for a rate that falls to 0 in a
         # hang; p2p transfers done and the latest measured ones
-        self.done_log: deque[tuple[int, int]] = deque(maxlen=4096)
+        self.done_log: deque[tuple[int, int]] = deque()  # (master time, OP rows), RATE_WINDOW_NS of it
+        self.first_done_ns: int | None = None
         self.p2p_rows = 0
         self.p2p_recent: deque[np.ndarray] = deque(maxlen=64)
         if pool is not None:
@@ -554,6 +559,19 @@ class Comm:
         if len(self.peer_rows) > 1:
             self.peer_rows = [np.concatenate(self.peer_rows)]
         return self.peer_rows[0] if self.peer_rows else np.empty(0, schema.PEER)
+
+    def note_done(self, t_ns: int, rows: int) -> None:
+        """OP rows ingested at master time ``t_ns`` (the live view's rate). Only the last
+        RATE_WINDOW_NS is kept: a deque of every chunk was the soak's slow memory growth."""
+        if self.first_done_ns is None:
+            self.first_done_ns = t_ns
+        log = self.done_log
+        if log and log[-1][0] == t_ns:
+            log[-1] = (t_ns, log[-1][1] + rows)
+        else:
+            log.append((t_ns, rows))
+        while log[0][0] <= t_ns - RATE_WINDOW_NS:
+            log.popleft()
 
     # -- ingestion ---------------------------------------------------------------------
     def add_heartbeats(self, hb: np.ndarray) -> None:
@@ -682,8 +700,10 @@ class Comm:
         self.pending_gaps.append(gaps)
         self.recent.append(out)
         self.recent_n += len(out)
-        if self.recent_n > 2048 and len(self.recent) > 1:
-            r = np.concatenate(self.recent)[-1024:]
+        # at most RECENT_OPS rows, in few pieces: a piece per op of a communicator that does
+        # an op every step was thousands of small arrays each (the soak's memory growth)
+        if len(self.recent) > 1 and (self.recent_n > 2 * RECENT_OPS or len(self.recent) > 16):
+            r = np.concatenate(self.recent)[-RECENT_OPS:]
             self.recent, self.recent_n = [r], len(r)
 
     def add_summaries(self, out: np.ndarray, gaps: np.ndarray, ranks: RankTable, gain: float) -> None:
