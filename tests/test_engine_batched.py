@@ -63,6 +63,7 @@ def _run(job: Job, batched: bool, monkeypatch, drop_register: tuple[int, ...] = 
         state[f"{c.id:x}.counts"] = np.array(
             [c.version, c.incomplete, c.ops_seen, c.p2p_rows, len(c.p2p_done)]
         )
+        state[f"{c.id:x}.done_log"] = np.array([*c.done_log, (c.first_done_ns or 0, 0)])
     diags = [json.dumps(d.to_json(), sort_keys=True) for d in run.diagnoses]
     return diags, made, run.engine.take_split(), state
 

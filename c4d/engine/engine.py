@@ -376,7 +376,7 @@ class Engine:
         ci, member = self._members(rows, spans)
         for c, h, t in spans:
             c.ops_seen += t - h
-            c.done_log.append((self._chunk_recv, t - h))
+            c.note_done(self._chunk_recv, t - h)
         p2p = (rows["flags"] & P2P) != 0
         if not p2p.all():
             coll = ~p2p
