@@ -16,6 +16,7 @@ import logging
 import os
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from c4d import __version__
@@ -170,7 +171,7 @@ def cmd_master(args) -> int:
     from c4d.curve import CurveKeyError
 
     _setup_logging(args.log_level)
-    _signals_raise()
+    stop = _stop_on_signals()
     try:
         m = _make_master(args, {"command": "master"}, args.bind)
     except CurveKeyError as e:  # --curve KEYDIR: no keys, or a secret key others can read
@@ -187,7 +188,7 @@ def cmd_master(args) -> int:
 
             view = LiveView(m, console=_live_console(args), log_level=args.log_level)
             logging.getLogger("c4d").info("master listening on %s", m.endpoint)
-        m.run(on_step=view.update if view else None)
+        m.run(should_stop=stop, on_step=view.update if view else None)
     except KeyboardInterrupt:
         pass
     finally:
@@ -285,6 +286,24 @@ def _signals_raise() -> None:
 
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, handler)
+
+
+def _stop_on_signals() -> Callable[[], bool]:
+    """SIGINT/SIGTERM/SIGHUP ask a serving loop to stop between two steps (the returned test);
+    a second one unwinds at once. An exception raised wherever the signal lands (inside a logging
+    handler, the live view's console lock) can leave a lock taken that the shutdown then waits on."""
+    import signal
+
+    asked: list[int] = []
+
+    def handler(signum, _frame):
+        if asked:
+            raise KeyboardInterrupt(f"signal {signum}")
+        asked.append(signum)
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, handler)
+    return lambda: bool(asked)
 
 
 def cmd_sim(args) -> int:

@@ -60,3 +60,22 @@ def test_master_process_with_a_sim_and_garbage(tmp_path, libc4d, simtrain):
     assert tr.raw.truncated_bytes == 0
     assert tr.nodes == {0: "node-0", 1: "node-0", 2: "node-1", 3: "node-1"}
     assert len(tr.ops) > 0
+
+
+def test_ctrl_c_stops_the_master_between_two_steps(tmp_path):
+    """SIGINT asks the serving loop to stop (cli._stop_on_signals): the master finishes its step,
+    closes the trace whole and exits 0, with no traceback; an exception thrown wherever the signal
+    landed once left the live view's console lock taken and the shutdown waiting on it."""
+    ep = f"tcp://127.0.0.1:{free_port()}"
+    tpath = tmp_path / "m.c4d"
+    master = subprocess.Popen(
+        [sys.executable, "-m", "c4d", "master", "--bind", ep, "--trace", str(tpath)],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    wait_for(lambda: tpath.exists() and tpath.stat().st_size > 0, timeout=30, what="the master's trace")
+    master.send_signal(signal.SIGINT)
+    _, err = master.communicate(timeout=30)
+    assert master.returncode == 0, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert trace.load(tpath).raw.truncated_bytes == 0
