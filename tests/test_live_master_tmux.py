@@ -64,6 +64,19 @@ def _sim(ep: str, *args: object, seconds: int = 60) -> subprocess.Popen:
     )
 
 
+def _stacks() -> str:
+    """Where each `c4d master` process is, for a failure message (py-spy when installed)."""
+    pids = subprocess.run(["pgrep", "-f", "c4d master"], capture_output=True, text=True).stdout.split()
+    out = [f"master pids: {pids}"]
+    for pid in pids:
+        status = Path(f"/proc/{pid}/status")
+        if status.exists():
+            out += [line for line in status.read_text().splitlines() if line.startswith(("State", "Threads"))]
+        if shutil.which("py-spy"):
+            out.append(subprocess.run(["py-spy", "dump", "--pid", pid], capture_output=True, text=True).stdout)
+    return "\n".join(out)
+
+
 def _grid(screen: str) -> list[str]:
     lines = screen.splitlines()
     start = next(i for i, line in enumerate(lines) if "ranks by node" in line)
@@ -96,9 +109,12 @@ def test_master_live_view_shows_a_hang_from_another_process(tmp_path, libc4d, si
         sim.kill()
         sim.wait(timeout=30)
         pane.keys("C-c")
-        done = wait_for(
-            lambda: "EXIT=" in pane.screen() and pane.screen(), timeout=30, what="the master to exit"
-        )
+        try:
+            done = wait_for(
+                lambda: "EXIT=" in pane.screen() and pane.screen(), timeout=30, what="the master to exit"
+            )
+        except AssertionError as e:
+            raise AssertionError(f"{e}; last screen:\n{pane.screen()}\n{_stacks()}") from None
         assert "EXIT=2" in done, done  # it diagnosed a problem
     finally:
         if sim is not None and sim.poll() is None:
