@@ -73,7 +73,8 @@ def _stacks() -> str:
         if status.exists():
             out += [line for line in status.read_text().splitlines() if line.startswith(("State", "Threads"))]
         if shutil.which("py-spy"):
-            out.append(subprocess.run(["py-spy", "dump", "--pid", pid], capture_output=True, text=True).stdout)
+            dump = subprocess.run(["py-spy", "dump", "--pid", pid], capture_output=True, text=True)
+            out.append(dump.stdout + dump.stderr)
     return "\n".join(out)
 
 
