@@ -256,3 +256,23 @@ def test_a_link_of_a_rank_named_slow_is_that_ranks_incident_not_a_new_one():
     assert j._held_by_rank(link, 11 + HELD_WINDOWS) is link  # the rank's incident has ended
     other = localize(DiagKind.RankCommSlow, How.exclusion, Target.link, (1, 3), "x", prior=0.8, link=(1, 3))
     assert j._held_by_rank(other, 11) is other  # a link away from the rank is its own fault
+
+
+def test_a_rank_and_one_of_its_links_named_in_the_same_window_are_one_incident():
+    """CI flake (8 ranks, tp 2, comm-slow at rank 7): in one window the dp ring's unit was
+    judged link 1-7 before the tp unit named rank 7, and the link became a second finding."""
+    from types import SimpleNamespace
+
+    from c4d.engine.calibration import localize
+    from c4d.engine.config import EngineConfig
+    from c4d.engine.slow import SlowJudge
+
+    j = SlowJudge(EngineConfig())
+    link = localize(DiagKind.RankCommSlow, How.exclusion, Target.link, (1, 7), "x", prior=0.8, link=(1, 7))
+    rank = localize(DiagKind.RankCommSlow, How.cross_comm, Target.rank, (7,), "x", prior=0.8)
+    other = localize(DiagKind.RankCommSlow, How.exclusion, Target.link, (2, 4), "x", prior=0.8, link=(2, 4))
+    units = [SimpleNamespace(key=("dp",)), SimpleNamespace(key=("tp",)), SimpleNamespace(key=("x",))]
+    groups = j._incidents([(units[0], {}, link), (units[1], {}, rank), (units[2], {}, other)], 4)
+    assert sorted(groups) == [("link", (2, 4)), ("rank", (7,))]
+    held = [loc for _, _, loc in groups[("rank", (7,))]]
+    assert len(held) == 2 and held[0].basis.endswith("/held") and "same window" in held[0].evidence

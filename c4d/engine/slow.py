@@ -387,7 +387,7 @@ class SlowJudge:
         for key in slow:
             self.slow_units[key] = w
         self.unit_shapes.update(shapes)
-        groups: dict[tuple[Any, ...], list[tuple[_Unit, dict[str, Any], Localization]]] = {}
+        located: list[tuple[_Unit, dict[str, Any], Localization]] = []
         for key in sorted(slow):
             u = slow[key]
             d: dict[str, Any] = {
@@ -400,11 +400,9 @@ class SlowJudge:
             loc = self._localize(ranks, comms, u, list(shapes.values()), d, w)
             if loc is None:
                 continue  # waits a window for its ranks' other units (see _localize)
-            loc = self._held_by_rank(loc, w)
-            gkey = (loc.target.value, loc.ranks) if loc.localized else ("unit", key)
-            groups.setdefault(gkey, []).append((u, d, loc))
+            located.append((u, d, loc))
         out = []
-        for _key, items in groups.items():
+        for items in self._incidents(located, w).values():
             u, d, loc = min(items, key=lambda x: (x[1]["ratio"], x[0].key))
             c = comms[u.comm]
             names: list[str] = []
@@ -422,6 +420,21 @@ class SlowJudge:
             out.append(SlowFinding(DiagKind.RankCommSlow, c, u.op, u.seq, loc.ranks, loc, d))
         return out
 
+    def _incidents(
+        self, located: list[tuple[_Unit, dict[str, Any], Localization]], w: int
+    ) -> dict[tuple[Any, ...], list[tuple[_Unit, dict[str, Any], Localization]]]:
+        """The window's verdicts grouped into one finding per culprit. A rank named in this window
+        holds its links' verdicts of this window too, whatever order the units were judged in."""
+        for _, _, loc in located:
+            if loc.target is Target.rank:
+                self.comm_slow_ranks[loc.ranks[0]] = w
+        groups: dict[tuple[Any, ...], list[tuple[_Unit, dict[str, Any], Localization]]] = {}
+        for u, d, loc in located:
+            loc = self._held_by_rank(loc, w)
+            gkey = (loc.target.value, loc.ranks) if loc.localized else ("unit", u.key)
+            groups.setdefault(gkey, []).append((u, d, loc))
+        return groups
+
     def _held_by_rank(self, loc: Localization, w: int) -> Localization:
         """A link verdict with an end that was named RankCommSlow within the last
         ``HELD_WINDOWS`` windows is that rank's fault seen on one link (a slow rank slows all its
@@ -436,8 +449,9 @@ class SlowJudge:
         a, b = loc.link
         return localize(
             DiagKind.RankCommSlow, How.cross_comm, Target.rank, (r,),
-            f"link {a}-{b} is one of rank {r}'s links, and rank {r} was named slow {w - w0} window(s) "
-            "before: the same fault", prior=0.7, refine="held",
+            f"link {a}-{b} is one of rank {r}'s links, and rank {r} was named slow "
+            f"{f'{w - w0} window(s) before' if w > w0 else 'in the same window'}: the same fault",
+            prior=0.7, refine="held",
         )  # fmt: skip
 
     def _p2p_low_now(self, key: tuple, w: int) -> None:
