@@ -23,10 +23,9 @@ import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from c4d import schema
 from c4d.engine import Diagnosis, Engine, EngineConfig
@@ -34,6 +33,9 @@ from c4d.engine.state import OP_SPLIT
 from c4d.ingest import Ingest
 from c4d.trace import MAGIC, RawTrace, Trace, from_raw, read_raw
 from c4d.validate import Edge, Limits
+
+if TYPE_CHECKING:  # pandas loads in ~0.5 s: the replay itself never needs it
+    import pandas as pd
 
 SPLIT_COLUMNS = (
     "arrive_ns",
@@ -115,6 +117,8 @@ def run_engine(rt: RawTrace, overrides: dict[str, Any] | None = None) -> tuple[l
 def split_frame(ops: pd.DataFrame, split: np.ndarray) -> pd.DataFrame:
     """``ops`` (one row per rank and op record) with the engine's split columns (NaN where the
     engine measured nothing: ops that never completed on every member, unpaired p2p)."""
+    import pandas as pd
+
     df = ops.copy()
     if df.empty or not len(split):
         for c in SPLIT_COLUMNS:
@@ -139,6 +143,8 @@ def split_frame(ops: pd.DataFrame, split: np.ndarray) -> pd.DataFrame:
 
 def diagnoses_frame(diags: list[Diagnosis]) -> pd.DataFrame:
     """One row per diagnosis (columns of DESIGN.md's JSON; detail kept as a dict)."""
+    import pandas as pd
+
     rows = [d.to_json() for d in diags]
     df = pd.DataFrame(rows, columns=DIAGNOSIS_COLUMNS)
     return df.astype(
@@ -203,14 +209,19 @@ def load(
     ``opts`` (c4d.formats.to_records.ImportOptions) gives the thresholds an import assumes;
     ``on_warning`` receives one line per non-fatal import problem; ``overrides`` are engine
     thresholds (as ``c4d analyze --hang-timeout``)."""
+    return analyzed(from_raw(load_raw(path, fmt, opts, on_warning)), overrides)
+
+
+def load_raw(
+    path: str | os.PathLike, fmt: str | None = None, opts: Any = None, on_warning: Any = None
+) -> RawTrace:
+    """``load`` without the DataFrames (pandas is not even imported): what a replay needs."""
     p = Path(path)
     if fmt == "c4d" or (fmt is None and p.is_file() and p.open("rb").read(len(MAGIC)) == MAGIC):
-        rt = read_raw(path)
-    else:
-        from c4d.formats.detect import load_any as load_raw_any
+        return read_raw(path)
+    from c4d.formats.detect import load_any as load_raw_any
 
-        rt = load_raw_any(path, fmt, opts=opts, on_warning=on_warning)
-    return analyzed(from_raw(rt), overrides)
+    return load_raw_any(path, fmt, opts=opts, on_warning=on_warning)
 
 
 load_any = load  # the name the pandas API had for "any format"
@@ -329,6 +340,8 @@ class StreamSummary:
 
     def frame(self) -> pd.DataFrame:
         """The same columns and order as ``summary``."""
+        import pandas as pd
+
         cols = ["comm", "op", "ranks", "ops", "bytes", "median_us", "p99_us"]
         rows = []
         for (cid, op), g in self._g.items():
@@ -342,6 +355,8 @@ class StreamSummary:
 
 def summary(tr: Trace) -> pd.DataFrame:
     """Per communicator and op kind: ranks, ops, bytes, median and p99 device time (µs)."""
+    import pandas as pd
+
     ops = tr.ops
     if ops.empty:
         return pd.DataFrame(columns=["comm", "op", "ranks", "ops", "bytes", "median_us", "p99_us"])

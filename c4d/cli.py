@@ -398,15 +398,15 @@ def cmd_analyze(args) -> int:
 
     if _is_c4d_trace(args):
         return _analyze_stream(args)
-    tr = _load_for_offline(args)
-    if tr is None:
+    raw = _load_for_offline(args, frames=False)  # --json needs no DataFrames (nor pandas)
+    if raw is None:
         return EXIT_BAD
-    if tr.raw.truncated_bytes:
-        cut = tr.raw.truncated_bytes
+    if raw.truncated_bytes:
+        cut = raw.truncated_bytes
         print(f"c4d analyze: the trace ends in a cut record ({cut} bytes ignored)", file=sys.stderr)
-    if tr.raw.skipped:
-        print(f"c4d analyze: skipped {tr.raw.skipped} records of unknown kind or version", file=sys.stderr)
-    damaged = _report_damage(tr.raw)
+    if raw.skipped:
+        print(f"c4d analyze: skipped {raw.skipped} records of unknown kind or version", file=sys.stderr)
+    damaged = _report_damage(raw)
     if damaged and not args.allow_damaged:
         print(
             "c4d analyze: records were lost to damage; pass --allow-damaged to analyze what was read",
@@ -418,10 +418,13 @@ def cmd_analyze(args) -> int:
 
     engine = analyze.make_engine(_engine_overrides(args))
     ingest = Ingest(engine, Edge(Limits.from_env()))
-    diags = analyze.replay(tr.raw, engine, ingest)
+    diags = analyze.replay(raw, engine, ingest)
     _report_edge(ingest)
     if args.json:
         return _print_json(diags)
+    from c4d.trace import from_raw
+
+    tr = from_raw(raw)
     s = analyze.summary(tr)
     return _print_analysis(
         args, diags, s, tr.nodes, len(tr.ops), analyze.end_ns(tr.raw), analyze.start_s(tr.raw)
@@ -571,9 +574,10 @@ def _report_edge(ingest) -> None:
         )
 
 
-def _load_for_offline(args):
-    """Load PATH in any supported format; one line on stderr and None when it can't be read."""
-    from c4d.analyze import load
+def _load_for_offline(args, frames: bool = True):
+    """Load PATH in any supported format (an AnalyzedTrace, or its RawTrace when not ``frames``);
+    one line on stderr and None when it can't be read."""
+    from c4d.analyze import load, load_raw
     from c4d.formats.to_records import ImportOptions
     from c4d.trace import TraceError
 
@@ -584,6 +588,8 @@ def _load_for_offline(args):
         print(f"c4d {args.command}: {line}", file=sys.stderr)
 
     try:
+        if not frames:
+            return load_raw(args.path, getattr(args, "format", None), opts=opts, on_warning=warn)
         return load(args.path, getattr(args, "format", None), opts=opts, on_warning=warn, overrides=over)
     except (TraceError, OSError, ValueError) as e:
         print(f"c4d {args.command}: {e}", file=sys.stderr)

@@ -30,12 +30,14 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import numpy as np
-import pandas as pd
 
 from c4d import __version__, framing, names, schema
+
+if TYPE_CHECKING:  # pandas loads in ~0.5 s: only the DataFrame views import it
+    import pandas as pd
 
 MAGIC = b"C4DTRACE"
 FORMAT_VERSION = 2
@@ -269,6 +271,8 @@ class Trace:
 
 
 def _frame(arr: np.ndarray, drop: tuple[str, ...] = ()) -> pd.DataFrame:
+    import pandas as pd
+
     cols = {n: arr[n] for n in arr.dtype.names or () if n not in drop and not n.startswith("reserved")}
     return pd.DataFrame(cols)
 
@@ -280,6 +284,8 @@ def load(path: str | os.PathLike) -> Trace:
 
 def from_raw(rt: RawTrace) -> Trace:
     """DataFrames over the records of a RawTrace (a c4d trace or an import)."""
+    import pandas as pd
+
     if not rt.kinds:
         rt.kinds = schema.by_kind(rt.raw)
     k = rt.kinds

@@ -19,14 +19,15 @@ REPORTING = ("c4d.metrics", "c4d.report", "c4d.live", "c4d.cli", "rich")
 FORBIDDEN: dict[str, tuple[str, ...]] = {
     "c4d.schema": ("c4d.wire", "c4d.trace", *UPPER_OF_TRACE, "zmq", "pandas"),
     "c4d.wire": ("c4d.trace", *UPPER_OF_TRACE, "zmq"),
-    "c4d.trace": (*UPPER_OF_TRACE, "zmq"),
-    "c4d.formats.to_records": ("c4d.engine", "c4d.analyze", *NETWORK),
-    "c4d.formats.flight_recorder": ("c4d.engine", "c4d.analyze", *NETWORK),
-    "c4d.formats.inspector": ("c4d.engine", "c4d.analyze", *NETWORK),
+    # pandas (~0.5 s to import) only where a DataFrame is asked for, never on the replay path
+    "c4d.trace": (*UPPER_OF_TRACE, "zmq", "pandas"),
+    "c4d.formats.to_records": ("c4d.engine", "c4d.analyze", *NETWORK, "pandas"),
+    "c4d.formats.flight_recorder": ("c4d.engine", "c4d.analyze", *NETWORK, "pandas"),
+    "c4d.formats.inspector": ("c4d.engine", "c4d.analyze", *NETWORK, "pandas"),
     "c4d.formats.nccl_tests": ("c4d.engine", "c4d.analyze", *NETWORK),
-    "c4d.formats.detect": ("c4d.engine", "c4d.analyze", *NETWORK),
+    "c4d.formats.detect": ("c4d.engine", "c4d.analyze", *NETWORK, "pandas"),
     "c4d.engine": ("c4d.trace", "c4d.formats", "c4d.analyze", *REPORTING, *NETWORK, "pandas", "matplotlib"),
-    "c4d.analyze": (*REPORTING, *NETWORK, "matplotlib"),
+    "c4d.analyze": (*REPORTING, *NETWORK, "matplotlib", "pandas"),
     "c4d.report": NETWORK,
 }
 
@@ -55,6 +56,20 @@ def test_offline_analysis_does_not_load_zmq(tmp_path):
     code = f"import sys\nfrom c4d import cli\nfor argv in {runs!r}:\n    assert cli.main(argv) == 0\n"
     mods = _imported(code)
     assert not [m for m in mods if m.split(".")[0] == "zmq" or m in ("c4d.master", "c4d.collector")]
+
+
+def test_analyze_json_of_flight_recorder_dumps_loads_no_pandas(tmp_path):
+    """`c4d analyze DIR --json` replays without DataFrames: pandas' import alone is ~10% of
+    analyzing 256 ranks' dumps (analysis/bench_fr.py); the text report's table still uses it."""
+    from tests import fr_factory as f
+
+    f.write(f.build(f.Job(tp=2, dp=2, steps=3, hang=f.Hang(op_index=1, missing=(3,)))), tmp_path)
+    code = f"from c4d import cli\nassert cli.main(['analyze', {str(tmp_path)!r}, '--json']) == 2\n"
+    mods = _imported(code)
+    assert "c4d.engine" in mods and "c4d.formats.flight_recorder" in mods
+    assert "pandas" not in mods
+    text = _imported(f"from c4d import cli\nassert cli.main(['analyze', {str(tmp_path)!r}]) == 2\n")
+    assert "pandas" in text  # the summary table
 
 
 def test_c4d_analyze_cli_of_an_empty_trace_says_no_diagnoses(tmp_path):

@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from c4d import schema
 from c4d.formats import flight_recorder, inspector
@@ -273,6 +272,8 @@ def nccl_tests_trace(
             "avg_busbw_gbs": run.avg_busbw_gbs,
             "file": name,
         }
+        import pandas as pd
+
         blocks = []
         for b in ("oop", "ip"):
             blk = rows[["size", "count", "type", f"{b}_time_us"]].rename(columns={f"{b}_time_us": "time_us"})

@@ -47,7 +47,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from c4d import schema
 from c4d.formats import to_records as tr
@@ -231,10 +230,13 @@ def _first(xs: Any) -> str:
 
 
 _G_PG = itemgetter("process_group")
-_G_NAME0 = itemgetter(0)
+_G_0 = itemgetter(0)
+_G_INPUT_SIZES = itemgetter("input_sizes")
+_G_INPUT_DTYPES = itemgetter("input_dtypes")
+_G_DURATION = itemgetter("duration_ms")
 
 
-# scalar entry fields read in one C-level pass (itemgetter → tuples → one object array)
+# scalar entry fields read in one C-level pass (itemgetter → tuples → one tuple per field)
 _SCALARS = (
     "collective_seq_id",
     "p2p_seq_id",
@@ -245,49 +247,82 @@ _SCALARS = (
     "state",
     "profiling_name",
 )
+_REQUIRED = frozenset(("collective_seq_id", "p2p_seq_id", "time_created_ns", "state", "profiling_name"))
 _G_SCALARS = itemgetter(*_SCALARS)
 
 
-def _scalars(ents: list[dict[str, Any]]) -> np.ndarray:
-    """(n, 8) object array of _SCALARS; optional keys absent (old versions) read as None/False."""
-    n = len(ents)
-    a = np.empty((n, len(_SCALARS)), dtype=object)
+def _scalars(ents: list[dict[str, Any]]) -> list[Sequence[Any]]:
+    """The _SCALARS of every entry, one sequence per field; optional keys absent (old versions)
+    read as None. A required key absent raises KeyError."""
     try:
-        a[:] = list(map(_G_SCALARS, ents)) if n else a
+        return list(zip(*map(_G_SCALARS, ents), strict=True)) if ents else [()] * len(_SCALARS)
     except KeyError:
-        for j, k in enumerate(_SCALARS):
-            req = k in ("collective_seq_id", "p2p_seq_id", "time_created_ns", "state", "profiling_name")
-            a[:, j] = list(map(itemgetter(k) if req else methodcaller("get", k), ents))
-    return a
+        get = {k: itemgetter(k) if k in _REQUIRED else methodcaller("get", k) for k in _SCALARS}
+        return [list(map(get[k], ents)) for k in _SCALARS]
 
 
-def _int_col(col: np.ndarray) -> np.ndarray:
-    """Object column of ints where None (pickle) or 0 (JSON) mean "not known" → int64 with 0."""
-    col = col.copy()
-    col[col == None] = 0  # noqa: E711 - elementwise comparison with None
-    return col.astype(np.int64)
+def _int_col(col: Sequence[Any]) -> np.ndarray:
+    """Ints where None (pickle) or 0 (JSON) mean "not known" → int64 with 0."""
+    try:
+        return np.array(col, dtype=np.int64)
+    except TypeError:  # a None among them
+        a = np.array(col, dtype=object)
+        a[a == None] = 0  # noqa: E711 - elementwise comparison with None
+        return a.astype(np.int64)
+
+
+def _numels(ents: list[dict[str, Any]], key: str = "input_sizes") -> np.ndarray:
+    """Elements of each entry's tensors; 0 where the sizes are missing or not sizes."""
+    n = len(ents)
+    try:  # the common case, every entry one tensor: C-level maps only
+        sizes = list(map(_G_INPUT_SIZES if key == "input_sizes" else itemgetter(key), ents))
+        if n and all(map((1).__eq__, map(len, sizes))):
+            return np.fromiter(map(math.prod, map(_G_0, sizes)), dtype=np.int64, count=n)
+    except (KeyError, TypeError, IndexError, ValueError):
+        sizes = [e.get(key) for e in ents]
+    return np.fromiter(map(_numel, sizes), dtype=np.int64, count=n)
+
+
+def _dtypes(ents: list[dict[str, Any]]) -> list[str]:
+    try:  # every entry with an input dtype: C-level maps only
+        return list(map(_G_0, map(_G_INPUT_DTYPES, ents)))
+    except (KeyError, TypeError, IndexError):
+        return list(map(_first, map(methodcaller("get", "input_dtypes", ()), ents)))
+
+
+def _durations(ents: list[dict[str, Any]]) -> np.ndarray:
+    try:
+        dur = np.fromiter(map(_G_DURATION, ents), dtype=np.float64, count=len(ents))
+    except (KeyError, TypeError, ValueError):  # absent (old versions) or None: not known
+        get = methodcaller("get", "duration_ms", math.nan)
+        dur = np.array([math.nan if x is None else x for x in map(get, ents)], dtype=np.float64)
+    return np.where(np.isfinite(dur), dur, np.nan)
+
+
+def _factorize(values: Sequence[Any]) -> tuple[np.ndarray, list[Any]]:
+    """Codes (int32) and the distinct values in order of first appearance, C-level maps only."""
+    uni = dict.fromkeys(values)
+    code = {v: i for i, v in enumerate(uni)}
+    return np.fromiter(map(code.__getitem__, values), dtype=np.int32, count=len(values)), list(uni)
 
 
 def _columns(dump: dict[str, Any]) -> dict[str, Any]:
     """One dump's entries as numpy columns (string columns as codes + their unique values)."""
     ents = dump.get("entries") or []
     n = len(ents)
-    sc = _scalars(ents)
+    cseq, pseq, t_created, t_started, t_completed, retired, state, name = _scalars(ents)
     pgs = list(map(_G_PG, ents))
-    pg_codes, pg_uni = pd.factorize(np.array(list(map(_G_NAME0, pgs)) or [], dtype=object))
+    pg_codes, pg_uni = _factorize(list(map(_G_0, pgs)))
     first_of: Any = np.unique(pg_codes, return_index=True)[1] if n else []
     descs = {str(pgs[i][0]): str(pgs[i][1]) if len(pgs[i]) > 1 else "" for i in first_of}
-    nm_codes, nm_uni = pd.factorize(sc[:, 7])
-    st_codes, st_uni = pd.factorize(sc[:, 6])
+    nm_codes, nm_uni = _factorize(name)
+    st_codes, st_uni = _factorize(state)
     use_out = np.array([parse_name(str(x))[2] for x in nm_uni], dtype=bool)
-    numel = np.fromiter(map(_numel, map(itemgetter("input_sizes"), ents)), dtype=np.int64, count=n)
+    numel = _numels(ents)
     if n and use_out.any():
         idx = np.flatnonzero(use_out[nm_codes])
         numel[idx] = [_numel(ents[i].get("output_sizes")) for i in idx.tolist()]
-    dt_codes, dt_uni = pd.factorize(
-        np.array(list(map(_first, map(methodcaller("get", "input_dtypes", ()), ents))) or [], dtype=object)
-    )
-    dur = np.fromiter(map(methodcaller("get", "duration_ms", math.nan), ents), dtype=np.float64, count=n)
+    dt_codes, dt_uni = _factorize(_dtypes(ents))
     return {
         "n": n,
         "pg": pg_codes.astype(np.int32),
@@ -299,14 +334,14 @@ def _columns(dump: dict[str, Any]) -> dict[str, Any]:
         "states": [str(x) for x in st_uni],
         "dtype": dt_codes.astype(np.int32),
         "dtypes": [str(x) for x in dt_uni],
-        "cseq": sc[:, 0].astype(np.int64),
-        "pseq": sc[:, 1].astype(np.int64),
+        "cseq": np.array(cseq, dtype=np.int64),
+        "pseq": np.array(pseq, dtype=np.int64),
         "first_record": int(ents[0].get("record_id", 0) or 0) if n else 0,
-        "retired": sc[:, 5].astype(bool),
-        "t_created": _int_col(sc[:, 2]),
-        "t_started": _int_col(sc[:, 3]),
-        "t_completed": _int_col(sc[:, 4]),
-        "duration_ms": np.where(np.isfinite(dur), dur, np.nan),
+        "retired": np.array(retired, dtype=bool),
+        "t_created": _int_col(t_created),
+        "t_started": _int_col(t_started),
+        "t_completed": _int_col(t_completed),
+        "duration_ms": _durations(ents),
         "numel": numel,
         "version": str(dump.get("version", "")),
         "comm_lib_version": str(dump.get("comm_lib_version", "") or ""),
@@ -359,9 +394,9 @@ def _load_one(item: tuple[int, str]) -> tuple[int, dict[str, Any] | str]:
 def _load_all(files: dict[int, Path], workers: int | None) -> list[tuple[int, dict[str, Any] | str]]:
     items = [(r, str(p)) for r, p in files.items()]
     total = sum(p.stat().st_size for p in files.values())
-    if workers is None:  # the cores that are idle now, for inputs worth a process pool
-        idle = (os.cpu_count() or 1) - os.getloadavg()[0]
-        workers = max(1, min(8, round(idle))) if len(items) >= 8 and total >= 16 << 20 else 1
+    if workers is None:  # the cores this process may run on, for inputs worth a process pool (the
+        # 1-minute load average lags by a minute: it counted the previous command as busy cores)
+        workers = min(8, len(os.sched_getaffinity(0))) if len(items) >= 8 and total >= 16 << 20 else 1
     if workers > 1:
         import multiprocessing as mp
 

@@ -32,15 +32,17 @@ import json
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from c4d import schema
 from c4d.formats import to_records as tr
 from c4d.formats.to_records import FormatError, ImportOptions
 from c4d.trace import RawTrace
+
+if TYPE_CHECKING:  # pandas loads in ~0.5 s: only parsing needs it
+    import pandas as pd
 
 Op = schema.Op
 _OPS = {
@@ -200,6 +202,8 @@ def parse(files: list[Path], warns: list[str]) -> pd.DataFrame:
                 rows.append(r)
         if bad:
             warns.append(f"{f}: {bad} lines are not Inspector records (first at line {first_bad})")
+    import pandas as pd
+
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
