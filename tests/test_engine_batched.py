@@ -118,3 +118,28 @@ def test_a_freed_communicators_pool_ranges_go_fresh_to_the_next_of_its_size():
     assert new.op_done.tolist() == [2, 2] and new.tag[:3].tolist() == [0, 1, -1]
     assert not new.processed[2:].any() and old.tag[:5].tolist() == [0, 1, 2, 3, 4]
     assert len(new.recent_ops()) == 2
+
+
+def test_communicators_on_one_host_clock_share_a_wave(monkeypatch):
+    """A job on one node (or an import whose hosts are unknown: every rank on "?") has nothing
+    to refine: each communicator's step is zero, so none orders against another and a chunk
+    takes one reduce_group per communicator size. Before, every communicator wrote node 0 and
+    took a wave of its own (113 waves per chunk replaying 256 ranks' Flight Recorder dumps)."""
+    from c4d.engine import state
+
+    calls: list[int] = []
+    orig = state.reduce_group
+
+    def counted(comms, parts, ranks, gain):
+        calls.append(len(comms))
+        return orig(comms, parts, ranks, gain)
+
+    one_node = Job(tp=2, pp=1, dp=8, ranks_per_node=16, steps=30, skew_ms=0.0)
+    monkeypatch.setattr(state, "reduce_group", counted)
+    d1, made1, sp1, clk1 = _run(one_node, True, monkeypatch)
+    # per chunk: the 8 tp pairs in one call, the 2 dp groups of 8 in another; never one alone
+    assert calls and set(calls) == {8, 2}, calls
+    monkeypatch.setattr(state, "reduce_group", orig)
+    d2, made2, sp2, clk2 = _run(one_node, False, monkeypatch)
+    assert d1 == d2 and sorted(made1) == sorted(made2)
+    assert sp1.tobytes() == sp2.tobytes() and all(clk1[k].tobytes() == clk2[k].tobytes() for k in clk1)

@@ -869,6 +869,10 @@ def reduce_group(comms: list[Comm], parts: list[Complete], ranks: RankTable, gai
             w = writer[seg] & sync
             med = _seg_col_median(E[w] - endmed[w, None], seg[w], C)[writer]
             res[writer] = gain * np.clip(med - med.mean(axis=1, keepdims=True), -1e9, 1e9)
+            # members that share one host clock: the zero-mean step moves nothing (add_residuals
+            # averages per node), so it is exactly zero and the op only marks the node refined;
+            # reduce_comms relies on it (such a communicator orders against no other)
+            res[one_clock] = 0.0
     # each member's compute before the op (see add_collectives): what a slow rank's peers
     # wait for
     gaps = np.where(G >= 0, G, np.nan).astype(np.float32)
@@ -907,7 +911,12 @@ def reduce_comms(done: list[tuple[Comm, Complete]], ranks: RankTable, gain: floa
     sync_ops = _END_SYNC[np.concatenate([p.op for p in parts])]
     syn = np.bincount(np.repeat(np.arange(len(comms)), cnt), weights=sync_ops, minlength=len(comms)) > 0
     known = np.minimum.reduceat((gr >= 0) & ranks.aligned(np.maximum(gr, 0)), heads)
-    may = (gain > 0) & (n_of >= 2) & known & syn & (cnt > 0)
+    # one host clock for every member: its step is zero (reduce_group), so it writes no offset
+    # and needs no order against the others (all ranks of an import whose hosts are unknown)
+    one_clock = (np.minimum.reduceat(dom, heads) == np.maximum.reduceat(dom, heads)) & (
+        np.minimum.reduceat(nd, heads) >= 0
+    )
+    may = (gain > 0) & (n_of >= 2) & known & syn & (cnt > 0) & ~one_clock
     lab_lo, lab_hi = np.minimum.reduceat(lab, heads), np.maximum.reduceat(lab, heads)
     merges = may & (lab_lo != lab_hi)
     dl = dom.tolist()
@@ -947,6 +956,9 @@ def reduce_comms(done: list[tuple[Comm, Complete]], ranks: RankTable, gain: floa
             red, j = results[i]
             red.keep(j)
             if not red.writer[j]:
+                continue
+            if one_clock[i]:  # a zero step (add_residuals would average it into the node's)
+                ranks.rel_node_refined[ranks.node[comms[i].grank[0]]] = True
                 continue
             if merges[i]:
                 if plain_g:
