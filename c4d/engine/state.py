@@ -302,6 +302,11 @@ class RankTable:
             np.add.at(self.rel_rank, g[~has], res[~has])
             self.rel_rank_refined[g[~has]] = True
 
+    def mark_refined(self, node: int) -> None:
+        """What a communicator on one host clock gives the refinement: a zero step for ``node``
+        (``add_residuals`` of zeros, without the work)."""
+        self.rel_node_refined[node] = True
+
     def _merge(self, nodes: np.ndarray, solo: np.ndarray) -> None:
         """Join the islands of these domains, keeping every offset where it is: each joining
         island's rel moves by the difference of the anchors, which the next clock update
@@ -720,7 +725,7 @@ class Comm:
         known = bool(((self.grank >= 0) & ranks.aligned(np.maximum(self.grank, 0))).all())
         out["aligned"] = known
         if gain > 0 and self.n >= 2 and known and bool((out["ends_known"] & _END_SYNC[out["op"]]).any()):
-            ranks.add_residuals(self.grank, np.zeros(self.n))
+            ranks.mark_refined(int(ranks.node[self.grank[0]]))
         self._completed(out, gaps)
 
 
@@ -958,7 +963,7 @@ def reduce_comms(done: list[tuple[Comm, Complete]], ranks: RankTable, gain: floa
             if not red.writer[j]:
                 continue
             if one_clock[i]:  # a zero step (add_residuals would average it into the node's)
-                ranks.rel_node_refined[ranks.node[comms[i].grank[0]]] = True
+                ranks.mark_refined(int(ranks.node[comms[i].grank[0]]))
                 continue
             if merges[i]:
                 if plain_g:
