@@ -138,8 +138,8 @@ class SlowJudge:
     def _closed_rows(self, c: Comm, attr: str, closed: int, P: int) -> np.ndarray | None:
         """Take c's rows (COMPLETED or P2P_DONE) of windows that may now be judged."""
         pend = getattr(c, attr)
-        if not pend:
-            return None
+        if not pend or min(int(p["last_arrive"].min()) if len(p) else 1 << 62 for p in pend) // P > closed:
+            return None  # nothing closed yet: no copy (most ticks, for every p2p link)
         ops = np.concatenate(pend) if len(pend) > 1 else pend[0]
         win = ops["last_arrive"] // P
         keep = win > closed
