@@ -276,3 +276,24 @@ def test_a_rank_and_one_of_its_links_named_in_the_same_window_are_one_incident()
     assert sorted(groups) == [("link", (2, 4)), ("rank", (7,))]
     held = [loc for _, _, loc in groups[("rank", (7,))]]
     assert len(held) == 2 and held[0].basis.endswith("/held") and "same window" in held[0].evidence
+
+
+def test_medians_of_the_others_equal_numpys_one_by_one():
+    """The sibling reference (each unit against the median of the others of its shape) from one
+    sort, exactly what np.median of each unit's others gives (ties and NaN included)."""
+    from c4d.engine.slow import _medians_of_others, _others_median
+
+    rng = np.random.default_rng(7)
+    for trial in range(500):
+        k = int(rng.integers(1, 40))
+        v = rng.normal(size=k)
+        if trial % 3 == 0:
+            v = np.round(v, 1)  # ties
+        want = [float(np.median(np.delete(v, j))) if k > 1 else np.nan for j in range(k)]
+        assert np.array_equal(_medians_of_others(v), want, equal_nan=True), v
+        w = v.copy()
+        w[rng.random(k) < 0.2] = np.nan
+        ok = np.isfinite(w)
+        want = [float(np.median(w[ok & (np.arange(k) != j)])) if (ok & (np.arange(k) != j)).any() else np.nan
+                for j in range(k)]  # fmt: skip
+        assert np.array_equal(_others_median(w), want, equal_nan=True), w

@@ -325,9 +325,15 @@ class SlowJudge:
         for u in units:
             sib.setdefault(u.sib_key, []).append(u)
         own_ratios = []
+        for group in sib.values():
+            bw = np.array([x.bw for x in group], dtype=np.float64)
+            if np.isfinite(bw).all():
+                refs = _medians_of_others(bw).tolist()
+            else:  # NaN in np.median propagates; _medians_of_others assumes finite values
+                refs = [float(np.median(np.delete(bw, j))) for j in range(len(bw))]
+            for x, ref in zip(group, refs, strict=True):
+                x.sib_ref = ref if len(group) > 1 else None
         for u in units:
-            others = [x.bw for x in sib[u.sib_key] if x is not u]
-            u.sib_ref = float(np.median(others)) if others else None
             q = self.baseline.get(u.base_key)
             u.own_ref = float(np.median(q)) if q else None
             if u.own_ref:
@@ -587,11 +593,30 @@ def _others_median(med: np.ndarray) -> np.ndarray:
     if n > 64:  # removing one value of many barely moves the median
         return np.full(n, float(np.median(med[ok])) if ok.any() else np.nan)
     out = np.full(n, np.nan)
-    for r in range(n):
-        rest = med[ok & (np.arange(n) != r)]
-        if len(rest):
-            out[r] = float(np.median(rest))
+    idx = np.flatnonzero(ok)
+    if len(idx) >= 2:
+        out[idx] = _medians_of_others(med[idx])
+    if len(idx) >= 1:  # a NaN entry's others are every finite one
+        out[~ok] = float(np.median(med[idx]))
     return out
+
+
+def _medians_of_others(v: np.ndarray) -> np.ndarray:
+    """For each of the finite values ``v``, ``np.median`` of all the others (NaN where there are
+    none), from one sort: removing the j-th smallest shifts the ranks above it down by one."""
+    k = len(v)
+    if k < 2:
+        return np.full(k, np.nan)
+    order = np.argsort(v, kind="stable")
+    s = v[order]
+    pos = np.empty(k, np.int64)
+    pos[order] = np.arange(k)  # each value's rank in s
+    lo, hi = (k - 2) // 2, (k - 1) // 2  # the middle ranks among the k - 1 others
+
+    def at(i: int) -> np.ndarray:  # the others' i-th smallest, for every removed rank at once
+        return np.where(pos > i, s[i], s[min(i + 1, k - 1)])
+
+    return (at(lo) + at(hi)) / 2
 
 
 @dataclass
