@@ -331,8 +331,8 @@ class SlowJudge:
                 refs = _medians_of_others(bw).tolist()
             else:  # NaN in np.median propagates; _medians_of_others assumes finite values
                 refs = [float(np.median(np.delete(bw, j))) for j in range(len(bw))]
-            for x, ref in zip(group, refs, strict=True):
-                x.sib_ref = ref if len(group) > 1 else None
+            for member, ref in zip(group, refs, strict=True):
+                member.sib_ref = ref if len(group) > 1 else None
         for u in units:
             q = self.baseline.get(u.base_key)
             u.own_ref = float(np.median(q)) if q else None
