@@ -396,7 +396,8 @@ def _load_all(files: dict[int, Path], workers: int | None) -> list[tuple[int, di
     total = sum(p.stat().st_size for p in files.values())
     if workers is None:  # the cores this process may run on, for inputs worth a process pool (the
         # 1-minute load average lags by a minute: it counted the previous command as busy cores)
-        workers = min(8, len(os.sched_getaffinity(0))) if len(items) >= 8 and total >= 16 << 20 else 1
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        workers = min(8, cores) if len(items) >= 8 and total >= 16 << 20 else 1
     if workers > 1:
         import multiprocessing as mp
 
