@@ -648,12 +648,13 @@ class Engine:
         th = self.thresholds()
         out: list[Diagnosis] = []
         live: set[Hashable] = set()
-        for f in hang.evaluate(self.ranks, self.comms, th, now):
+        ev = hang.evaluate(self.ranks, self.comms, th, now)
+        for f in ev.findings:
             live.add(f.key)
             out += self._count(f, th, now)
         for key in [k for k in self._active if k not in live]:
             del self._active[key]
-        for s in self._slow.judge(self.ranks, self.comms, th, now):
+        for s in self._slow.judge(self.ranks, self.comms, th, now, ev.oldest_wait):
             out.append(self._slow_diag(s, now))
         return out
 

@@ -256,6 +256,11 @@ class WaitGraph:
                 out.append(key)
         return sorted(out, key=lambda k: (self.nodes[k].start, k))
 
+    def oldest_wait(self) -> int | None:
+        """When the oldest wait still in progress (a rank with current reports) began."""
+        starts = (s for node in self.nodes.values() for g, s in node.waiters if not self.stale[g])
+        return min(starts, default=None)
+
     def explain(self, key: NodeKey) -> _Expl:
         if key in self._memo:
             return self._memo[key]
@@ -488,9 +493,21 @@ def _hex(c: Comm) -> str:
     return f"{c.id:016x}"
 
 
-def evaluate(ranks: RankTable, comms: dict[int, Comm], th: ResolvedThresholds, now: int) -> list[Finding]:
+@dataclass(frozen=True)
+class Evaluation:
+    findings: list[Finding]
+    # master ns at which the oldest wait still in progress began (a rank with current
+    # reports); the slow judge holds the windows it may still change (slow.py)
+    oldest_wait: int | None
+
+
+def evaluate(ranks: RankTable, comms: dict[int, Comm], th: ResolvedThresholds, now: int) -> Evaluation:
     """Every hang, mismatch and loss in progress at master time ``now`` (durations may still be < T)."""
     G = WaitGraph(ranks, comms, th, now)
+    return Evaluation(_findings(G, comms, ranks), G.oldest_wait())
+
+
+def _findings(G: WaitGraph, comms: dict[int, Comm], ranks: RankTable) -> list[Finding]:
     out: list[Finding] = []
     term_sources: dict[Term, list[NodeKey]] = {}
     pending: set[int | UnknownMember] = set()
@@ -515,7 +532,7 @@ def evaluate(ranks: RankTable, comms: dict[int, Comm], th: ResolvedThresholds, n
         return d
 
     out += _noncomm(G, term_sources, missing, common)
-    out += _comm_hangs(G, comms, term_sources, common, now)
+    out += _comm_hangs(G, comms, term_sources, common, G.now)
     out += _mismatches(G, hits, term_sources, common)
     out += _lost(G, ranks, term_sources, common)
     return out

@@ -72,6 +72,14 @@ class SlowJudge:
         self.p2p_low: dict[tuple, tuple[int, int]] = {}
         self.noncomm_low: dict[int, tuple[int, int]] = {}
         self.late_ops = 0  # ops that completed after their window was judged
+        # A window waits while a wait that began before it closed is still in progress (its
+        # ops may yet turn out to be a stall's). A stall (a wait longer than min(T, period), a
+        # hang in the making): the windows it covered are dropped when it ends. Their ops ran
+        # while the rest of the job blocked, then caught up; their pace says nothing of a rank
+        # (a 32-rank hang on two cores named bystander tp pairs RankCommSlow).
+        self.stall_from: int | None = None  # first window of the stall in progress
+        self.stalled: list[tuple[int, int]] = []  # windows [a, b] of ended stalls, not judged
+        self.stalled_ops = 0
 
     def forget(self, comm_idx: list[int]) -> None:
         """Drop the state of freed communicators (unit keys carry the comm index second)."""
@@ -84,12 +92,29 @@ class SlowJudge:
                 del d[key]
 
     def judge(
-        self, ranks: RankTable, comms: dict[int, Comm], th: ResolvedThresholds, now: int
+        self,
+        ranks: RankTable,
+        comms: dict[int, Comm],
+        th: ResolvedThresholds,
+        now: int,
+        oldest_wait: int | None = None,
     ) -> list[SlowFinding]:
         P = th.period_ns
+        grace = int(self.cfg.slow_grace_ms * 1e6)
         # last window that may be judged: records of its last ops must be in, later by the
         # delivery lag when the master falls behind
-        closed = (now - int(self.cfg.slow_grace_ms * 1e6) - ranks.delivery_lag_ns) // P - 1
+        closed = (now - grace - ranks.delivery_lag_ns) // P - 1
+        waited = now - oldest_wait if oldest_wait is not None else 0
+        if waited > grace:  # not the ops in flight right now: a wait since before a window closed
+            closed = min(closed, int(oldest_wait or 0) // P - 1)
+        if waited > min(th.hang_timeout_ns, P):
+            w0 = int(oldest_wait or 0) // P
+            self.stall_from = w0 if self.stall_from is None else min(self.stall_from, w0)
+        elif self.stall_from is not None:
+            self.stalled.append((self.stall_from, now // P))
+            self.stall_from = None
+        if self.next_window is not None:
+            self.stalled = [(a, b) for a, b in self.stalled if b >= self.next_window]
         per_comm: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         per_p2p: dict[int, np.ndarray] = {}
         for c in comms.values():
@@ -133,7 +158,16 @@ class SlowJudge:
             late = win < self.next_window
             self.late_ops += int(late.sum())
             use &= ~late
+        use &= ~self._in_stall(win)
         return (ops[use], gaps[use]) if use.any() else None
+
+    def _in_stall(self, win: np.ndarray) -> np.ndarray:
+        """Ops of windows an ended stall covered (not judged, counted)."""
+        out = np.zeros(len(win), bool)
+        for a, b in self.stalled:
+            out |= (win >= a) & (win <= b)
+        self.stalled_ops += int(out.sum())
+        return out
 
     def _closed_rows(self, c: Comm, attr: str, closed: int, P: int) -> np.ndarray | None:
         """Take c's rows (COMPLETED or P2P_DONE) of windows that may now be judged."""
@@ -145,11 +179,13 @@ class SlowJudge:
         keep = win > closed
         setattr(c, attr, [ops[keep]] if keep.any() else [])
         ops, win = ops[~keep], win[~keep]
+        use = ops["aligned"]  # reduced before the members' clocks were known
         if self.next_window is not None:
             late = win < self.next_window
             self.late_ops += int(late.sum())
-            ops = ops[~late]
-        ops = ops[ops["aligned"]]  # reduced before the members' clocks were known
+            use &= ~late
+        use &= ~self._in_stall(win)
+        ops = ops[use]
         return ops if len(ops) else None
 
     # -- one window --------------------------------------------------------------------
@@ -308,12 +344,17 @@ class SlowJudge:
         # A unit's first window is start-up (processes still launching, a partial window): it
         # is not judged, only remembered as a baseline (a single communicator has nothing else
         # to be compared with).
-        units = []
+        units, starting = [], []
         for u in self._units(ranks, comms, sel, sel_p2p):
             if self.first_seen.setdefault(u.key, w) < w:
                 units.append(u)
             else:
+                starting.append(u)
                 self.baseline.setdefault(u.base_key, deque(maxlen=cfg.slow_baseline_windows)).append(u.bw)
+        for u in starting:  # known, not judged yet: a rank's verdict may wait for it (_localize)
+            if u.key not in self.unit_shapes:
+                nodes = {int(g): int(ranks.node[g]) for g in u.members}
+                self.unit_shapes[u.key] = blame.shape(u.key, u.members, u.links, nodes)
         for u in units:
             self.last_judged[u.key] = w
             self.unit_members[u.key] = u.members

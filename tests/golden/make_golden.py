@@ -2,6 +2,7 @@
 
     PYTHONPATH=. python tests/golden/make_golden.py        # all of them (a minute or two)
     PYTHONPATH=. python tests/golden/make_golden.py mismatch
+    PYTHONPATH=. python tests/golden/make_golden.py noncomm-hang-busy-host --from TRACE  # recorded
 
 Each case is a real simulated job (c4d.scenarios: processes, shim, simnccl, ZeroMQ, master,
 engine); its trace is kept gzipped as ``<name>.c4d.gz`` and what the engine says when it
@@ -36,6 +37,14 @@ CASES: dict[str, scenarios.Scenario] = {
     "mismatch": Sc(8, 4, 2, 1, "mismatch@rank=5,step=10", steps=200),
     "crash": Sc(8, 4, 2, 2, "crash@rank=3,step=10", steps=200),
     "clean": Sc(8, 4, 2, 2, None, steps=120),
+    # recorded with a second copy of the job running beside it (64 ranks on two cores): when
+    # rank 17 stops, the bystanders' last ops ran slow while the rest blocked (a stall's
+    # windows are not judged for slowness: c4d/engine/slow.py)
+    "noncomm-hang-busy-host": Sc(32, 8, 2, 2, "noncomm-hang@rank=17,step=20"),
+    # recorded in the full test suite: rank 0 slows in the first window its tp pair is judged,
+    # its other communicators still in their first (unjudged) window: the verdict waits for them
+    # instead of naming the tp link 0-1
+    "comm-slow-first-window": Sc(8, 4, 2, 2, "comm-slow@rank=0,step=20,factor=4", steps=250),
 }
 
 
@@ -56,10 +65,9 @@ def diagnose(path: Path) -> list[dict[str, Any]]:
     return [project(d.to_json()) for d in analyze.replay(rt, analyze.make_engine())]
 
 
-def record(name: str, sc: scenarios.Scenario) -> None:
+def record(name: str, sc: scenarios.Scenario, given: Path | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="c4d-golden-") as wd:
-        o = scenarios.run(sc, Path(wd))
-        src = Path(o.trace_path)
+        src = given if given is not None else Path(scenarios.run(sc, Path(wd)).trace_path)
         with src.open("rb") as f, gzip.open(HERE / f"{name}.c4d.gz", "wb", compresslevel=9) as g:
             shutil.copyfileobj(f, g)
         expected = diagnose(src)
@@ -70,6 +78,14 @@ def record(name: str, sc: scenarios.Scenario) -> None:
 
 
 if __name__ == "__main__":
+    args = sys.argv[1:]
+    given = None
+    if "--from" in args:
+        i = args.index("--from")
+        given = Path(args[i + 1])
+        del args[i : i + 2]
+        if len(args) != 1:
+            sys.exit("--from TRACE records one case: name it")
     for name, sc in CASES.items():
-        if len(sys.argv) < 2 or name in sys.argv[1:]:
-            record(name, sc)
+        if not args or name in args:
+            record(name, sc, given)
