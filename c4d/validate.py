@@ -318,6 +318,8 @@ class Edge:
             ev[is_comm] = body[is_comm].view(schema.COMM)["event"]
         uniq, first, inv = np.unique(cid, return_index=True, return_inverse=True)
         inv = inv.ravel()
+        if self._admit_known(uniq, first, inv, cand, code, recv_ns, peer_row, nr, cr, pr, is_comm, ev):
+            return
         order = np.argsort(inv, kind="stable")
         cuts = np.flatnonzero(np.diff(inv[order])) + 1
         groups = np.split(order, cuts)
@@ -351,11 +353,36 @@ class Edge:
                 continue
             c.last_ns = max(c.last_ns, recv_ns)
             self.comms.move_to_end(c_id)
-            ce = ok[is_comm[ok]]
-            if len(ce):
-                gone = np.isin(ev[ce], _GONE)
-                c.gone[cr[ce[gone]]] = True
-                c.gone[cr[ce[~gone]]] = False
+            for i in ok[is_comm[ok]].tolist():  # lifecycle records: few, in arrival order
+                c.gone[cr[i]] = int(ev[i]) in _GONE
+
+    def _admit_known(self, uniq, first, inv, cand, code, recv_ns, peer_row, nr, cr, pr, is_comm, ev) -> bool:
+        """Every communicator of the chunk known and not destroyed (the steady state): its
+        records checked at once. False (nothing done) when one is new or destroyed: the
+        per-communicator path creates them in order of appearance (one may evict another)."""
+        size = np.empty(len(uniq), np.int64)
+        comms = self.comms
+        for j, c_id in enumerate(uniq.tolist()):
+            c = comms.get(c_id)
+            if c is None or c_id in self.tombstones:
+                return False
+            size[j] = c.n
+        n_of = size[inv]
+        changed = ~peer_row & (nr != n_of)
+        out_of = peer_row & ((cr >= n_of) | (pr >= n_of))
+        code[cand[changed]] = _CODE["communicator size changed"]
+        code[cand[out_of]] = _CODE["bad peer record"]
+        ok = ~changed & ~out_of
+        used = np.zeros(len(uniq), bool)
+        used[inv[ok]] = True
+        for j in np.flatnonzero(used)[np.argsort(first[used], kind="stable")].tolist():
+            c_id = int(uniq[j])
+            c = comms[c_id]
+            c.last_ns = max(c.last_ns, recv_ns)
+            comms.move_to_end(c_id)
+        for i in np.flatnonzero(ok & is_comm).tolist():  # lifecycle records: few, in arrival order
+            comms[int(uniq[inv[i]])].gone[cr[i]] = int(ev[i]) in _GONE
+        return True
 
     def _room(self, n: int, budget: int, recv_ns: int) -> bool:
         """Whether ``n`` more members fit, evicting communicators silent for ``evict_silent_s``."""

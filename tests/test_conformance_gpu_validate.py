@@ -102,3 +102,16 @@ def test_a_usage_error_is_one_line_and_exit_1():
     assert p.returncode == 1, p.stdout + p.stderr
     assert s["ok"] is False and "--pairs" in s["error"]
     assert p.stderr.strip().splitlines()[-1].startswith("gpu-validate: argument --pairs")
+
+
+def test_a_groups_send_and_recv_count_once_in_the_steps_busy_time():
+    """They share the group's events, so their transfer times are one span (the non-blocking
+    check summed both and failed a healthy run on a busy host: 1.22x the step)."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        import gpu_validate
+    finally:
+        sys.path.remove(str(REPO / "scripts"))
+    med = {op: {"transfer_us": t} for op, t in (("AllReduce", 100.0), ("Send", 40.0), ("Recv", 50.0))}
+    assert gpu_validate.busy_us(med) == 150.0
+    assert gpu_validate.busy_us({"AllReduce": {"transfer_us": 7.0}}) == 7.0

@@ -108,6 +108,64 @@ def test_any_well_framed_records_never_raise_anywhere_in_ingest(batches, tick_st
     assert ing.edge.world <= ing.edge.limits.max_ranks
 
 
+EDGE_COMMS = {0xA1: 2, 0xA2: 4, 0xA3: 8}  # communicators the edge knows (id: size), ranks 0.. of the world
+RECORD_CASES = ["op", "op wrong size", "peer", "peer out of range", "init", "destroy", "hb"]
+
+
+@st.composite
+def comm_records(draw) -> np.ndarray:
+    """A batch over known communicators (and now and then one it does not know): ops with the
+    right or a wrong size, PEER records with comm and peer ranks in or out of range, lifecycle
+    records (init, destroy) of any member, heartbeats."""
+    parts = []
+    for _ in range(draw(st.integers(1, 30))):
+        cid = draw(st.sampled_from([*EDGE_COMMS, 0xB7]))
+        n = EDGE_COMMS.get(cid, 4)
+        cr = draw(st.integers(0, n - 1))
+        what = draw(st.sampled_from(RECORD_CASES))
+        if what.startswith("op"):
+            a = H.allreduces(1, [draw(st.integers(0, 50))], T, cid=cid)
+            a["comm_rank"], a["comm_nranks"] = cr, n + (1 if what == "op wrong size" else 0)
+        elif what.startswith("peer"):
+            a = np.zeros(1, schema.PEER)
+            a["kind"], a["version"], a["rank"], a["time_ns"] = schema.Kind.PEER, 1, cr, T
+            a["comm_id"], a["comm_rank"], a["peer"] = cid, cr, (cr + 1) % n
+            a["first_ns"], a["last_ns"], a["bytes_done"] = T - 5000, T - 100, 4096
+            if what == "peer out of range":
+                a[draw(st.sampled_from(["comm_rank", "peer"]))] = n + draw(st.integers(0, 3))
+        elif what == "hb":
+            a = H.heartbeats(1, T, cid=cid)
+            a["comm_rank"], a["comm_nranks"] = cr, n
+        else:
+            ev = schema.CommEvent.INIT_RANK if what == "init" else schema.CommEvent.DESTROY
+            a = H.comm_init([cr], cid, n, T, event=ev)
+            a["comm_rank"] = cr
+        parts.append(a)
+    return H.as_header(*parts)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(comm_records(), min_size=1, max_size=6))
+def test_the_edges_steady_state_path_admits_what_the_per_communicator_path_admits(batches):
+    """Edge._admit_known (every communicator of a chunk known: checked at once) against the
+    per-communicator path it stands in for: the same records admitted, the same reasons, the
+    same communicators, members gone and recency order."""
+    fast, slow = Edge(), Edge()
+    slow._admit_known = lambda *a: False  # type: ignore[method-assign]
+    start = [H.registers(WORLD, T)] + [H.comm_init(range(n), cid, n, T) for cid, n in EDGE_COMMS.items()]
+    for e in (fast, slow):
+        e.admit(H.as_header(*start), T)
+    for i, b in enumerate(batches):
+        raw = wire.decode(wire.encode(b))
+        a, z = fast.admit(raw.copy(), T + i), slow.admit(raw.copy(), T + i)
+        assert a.tobytes() == z.tobytes()
+        assert fast.rejected == slow.rejected
+        assert list(fast.comms) == list(slow.comms)
+        for k, c in fast.comms.items():
+            assert (c.n, c.last_ns, c.gone.tolist()) == (slow.comms[k].n, slow.comms[k].last_ns,
+                                                         slow.comms[k].gone.tolist())  # fmt: skip
+
+
 BAD_BATCHES = {
     "short message": lambda good: good[:10],
     "bad magic": lambda good: b"XXXX" + good[4:],

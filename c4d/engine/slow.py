@@ -32,7 +32,7 @@ from c4d.engine import blame
 from c4d.engine.calibration import localize
 from c4d.engine.config import EngineConfig, ResolvedThresholds
 from c4d.engine.peer import PeerVerdict, global_links, localize_slow, pace_setters
-from c4d.engine.state import COMPLETED, Comm, RankTable, _row_nanmedian
+from c4d.engine.state import COMPLETED, Comm, RankTable, _row_nanmedian, cat, take
 from c4d.engine.types import DiagKind, How, Localization, Target
 from c4d.schema import Op
 
@@ -121,7 +121,7 @@ class SlowJudge:
             got = self._closed_coll(c, closed, P)
             if got is not None:
                 per_comm[c.idx] = got
-            rows = self._closed_rows(c, "p2p_pending", closed, P)
+            rows = self._closed_p2p(c, closed, P)
             if rows is not None:
                 per_p2p[c.idx] = rows
         out: list[SlowFinding] = []
@@ -146,20 +146,20 @@ class SlowJudge:
         """Take c's COMPLETED rows (and their members' gaps) of windows that may now be judged."""
         if not c.pending or c.pending_min_la // P > closed:
             return None
-        ops = np.concatenate(c.pending) if len(c.pending) > 1 else c.pending[0]
+        ops = cat(c.pending)
         gaps = np.concatenate(c.pending_gaps) if len(c.pending_gaps) > 1 else c.pending_gaps[0]
         win = ops["last_arrive"] // P
         keep = win > closed
-        c.pending, c.pending_gaps = ([ops[keep]], [gaps[keep]]) if keep.any() else ([], [])
+        c.pending, c.pending_gaps = ([take(ops, keep)], [gaps[keep]]) if keep.any() else ([], [])
         c.pending_min_la = int(ops["last_arrive"][keep].min()) if keep.any() else 1 << 62
-        ops, gaps, win = ops[~keep], gaps[~keep], win[~keep]
+        ops, gaps, win = take(ops, ~keep), gaps[~keep], win[~keep]
         use = ops["aligned"]  # reduced before the members' clocks were known: not compared
         if self.next_window is not None:
             late = win < self.next_window
             self.late_ops += int(late.sum())
             use &= ~late
         use &= ~self._in_stall(win)
-        return (ops[use], gaps[use]) if use.any() else None
+        return (take(ops, use), gaps[use]) if use.any() else None
 
     def _in_stall(self, win: np.ndarray) -> np.ndarray:
         """Ops of windows an ended stall covered (not judged, counted)."""
@@ -169,24 +169,23 @@ class SlowJudge:
         self.stalled_ops += int(out.sum())
         return out
 
-    def _closed_rows(self, c: Comm, attr: str, closed: int, P: int) -> np.ndarray | None:
-        """Take c's rows (COMPLETED or P2P_DONE) of windows that may now be judged."""
-        pend = getattr(c, attr)
-        if not pend or min(int(p["last_arrive"].min()) if len(p) else 1 << 62 for p in pend) // P > closed:
+    def _closed_p2p(self, c: Comm, closed: int, P: int) -> np.ndarray | None:
+        """Take c's P2P_DONE rows of windows that may now be judged."""
+        if not c.p2p_pending or c.p2p_pending_min_la // P > closed:
             return None  # nothing closed yet: no copy (most ticks, for every p2p link)
-        ops = np.concatenate(pend) if len(pend) > 1 else pend[0]
+        ops = cat(c.p2p_pending)
         win = ops["last_arrive"] // P
         keep = win > closed
-        setattr(c, attr, [ops[keep]] if keep.any() else [])
-        ops, win = ops[~keep], win[~keep]
+        c.p2p_pending = [take(ops, keep)] if keep.any() else []
+        c.p2p_pending_min_la = int(ops["last_arrive"][keep].min()) if keep.any() else 1 << 62
+        ops, win = take(ops, ~keep), win[~keep]
         use = ops["aligned"]  # reduced before the members' clocks were known
         if self.next_window is not None:
             late = win < self.next_window
             self.late_ops += int(late.sum())
             use &= ~late
         use &= ~self._in_stall(win)
-        ops = ops[use]
-        return ops if len(ops) else None
+        return take(ops, use) if use.any() else None
 
     # -- one window --------------------------------------------------------------------
     def _window(

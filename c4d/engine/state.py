@@ -140,6 +140,17 @@ def take(rows: np.ndarray, idx: np.ndarray) -> np.ndarray:
     return rows.view(v)[idx].view(rows.dtype)
 
 
+def cat(parts: list[np.ndarray]) -> np.ndarray:
+    """``np.concatenate(parts)`` for record arrays of one dtype, joined as whole records: numpy
+    promotes a structured dtype field by field for every part (a third of the slow judge's
+    time at 1,024 ranks through agents)."""
+    if len(parts) == 1:
+        return parts[0]
+    dt = parts[0].dtype
+    v = np.dtype((np.void, dt.itemsize))
+    return np.concatenate([p.view(v) for p in parts]).view(dt)
+
+
 def compute_gaps(
     ops: np.ndarray, last_end: np.ndarray, compute_ns: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -512,6 +523,7 @@ class Comm:
         self.op_done = np.zeros(n, np.int64)  # highest collective seq finished + 1
         self.p2p_done: dict[tuple[int, int, int], int] = {}  # (comm rank, op, peer) -> seq + 1
         self.p2p_pending: list[np.ndarray] = []  # P2P_DONE rows not yet judged by a slow window
+        self.p2p_pending_min_la = 1 << 62  # their earliest last arrival
         self.has_coll = False
         self.has_p2p = False
         self.ops_seen = 0
@@ -557,12 +569,12 @@ class Comm:
 
     def recent_ops(self) -> np.ndarray:
         if len(self.recent) > 1:
-            self.recent = [np.concatenate(self.recent)]
+            self.recent = [cat(self.recent)]
         return self.recent[0] if self.recent else np.empty(0, COMPLETED)
 
     def peer_table(self) -> np.ndarray:
         if len(self.peer_rows) > 1:
-            self.peer_rows = [np.concatenate(self.peer_rows)]
+            self.peer_rows = [cat(self.peer_rows)]
         return self.peer_rows[0] if self.peer_rows else np.empty(0, schema.PEER)
 
     def note_done(self, t_ns: int, rows: int) -> None:
@@ -708,7 +720,7 @@ class Comm:
         # at most RECENT_OPS rows, in few pieces: a piece per op of a communicator that does
         # an op every step was thousands of small arrays each (the soak's memory growth)
         if len(self.recent) > 1 and (self.recent_n > 2 * RECENT_OPS or len(self.recent) > 16):
-            r = np.concatenate(self.recent)[-RECENT_OPS:]
+            r = cat(self.recent)[-RECENT_OPS:]
             self.recent, self.recent_n = [r], len(r)
 
     def add_summaries(self, out: np.ndarray, gaps: np.ndarray, ranks: RankTable, gain: float) -> None:
@@ -1153,8 +1165,10 @@ class P2PPairs:
         cuts = np.flatnonzero(cidx[1:] != cidx[:-1]) + 1  # sorted by comm already
         for part in np.split(np.arange(len(S)), cuts):
             c = comms[int(cidx[part[0]])]
-            c.p2p_pending.append(out[part])
-            c.p2p_recent.append(out[part])
+            rows = out[part]
+            c.p2p_pending.append(rows)
+            c.p2p_pending_min_la = min(c.p2p_pending_min_la, int(rows["last_arrive"].min()))
+            c.p2p_recent.append(rows)
             if c.split is not None:
                 c.split.append(_p2p_split(c, out[part], gs[part], gr[part]))
 
