@@ -297,3 +297,39 @@ def test_medians_of_the_others_equal_numpys_one_by_one():
         want = [float(np.median(w[ok & (np.arange(k) != j)])) if (ok & (np.arange(k) != j)).any() else np.nan
                 for j in range(k)]  # fmt: skip
         assert np.array_equal(_others_median(w), want, equal_nan=True), w
+
+
+def _p2p_links_one_by_one(p: np.ndarray, min_ops: int):
+    """The per-link reference p2p_links stands in for (a mask, np.unique and np.median per link)."""
+    out = []
+    key = p["src"].astype(np.int64) * 1_000_003 + p["dst"]
+    for k in np.unique(key).tolist():
+        pl = p[key == k]
+        if len(pl) < min_ops:
+            continue
+        ub, cnt = np.unique(pl["bytes"], return_counts=True)
+        nb = int(ub[cnt.argmax()])
+        pl = pl[pl["bytes"] == nb]
+        if len(pl) < min_ops:
+            continue
+        bws = pl["bytes"] / pl["transfer"]
+        out.append((int(pl["src"][0]), int(pl["dst"][0]), nb, float(np.median(bws)), int(pl["seq"][-1]), bws))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_p2p_link_statistics_equal_the_per_link_reference(seed):
+    from c4d.engine.slow import p2p_links
+    from c4d.engine.state import P2P_DONE
+
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(0, 400))
+    p = np.zeros(n, P2P_DONE)
+    p["src"], p["dst"] = rng.integers(0, 6, n), rng.integers(0, 6, n)
+    p["bytes"] = rng.choice([1 << 20, 2 << 20, 4 << 20], n, p=[0.45, 0.45, 0.1])  # ties happen
+    p["transfer"] = rng.integers(1_000, 90_000, n)
+    p["seq"] = np.arange(n)
+    for min_ops in (1, 6, 20):
+        got, want = p2p_links(p, min_ops), _p2p_links_one_by_one(p, min_ops)
+        assert [g[:5] for g in got] == [w[:5] for w in want]
+        assert all(np.array_equal(g[5], w[5]) for g, w in zip(got, want, strict=True))

@@ -134,8 +134,8 @@ class SlowJudge:
                 for i, (o, g) in per_comm.items():
                     m = o["last_arrive"] // P == w
                     if m.any():
-                        sel[i], gaps[i] = o[m], g[m]
-                sel_p2p = {i: o[o["last_arrive"] // P == w] for i, o in per_p2p.items()}
+                        sel[i], gaps[i] = take(o, m), g[m]
+                sel_p2p = {i: take(o, o["last_arrive"] // P == w) for i, o in per_p2p.items()}
                 sel_p2p = {i: o for i, o in sel_p2p.items() if len(o)}
                 out += self._window(ranks, comms, sel, gaps, sel_p2p, int(w), P)
         if closed >= (self.next_window if self.next_window is not None else closed):
@@ -296,12 +296,12 @@ class SlowJudge:
             c = comms[i]
             if c.n < 2:
                 continue
-            o = o[np.isfinite(o["busbw"])]  # an end before the last arrival is timer noise
+            o = take(o, np.isfinite(o["busbw"]))  # an end before the last arrival is timer noise
             if len(o) < cfg.slow_min_ops:
                 continue
             keys = o["op"].astype(np.int64) * (1 << 48) + o["bytes"]
             uk, cnt = np.unique(keys, return_counts=True)
-            om = o[keys == uk[cnt.argmax()]]
+            om = take(o, keys == uk[cnt.argmax()])
             if len(om) < cfg.slow_min_ops:
                 continue
             op, nb = int(om["op"][0]), int(om["bytes"][0])
@@ -314,27 +314,15 @@ class SlowJudge:
             )  # fmt: skip
         for i, p in sorted(sel_p2p.items()):
             c = comms[i]
-            key = p["src"].astype(np.int64) * (c.n + 1) + p["dst"]
-            for k in np.unique(key).tolist():
-                pl = p[key == k]
-                if len(pl) < P2P_MIN_OPS_FACTOR * cfg.slow_min_ops:
-                    continue
-                a, b = int(pl["src"][0]), int(pl["dst"][0])
+            for a, b, nb, bw, seq, bws in p2p_links(p, P2P_MIN_OPS_FACTOR * cfg.slow_min_ops):
                 ga, gb = int(c.grank[a]), int(c.grank[b])
                 if ga < 0 or gb < 0:
                     continue
-                ub, cnt = np.unique(pl["bytes"], return_counts=True)
-                nb = int(ub[cnt.argmax()])
-                pl = pl[pl["bytes"] == nb]
-                if len(pl) < P2P_MIN_OPS_FACTOR * cfg.slow_min_ops:
-                    continue
-                bws = pl["bytes"] / pl["transfer"]
-                bw = float(np.median(bws))
                 span = 1 if ranks.node[ga] == ranks.node[gb] else 2
                 units.append(
                     _Unit(("p", i, min(a, b), max(a, b)), i, tuple(sorted((ga, gb))), bw,
                           ("p", c.n, a, b, nb, span), ("p", i, a, b, nb), int(Op.Send),
-                          int(pl["seq"][-1]), None, bws, link=(ga, gb), links={blame.link_of(ga, gb)})
+                          seq, None, bws, link=(ga, gb), links={blame.link_of(ga, gb)})
                 )  # fmt: skip
         return units
 
@@ -616,6 +604,41 @@ class SlowJudge:
             kind, how, Target.link, (a, b),
             f"link {a}-{b} is slow and the other units of both its ranks are clear", prior=0.8, link=(a, b),
         )  # fmt: skip
+
+
+def p2p_links(p: np.ndarray, min_ops: int) -> list[tuple[int, int, int, float, int, np.ndarray]]:
+    """Per directed link (src, dst comm ranks) of one communicator's P2P_DONE rows with at least
+    ``min_ops`` transfers, and as many of its most frequent size (the smallest on a tie):
+    (src, dst, that size, median bytes/transfer, the last one's seq, each one's bytes/transfer
+    in arrival order). All links at once: one sort, not a mask and a median per link (a
+    1,024-rank pipeline has ~600 links a window)."""
+    if len(p) < min_ops:
+        return []
+    src, dst, nbytes = p["src"].astype(np.int64), p["dst"].astype(np.int64), p["bytes"].astype(np.int64)
+    key = src * (int(max(src.max(), dst.max())) + 2) + dst
+    o = np.lexsort((nbytes, key))  # stable: arrival order inside each (link, size) run
+    ks, bs = key[o], nbytes[o]
+    head = np.r_[True, (ks[1:] != ks[:-1]) | (bs[1:] != bs[:-1])]
+    starts = np.flatnonzero(head)
+    lens = np.diff(np.r_[starts, len(o)])
+    run_key = ks[starts]
+    lead = np.r_[True, run_key[1:] != run_key[:-1]]  # first run (smallest size) of each link
+    link_of_run = np.cumsum(lead) - 1
+    link_total = np.bincount(link_of_run, weights=lens).astype(np.int64)
+    # the most frequent size per link, the first (smallest) of equal counts, as np.unique + argmax
+    order = np.lexsort((np.arange(len(lens)), -lens, link_of_run))
+    best = order[np.r_[True, link_of_run[order][1:] != link_of_run[order][:-1]]]  # per link, in link order
+    out = []
+    for lk in np.flatnonzero(link_total >= min_ops).tolist():
+        r = int(best[lk])
+        n = int(lens[r])
+        if n < min_ops:
+            continue
+        idx = o[starts[r] : starts[r] + n]  # positions in p, in arrival order
+        bws = nbytes[idx] / p["transfer"][idx]
+        out.append((int(src[idx[0]]), int(dst[idx[0]]), int(bs[starts[r]]), float(np.median(bws)),
+                    int(p["seq"][idx[-1]]), bws))  # fmt: skip
+    return out
 
 
 def _hyp_name(h: blame.Hyp) -> str:
