@@ -504,10 +504,11 @@ class Evaluation:
 def evaluate(ranks: RankTable, comms: dict[int, Comm], th: ResolvedThresholds, now: int) -> Evaluation:
     """Every hang, mismatch and loss in progress at master time ``now`` (durations may still be < T)."""
     G = WaitGraph(ranks, comms, th, now)
-    return Evaluation(_findings(G, comms, ranks), G.oldest_wait())
+    return Evaluation(_findings(G), G.oldest_wait())
 
 
-def _findings(G: WaitGraph, comms: dict[int, Comm], ranks: RankTable) -> list[Finding]:
+def _findings(G: WaitGraph) -> list[Finding]:
+    comms, ranks = G.comms, G.r
     out: list[Finding] = []
     term_sources: dict[Term, list[NodeKey]] = {}
     pending: set[int | UnknownMember] = set()

@@ -105,11 +105,11 @@ class SlowJudge:
         # delivery lag when the master falls behind
         closed = (now - grace - ranks.delivery_lag_ns) // P - 1
         waited = now - oldest_wait if oldest_wait is not None else 0
+        since = (oldest_wait or 0) // P  # the window the oldest wait began in
         if waited > grace:  # not the ops in flight right now: a wait since before a window closed
-            closed = min(closed, int(oldest_wait or 0) // P - 1)
+            closed = min(closed, since - 1)
         if waited > min(th.hang_timeout_ns, P):
-            w0 = int(oldest_wait or 0) // P
-            self.stall_from = w0 if self.stall_from is None else min(self.stall_from, w0)
+            self.stall_from = since if self.stall_from is None else min(self.stall_from, since)
         elif self.stall_from is not None:
             self.stalled.append((self.stall_from, now // P))
             self.stall_from = None
@@ -153,21 +153,23 @@ class SlowJudge:
         c.pending, c.pending_gaps = ([take(ops, keep)], [gaps[keep]]) if keep.any() else ([], [])
         c.pending_min_la = int(ops["last_arrive"][keep].min()) if keep.any() else 1 << 62
         ops, gaps, win = take(ops, ~keep), gaps[~keep], win[~keep]
-        use = ops["aligned"]  # reduced before the members' clocks were known: not compared
+        use = self._usable(ops, win)
+        return (take(ops, use), gaps[use]) if use.any() else None
+
+    def _usable(self, ops: np.ndarray, win: np.ndarray) -> np.ndarray:
+        """Which taken rows a window may judge: not reduced before the members' clocks were
+        known, not late (their window was judged), not of windows an ended stall covered (the
+        late and stalled ones counted)."""
+        use = ops["aligned"].copy()
         if self.next_window is not None:
             late = win < self.next_window
             self.late_ops += int(late.sum())
             use &= ~late
-        use &= ~self._in_stall(win)
-        return (take(ops, use), gaps[use]) if use.any() else None
-
-    def _in_stall(self, win: np.ndarray) -> np.ndarray:
-        """Ops of windows an ended stall covered (not judged, counted)."""
-        out = np.zeros(len(win), bool)
+        stalled = np.zeros(len(win), bool)
         for a, b in self.stalled:
-            out |= (win >= a) & (win <= b)
-        self.stalled_ops += int(out.sum())
-        return out
+            stalled |= (win >= a) & (win <= b)
+        self.stalled_ops += int(stalled.sum())
+        return use & ~stalled
 
     def _closed_p2p(self, c: Comm, closed: int, P: int) -> np.ndarray | None:
         """Take c's P2P_DONE rows of windows that may now be judged."""
@@ -179,12 +181,7 @@ class SlowJudge:
         c.p2p_pending = [take(ops, keep)] if keep.any() else []
         c.p2p_pending_min_la = int(ops["last_arrive"][keep].min()) if keep.any() else 1 << 62
         ops, win = take(ops, ~keep), win[~keep]
-        use = ops["aligned"]  # reduced before the members' clocks were known
-        if self.next_window is not None:
-            late = win < self.next_window
-            self.late_ops += int(late.sum())
-            use &= ~late
-        use &= ~self._in_stall(win)
+        use = self._usable(ops, win)
         return take(ops, use) if use.any() else None
 
     # -- one window --------------------------------------------------------------------

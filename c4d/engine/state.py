@@ -1170,7 +1170,7 @@ class P2PPairs:
             c.p2p_pending_min_la = min(c.p2p_pending_min_la, int(rows["last_arrive"].min()))
             c.p2p_recent.append(rows)
             if c.split is not None:
-                c.split.append(_p2p_split(c, out[part], gs[part], gr[part]))
+                c.split.append(_p2p_split(c, rows, gs[part], gr[part]))
 
     def _note(self, key: np.ndarray, val: np.ndarray, epoch: int) -> None:
         """Fold this chunk's end_r - arrival_s into the per-link minima."""
