@@ -239,7 +239,9 @@ PEER = np.dtype(
         ("state", "u1"),
         ("op", "u1"),
         ("done", "u1"),
-        ("reserved", "V52"),
+        ("reserved0", "V4"),
+        ("wire_ns", "<u8"),  # send side: SendWait -> step stop, summed; 0 unknown
+        ("reserved", "V40"),
     ]
 )
 

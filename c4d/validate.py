@@ -509,7 +509,7 @@ def _check_peer(a: np.ndarray, world: np.ndarray, lo: int, hi: int) -> np.ndarra
     _flag(code, a["comm_id"] == 0, "bad comm id")
     bad = (a["comm_rank"] < 0) | (a["comm_rank"] >= world) | (a["peer"] < 0) | (a["peer"] >= world)
     bad |= (a["direction"] > 1) | (a["done"] > 1) | (a["op"] >= len(Op)) | (a["seq"] >= MAX_SEQ)
-    bad |= a["bytes_done"] > MAX_COUNT
+    bad |= (a["bytes_done"] > MAX_COUNT) | (a["wire_ns"] > MAX_COUNT)
     _flag(code, bad, "bad peer record")
     _flag(code, ~(_time_ok(a["first_ns"], lo, hi) & _time_ok(a["last_ns"], lo, hi)), "bad time")
     return code

@@ -30,6 +30,7 @@ HEADERS = HERE / "native" / "upstream_nccl" / "nccl"
 COMM_ID = 0xC4DC0FFEE0000001  # profiler_replay.c: the commId it passes to init
 N = 25  # AllReduce and AllGather calls each, and Send/Recv pairs
 CHANNELS, STEPS, STEP_BYTES = 2, 4, 1 << 19  # profiler_replay.c's communicator
+GPU_WAIT_NS, WIRE_NS = 300_000, 100_000  # profiler_replay.c: a send step's data wait, its Isend
 SEND_STATES = {8, 20, 9}  # SendGPUWait, SendPeerWait_v4, SendWait
 RECV_STATES = {10, 11, 12}  # RecvWait, RecvFlushWait, RecvGPUWait
 REPLAYED = re.compile(r"replayed (\d+) plans, (\d+) transfers, (\d+) events, mask 0x([0-9a-f]+)")
@@ -90,6 +91,15 @@ def check_peer_records(p, transfers: int, master: Master):
     for r in done:
         assert int(r["state"]) in (SEND_STATES if r["direction"] == 0 else RECV_STATES), r
         assert 0 < r["first_ns"] <= r["last_ns"]
+        # The sender's own transfer time: SendWait -> step stop of each step, without the wait
+        # for the GPU's data before it (the harness runs the steps one after another, so the
+        # waits and the transfers are disjoint spans inside [first_ns, last_ns]).
+        steps = CHANNELS * STEPS
+        if r["direction"] == 0:
+            span = int(r["last_ns"]) - int(r["first_ns"])
+            assert steps * WIRE_NS <= int(r["wire_ns"]) <= span - steps * GPU_WAIT_NS, r
+        else:
+            assert r["wire_ns"] == 0, r  # a receive's wait includes its sender's: no own time
     m = PROFILER.search(p.stderr)
     assert m, p.stderr
     tracked, records, untracked = (int(x) for x in m.groups())

@@ -116,6 +116,7 @@ void emit_one(const Xfer& X, bool done, uint64_t now, RecordSink emit) {
   r.first_ns = X.first_ns.load(std::memory_order_relaxed);
   r.last_ns = X.last_ns.load(std::memory_order_relaxed);
   r.bytes_done = X.bytes_done.load(std::memory_order_relaxed);
+  r.wire_ns = X.wire_ns.load(std::memory_order_relaxed);
   r.comm_rank = c.rank;
   r.peer = X.peer;
   r.steps_total = X.steps_total.load(std::memory_order_relaxed);

@@ -89,12 +89,14 @@ struct Xfer {
   std::atomic<uint32_t> steps_total, steps_done;
   std::atomic<uint8_t> pstate;  // last ProxyStep state
   std::atomic<uint64_t> bytes_done, first_ns, last_ns;
+  std::atomic<uint64_t> wire_ns;  // sum over its send steps of SendWait -> step stop (profiler.cc)
 };
 
 struct Step {
   std::atomic<uint8_t> used;   // taken and not yet stopped (or reclaimed: see peer_heartbeat)
   uint32_t xfer, gen;
-  std::atomic<uint64_t> size;  // transSize of the latest state record
+  std::atomic<uint64_t> size;     // transSize of the latest state record
+  std::atomic<uint64_t> send_at;  // when it entered SendWait (0: not yet, or a receive)
 };
 
 /* A lock-free pool of T: entries [0, n), free indices in a FIFO ring. */

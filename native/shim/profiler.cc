@@ -253,6 +253,7 @@ uint32_t make_xfer(uint32_t t, int32_t peer, uint8_t dir, uint32_t* gen) {
   X.bytes_done.store(0, std::memory_order_relaxed);
   X.first_ns.store(0, std::memory_order_relaxed);
   X.last_ns.store(0, std::memory_order_relaxed);
+  X.wire_ns.store(0, std::memory_order_relaxed);
   X.state.store((*gen << 16) | 1u, std::memory_order_release);
   return x;
 }
@@ -326,6 +327,7 @@ void start_step(const ncclProfilerEventDescr_v5_t* d, void** h) {
   s.xfer = x;
   s.gen = st >> 16;
   s.size.store(0, std::memory_order_relaxed);
+  s.send_at.store(0, std::memory_order_relaxed);
   s.used.store(1, std::memory_order_release);
   note_time(X, host_now_ns());
   *h = &s;
@@ -358,8 +360,11 @@ void stop_step(uint32_t i) {
   if (!s.used.compare_exchange_strong(one, 0, std::memory_order_acq_rel)) return;  // reclaimed already
   Xfer& X = g_peer.xfers.items[s.xfer];
   if ((X.state.load(std::memory_order_acquire) >> 16) == s.gen) {
+    const uint64_t now = host_now_ns();
     X.bytes_done.fetch_add(s.size.load(std::memory_order_relaxed), std::memory_order_relaxed);
-    note_time(X, host_now_ns());
+    const uint64_t at = s.send_at.load(std::memory_order_relaxed);
+    if (at && now > at) X.wire_ns.fetch_add(now - at, std::memory_order_relaxed);
+    note_time(X, now);
     X.steps_done.fetch_add(1, std::memory_order_release);
   }
   g_peer.steps.give(i);
@@ -410,7 +415,13 @@ ncclResult_t prof_record(void* eHandle, ncclProfilerEventState_v5_t eState, nccl
   if ((X.state.load(std::memory_order_acquire) >> 16) != s.gen) return ncclSuccess;
   if (args && args->proxyStep.transSize) s.size.store(args->proxyStep.transSize, std::memory_order_relaxed);
   X.pstate.store(uint8_t(eState), std::memory_order_relaxed);
-  note_time(X, host_now_ns());
+  const uint64_t now = host_now_ns();
+  /* NCCL records SendWait when the step's Isend is posted and stops the step when
+   * ncclNet->test says it is done (src/transport/net.cc, sendProxyProgress): that span is
+   * the link's own transfer time, while the steps' start times follow the ring's pace. */
+  if (eState == ncclProfilerProxyStepSendWait && !s.send_at.load(std::memory_order_relaxed))
+    s.send_at.store(now, std::memory_order_relaxed);
+  note_time(X, now);
   return ncclSuccess;
 }
 

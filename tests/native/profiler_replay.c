@@ -43,6 +43,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/types.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "err.h"
@@ -181,6 +182,15 @@ static void kernel_channels(Plan* p, bool begin) {
     }
 }
 
+/* A send step waits kGpuWaitUs for its data, then its Isend takes kWireUs (test_conformance_
+ * profiler_order.py checks that the PEER record's wire_ns counts only the latter). */
+enum { kGpuWaitUs = 300, kWireUs = 100 };
+static void pause_us(long us) {
+  struct timespec t = {0, us * 1000L};
+  while (nanosleep(&t, &t) != 0) {
+  }
+}
+
 static void proxy_progress(Plan* p) {
   kernel_channels(p, true);
   for (int s = 0; s < kSteps; ++s) {
@@ -196,10 +206,12 @@ static void proxy_progress(Plan* p) {
         d.proxyStep.step = s;
         h = start(&d);
       }
-      if (o->is_send) {
+      if (o->is_send) { /* the GPU's data and the peer's buffer take a while, the Isend less */
         state(h, ncclProfilerProxyStepSendGPUWait, 0);
+        pause_us(kGpuWaitUs);
         state(h, ncclProfilerProxyStepSendPeerWait_v4, 0);
         state(h, ncclProfilerProxyStepSendWait, kStepBytes);
+        pause_us(kWireUs);
       } else {
         state(h, ncclProfilerProxyStepRecvWait, 0);
         state(h, ncclProfilerProxyStepRecvFlushWait, kStepBytes);

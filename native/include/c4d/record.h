@@ -209,7 +209,10 @@ typedef struct c4d_peer_record {
   uint8_t state;        /* last ProxyStep state (ncclProfilerEventState_t), 0 none */
   uint8_t op;           /* enum c4d_op_kind */
   uint8_t done;         /* 1 when every step finished */
-  uint8_t reserved[52];
+  uint8_t reserved0[4];
+  uint64_t wire_ns;     /* send side: summed SendWait -> step stop of its steps (its own transfer
+                           time, not the ring's pace); 0 unknown (a receive, an older shim) */
+  uint8_t reserved[40];
 } c4d_peer_record;
 
 typedef struct c4d_stage_record {
