@@ -582,9 +582,10 @@ class Stream:
             link = (r, c.members[peer]) if direction == 0 else (c.members[peer], r)
             # simnccl: step s starts at L + s * pace and takes this link's own move time
             last = L + (total - 1) * pace + moves[link]
-            out.append(
-                (t, self._peer_row(r, c, o.seq, o.op, peer, direction, t, L, last, total, total, nb, 0))
-            )
+            row = self._peer_row(r, c, o.seq, o.op, peer, direction, t, L, last, total, total, nb, 0)
+            if direction == 0:  # the sender's own transfer time: SendWait -> stop of each step
+                row["wire_ns"] = int(total * moves[link])
+            out.append((t, row))
         return out
 
     def _peer_progress(self, r: int, i: int, c: _CommDef, t: float) -> list:

@@ -333,3 +333,45 @@ def test_p2p_link_statistics_equal_the_per_link_reference(seed):
         got, want = p2p_links(p, min_ops), _p2p_links_one_by_one(p, min_ops)
         assert [g[:5] for g in got] == [w[:5] for w in want]
         assert all(np.array_equal(g[5], w[5]) for g, w in zip(got, want, strict=True))
+
+
+class _PeerRows:
+    """pace_setters reads a communicator's PEER table only: these rows stand in for it."""
+
+    def __init__(self, rows: np.ndarray) -> None:
+        self.rows = rows
+
+    def peer_table(self) -> np.ndarray:
+        return self.rows
+
+
+def test_pace_is_read_from_the_senders_own_transfer_time_when_the_shim_reports_it():
+    # A ring of 4 whose link 2 -> 3 moves each step in 300 us, the others in 100 us; steps go at
+    # the ring's pace of 300 us. The proxy thread that reports link 0 -> 1 wakes 2 ms late for
+    # its last step in every op (a busy host), so its span (last - first) is the longest.
+    from c4d import schema
+    from c4d.engine.peer import pace_setters
+
+    n, ops, steps, pace, late = 4, 10, 6, 300_000, 2_000_000
+    rows = np.zeros(ops * n * 2, schema.PEER)
+    i = 0
+    for seq in range(ops):
+        t0 = 1_000_000_000 + seq * 10_000_000
+        for s in range(n):
+            move = 300_000 if s == 2 else 100_000
+            for direction, me, peer in ((0, s, (s + 1) % n), (1, (s + 1) % n, s)):
+                r = rows[i]
+                i += 1
+                r["comm_rank"], r["peer"], r["direction"], r["seq"] = me, peer, direction, seq
+                r["steps_total"] = r["steps_done"] = steps
+                r["done"] = 1
+                r["first_ns"] = t0
+                r["last_ns"] = t0 + (steps - 1) * pace + move + (late if s == 0 else 0)
+                r["time_ns"] = r["last_ns"]
+                r["wire_ns"] = steps * move if direction == 0 else 0
+    counts, n_ops, seen = pace_setters(_PeerRows(rows), np.arange(ops))
+    assert (counts, n_ops) == ({(2, 3): ops}, ops)
+    assert seen == {(s, (s + 1) % n) for s in range(n)}
+    # The same rows from a shim that does not report wire_ns: the late span wins every time.
+    rows["wire_ns"] = 0
+    assert pace_setters(_PeerRows(rows), np.arange(ops))[0] == {(0, 1): ops}

@@ -157,12 +157,15 @@ def _ends_seen_elsewhere(link: tuple[int, ...], links: dict[tuple[int, int], Any
 def pace_setters(c: Comm, seqs: np.ndarray) -> tuple[dict[tuple[int, int], int], int, set[tuple[int, int]]]:
     """Per directed link, in how many of the finished ops ``seqs`` it set the ring's pace.
 
-    A ring's steps go at the pace of its slowest link (step s starts at t0 + s·pace on every
+    The slowest link's own transfer is the slowest: where the sender reports it (``wire_ns``,
+    NCCL's SendWait -> step stop, summed over its steps), the longest per-step transfer time
+    of the op sets the pace. Without it (an older shim, or a sender that reported none), a
+    ring's steps go at the pace of its slowest link (step s starts at t0 + s·pace on every
     link), so the slowest link is the one that finishes its steps last: the longest
-    ``last_ns - first_ns`` of the op's transfers, reported by both of its ends. That needs
-    no per-link rate (which only the pace-setting link would reveal; the others' own move
-    time is a small difference of large numbers) and no clock across ranks. Returns the
-    counts, the number of ops that had PEER rows and every directed link seen in them.
+    ``last_ns - first_ns`` of the op's transfers, reported by both of its ends. That one
+    needs no clock across ranks, but a link's own move time is a small difference of large
+    numbers in it. Returns the counts, the number of ops that had PEER rows and every
+    directed link seen in them.
     """
     tab = c.peer_table()
     if not len(tab) or not len(seqs):
@@ -174,7 +177,12 @@ def pace_setters(c: Comm, seqs: np.ndarray) -> tuple[dict[tuple[int, int], int],
     s_all = np.where(rows["direction"] == 0, rows["comm_rank"], rows["peer"]).astype(np.int64)
     d_all = np.where(rows["direction"] == 0, rows["peer"], rows["comm_rank"]).astype(np.int64)
     seen = set(zip(s_all.tolist(), d_all.tolist(), strict=True))
-    d = rows["last_ns"].astype(np.int64) - rows["first_ns"].astype(np.int64)
+    send = rows["direction"] == 0
+    if send.sum() >= 2 and (rows["wire_ns"][send] > 0).all():
+        rows = rows[send]
+        d = (rows["wire_ns"] // np.maximum(rows["steps_done"], 1)).astype(np.int64)
+    else:
+        d = rows["last_ns"].astype(np.int64) - rows["first_ns"].astype(np.int64)
     seq = rows["seq"].astype(np.int64)
     useq, inv = np.unique(seq, return_inverse=True)
     inv = inv.ravel()
