@@ -75,3 +75,42 @@ def test_offline_replay_gives_the_live_diagnoses(sc, outcomes):
     offline = [json.loads(line) for line in p.stdout.splitlines()]
     assert p.returncode == (2 if any(d["level"] != "INFO" for d in offline) else 0), p.stderr  # docs/cli.md
     assert offline == o.diagnoses
+
+
+# Pure data parallel with several ranks a node: the ring runs in rank order, so a rank at a
+# node's edge has one ring link across nodes and one inside its node. NCCL reports per-peer
+# progress for network transfers only (docs/real-nccl.md), and a slowed link inside a node can
+# stay faster than the network links that pace the ring (scenarios.slow_effect).
+DP_STEPS = scenarios.SLOW_STEPS + 100  # one communicator: a few clean windows are its baseline
+DP_EDGE = scenarios.Scenario(12, 3, 1, 1, "comm-slow@rank=11,step=120,factor=3", steps=DP_STEPS)
+DP_INNER = scenarios.Scenario(8, 4, 1, 1, "comm-slow@rank=5,step=120,factor=3", steps=DP_STEPS)
+
+
+@pytest.mark.slow
+def test_comm_slow_rank_at_a_node_edge_in_pure_data_parallel_is_named_by_its_one_visible_link(outcomes):
+    """Rank 11's only network link, 11 -> 0, paces the ring 3x slower; a fault of rank 0 would
+    look the same. Every verdict names that link as ambiguous (the sender's own transfer time
+    picks it in every op: no window falls back to all twelve ranks as suspects), within two
+    check periods, and nothing else is named."""
+    assert scenarios.slow_effect(DP_EDGE, DP_EDGE.fault) == pytest.approx(3.0)
+    o = outcomes(DP_EDGE)
+    said = [(d["level"], d["kind"], d["ranks"], d["localization"]["target"]) for d in o.diagnoses]
+    assert o.diagnoses and all(d["kind"] == "RankCommSlow" for d in o.diagnoses), said
+    for d in o.diagnoses:
+        loc = d["localization"]
+        assert sorted(d["ranks"]) == [0, 11] and loc["target"] == "link", said
+        assert loc["how"] == "peer-progress" and loc["basis"].endswith("/ambiguous"), loc
+        assert d["detail"]["slow_links"] == ["11->0"]
+    first = min(d["time"] for d in o.diagnoses)
+    assert o.onset_s is not None and first - o.onset_s <= 2 * PERIOD + 1.0
+    assert o.blacklist == []
+
+
+@pytest.mark.slow
+def test_comm_slow_rank_inside_a_node_that_does_not_slow_the_ring_is_not_reported(outcomes):
+    """Rank 5's ring links (4 -> 5, 5 -> 6) stay inside node 1 and, slowed 3x, still move data
+    faster than the network links that pace the ring: the job loses nothing, and nothing is
+    named (the benchmark counts such a fault unobservable, scenarios.slow_effect)."""
+    assert scenarios.slow_effect(DP_INNER, DP_INNER.fault) == 1.0
+    o = outcomes(DP_INNER)
+    assert o.status == 0 and o.diagnoses == [], [(d["kind"], d["ranks"]) for d in o.diagnoses]

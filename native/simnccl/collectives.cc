@@ -399,6 +399,18 @@ void run_chunk(std::vector<Run>& runs) {
             return c->members[m].coll[seq % kCollRing].pub_seq.load(std::memory_order_acquire) >= seq;
           }))
         return;
+      /* Every member arrived: the transfer's schedule is known, and the proxy starts its steps
+       * now, as NCCL's does once the op is posted, not after simnccl's own bookkeeping below
+       * (the data copies and two more barriers), which on a busy host would delay every step. */
+      uint64_t t0 = 0;
+      int step = 0;
+      for (int m = 0; m < c->nranks; ++m) {
+        const CollSlot& s = c->members[m].coll[seq % kCollRing];
+        t0 = std::max(t0, s.arrive_ns);
+        step = std::max(step, int(s.step));
+      }
+      r.sched = model_coll(c, op.kind, op.count * c4d_dtype_size(op.dtype), op.peer, step, seq, t0);
+      if (op.proxy) profiler_publish(op.proxy, r.sched);
       compute(c, r);
       CollSlot& s = c->members[c->rank].coll[seq % kCollRing];
       (two_stage(op) ? s.red_seq : s.read_seq).store(seq, std::memory_order_release);
@@ -452,14 +464,6 @@ void run_chunk(std::vector<Run>& runs) {
             return c->members[m].coll[seq % kCollRing].read_seq.load(std::memory_order_acquire) >= seq;
           }))
         return;
-      uint64_t t0 = 0;
-      int step = 0;
-      for (int m = 0; m < c->nranks; ++m) {
-        const CollSlot& s = c->members[m].coll[seq % kCollRing];
-        t0 = std::max(t0, s.arrive_ns);
-        step = std::max(step, int(s.step));
-      }
-      r.sched = model_coll(c, op.kind, op.count * c4d_dtype_size(op.dtype), op.peer, step, seq, t0);
     } else if (op.kind == kSend) {
       P2PChan& ch = c->chans[c->rank * c->nranks + op.peer];
       if (!wait_member(c, op.peer, [&] { return ch.acked.load(std::memory_order_acquire) > r.idx; })) return;
