@@ -30,7 +30,6 @@ from c4d.validate import Edge
 
 log = logging.getLogger("c4d.ingest")
 
-_V = np.dtype((np.void, schema.RECORD_SIZE))  # concatenating plain voids is fast
 Sink = Callable[[np.ndarray, dict[schema.Kind, np.ndarray]], None]
 
 
@@ -70,7 +69,7 @@ class Ingest:
         """``feed`` for several batches fed at the same master time, in one pass."""
         if len(raws) <= 1:
             return self.feed(raws[0], t_ns) if raws else 0
-        raw = np.concatenate([np.ascontiguousarray(r).view(_V) for r in raws]).view(schema.HEADER)
+        raw = schema.join_records(list(raws), schema.HEADER)
         try:
             ok = self.edge.admit(raw, t_ns)
         except Exception:

@@ -312,3 +312,22 @@ def by_kind(raw: np.ndarray) -> dict[Kind, np.ndarray]:
         sel = raw[kinds == kind]
         out[kind] = sel.view(dt) if len(sel) else np.empty(0, dtype=dt)
     return out
+
+
+def join_records(parts: list[np.ndarray], dtype: np.dtype | None = None) -> np.ndarray:
+    """``np.concatenate(parts)`` for record arrays, joined as whole records (plain voids) and
+    viewed as ``dtype`` (default: the first part's): numpy promotes a structured dtype field by
+    field for every part, 3x slower for 128-byte records and a third of the slow judge's time
+    at 1,024 ranks through agents. One part is returned as it is (as a view)."""
+    dt = parts[0].dtype if dtype is None else dtype
+    if len(parts) == 1:
+        return parts[0] if parts[0].dtype == dt else np.ascontiguousarray(parts[0]).view(dt)
+    v = np.dtype((np.void, dt.itemsize))
+    return np.concatenate([np.ascontiguousarray(p).view(v) for p in parts]).view(dt)
+
+
+def take_records(rows: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """``rows[idx]`` (indices or a mask) for record arrays, copied as whole records: numpy
+    copies a many-field structured dtype field by field (~2 ms for 8,192 OP rows, 20x this)."""
+    v = np.dtype((np.void, rows.dtype.itemsize))
+    return rows.view(v)[idx].view(rows.dtype)

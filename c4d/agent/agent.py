@@ -39,7 +39,6 @@ from c4d.validate import Edge, Limits
 
 log = logging.getLogger("c4d.agent")
 
-_V = np.dtype((np.void, schema.RECORD_SIZE))
 # records per message to the master: below the collector's MAX_MESSAGE_BYTES
 MAX_BATCH = (MAX_MESSAGE_BYTES - schema.BATCH_HEADER.itemsize) // schema.RECORD_SIZE - 1
 
@@ -156,7 +155,7 @@ class Agent:
         if not self._buf:
             return 0
         raws, self._buf = self._buf, []
-        raw = np.concatenate([np.ascontiguousarray(r).view(_V) for r in raws]).view(schema.HEADER)
+        raw = schema.join_records(raws, schema.HEADER)
         try:
             ok = self.edge.admit(raw, time.time_ns())
         except Exception as e:  # one poll's records must never stop the agent: the master re-validates

@@ -85,7 +85,7 @@ class Summariser:
         out = raw[keep]
         self._forget_destroyed(raw, kind)
         if sums:
-            out = np.concatenate([out.view(_V)] + [s.view(_V) for s in sums]).view(schema.HEADER)
+            out = schema.join_records([out, *sums], schema.HEADER)
         self.stats["out"] += len(out)
         return out
 
@@ -206,6 +206,3 @@ class Summariser:
             self.stats["summaries"] += len(s)
             out.append(s)
         return out
-
-
-_V = np.dtype((np.void, schema.RECORD_SIZE))

@@ -50,7 +50,6 @@ from c4d.schema import Kind, Op, OpFlag, op_name
 log = logging.getLogger("c4d.engine")
 
 CHUNK = 8192  # rows ingested at once (see feed)
-_V = np.dtype((np.void, schema.RECORD_SIZE))
 COMPUTE_GIVEN = int(OpFlag.COMPUTE_GIVEN)
 HB_FIELDS = (  # (Pool member array, HEARTBEAT field) copied as they are (Comm.add_heartbeats)
     ("n_issued", "n_issued"), ("n_arrived", "n_arrived"), ("n_done", "n_done"),
@@ -249,10 +248,7 @@ class Engine:
             recvs = [np.full(len(r), t, np.int64) if isinstance(t, int) else t for r, t in self._buf]
         else:
             recvs = [np.repeat(np.array([t for _, t in self._buf], np.int64), [len(r) for r in raws])]
-        if len(raws) > 1:  # as plain 128-byte voids: concatenating structured arrays is slow
-            raw = np.concatenate([np.ascontiguousarray(r).view(_V) for r in raws]).view(schema.HEADER)
-        else:
-            raw = raws[0]
+        raw = schema.join_records(raws, schema.HEADER)
         recv = np.concatenate(recvs) if len(recvs) > 1 else recvs[0]
         self._buf, self._buf_n = [], 0
         cut = 0
