@@ -129,8 +129,10 @@ struct ProxyWork {
   bool started = false;
   void* op_h = nullptr;
   std::vector<void*> step_h;
-  int cursor = 0; /* next event: 2s = step s starts, 2s+1 = step s ends, 2*nsteps = ProxyOp stop */
+  int next_start = 0, next_stop = 0; /* steps started, steps stopped (in order) */
+  std::vector<uint64_t> started_at;   /* when each started step's transfer began */
   uint64_t lag = 0;
+  bool caught_up = false; /* a step's start was once still ahead (see advance) */
 };
 
 struct ProxySet {
@@ -164,55 +166,71 @@ void retire(ProxyWork* w) {
   s->unref();
 }
 
-uint64_t event_time(const ProxyWork& w, int k) {
-  if (k >= 2 * w.nsteps) k = 2 * w.nsteps - 1; /* the ProxyOp stops with its last step */
-  uint64_t st = w.t0 + uint64_t(w.first_step + k / 2) * w.step_ns;
-  if (!(k & 1)) return st + w.lag;
-  return w.move_ns == kNever ? kNever : st + w.move_ns + w.lag;
+constexpr int kStepsInFlight = 8; /* NCCL_STEPS: a proxy keeps at most this many steps posted */
+
+/* When step s of the work is due to start: its slot in the ring's pace, plus the lag. */
+uint64_t start_time(const ProxyWork& w, int s) { return w.t0 + uint64_t(w.first_step + s) * w.step_ns + w.lag; }
+
+void start_step(ProxyWork& w, int s, uint64_t now) {
+  w.started_at[size_t(s)] = now;
+  if (!(mask_now() & ncclProfileProxyStep) || !w.op_h) return;
+  ncclProfilerEventDescr_v5_t d;
+  memset(&d, 0, sizeof d);
+  d.type = ncclProfileProxyStep;
+  d.parentObj = w.op_h;
+  d.rank = w.rank;
+  d.proxyStep.step = s;
+  void* h = start_event(w.comm, &d);
+  w.step_h[size_t(s)] = h;
+  if (h) {
+    ncclProfilerEventStateArgs_v5_t a;
+    memset(&a, 0, sizeof a);
+    a.proxyStep.transSize = w.step_bytes;
+    g_api->recordEventState(h, w.is_send ? ncclProfilerProxyStepSendWait : ncclProfilerProxyStepRecvWait, &a);
+  }
 }
 
 /* Emits the work's events due by now (under g_px.m). Returns the time of its next event;
- * 0 when it is finished. Events run on a virtual clock: ideal time + lag. Whenever a step
- * would start late (the thread woke late on a busy host), the rest of the transfer slips by
- * that much, so the plugin measures the modeled step durations. */
+ * 0 when it is finished. A step starts at its slot in the ring's pace and its transfer takes
+ * the link's own move time; up to kStepsInFlight steps are open at once (NCCL_STEPS), they
+ * stop in order, and the ProxyOp stops with the last. Times are virtual: ideal time + lag.
+ * Whenever a step starts late (the thread woke late on a busy host), the later steps slip by
+ * that much, so the plugin measures the modeled step durations. Not before the work first
+ * caught up with its schedule: the steps already due when it was published (simnccl's own
+ * barriers took that long on a busy host; NCCL's proxy starts as the op is posted) start at
+ * once, side by side, each still taking its move time, so the transfer ends about when
+ * modeled instead of that much later. */
 uint64_t advance(ProxyWork& w) {
+  const int in_flight = w.move_ns == kNever ? 1 : kStepsInFlight; /* a hung link: step 0 stays open */
   for (;;) {
-    if (w.cursor > 2 * w.nsteps) return 0;
-    uint64_t t = event_time(w, w.cursor), now = now_ns();
-    if (t == kNever) return kNever; /* a hung link: the open step never ends */
-    if (t > now + 50000) return t;  /* events < 50 us apart are coalesced */
-    int k = w.cursor++;
-    if (k == 2 * w.nsteps) {
+    const uint64_t now = now_ns();
+    if (w.next_stop == w.nsteps) {
       if (w.op_h) g_api->stopEvent(w.op_h);
       return 0;
     }
-    int s = k / 2;
-    if (k & 1) {
-      if (void* h = w.step_h[size_t(s)]) g_api->stopEvent(h);
+    uint64_t t_stop = kNever;
+    if (w.next_stop < w.next_start && w.move_ns != kNever) t_stop = w.started_at[size_t(w.next_stop)] + w.move_ns;
+    uint64_t t_start = kNever;
+    if (w.next_start < w.nsteps && w.next_start - w.next_stop < in_flight) t_start = start_time(w, w.next_start);
+    if (t_stop != kNever && t_stop <= now + 50000 && t_stop <= t_start) { /* events < 50 us apart coalesce */
+      if (void* h = w.step_h[size_t(w.next_stop)]) g_api->stopEvent(h);
+      ++w.next_stop;
       continue;
     }
-    if (now > t + 50000) w.lag += now - t;
-    if (!(mask_now() & ncclProfileProxyStep) || !w.op_h) continue;
-    ncclProfilerEventDescr_v5_t d;
-    memset(&d, 0, sizeof d);
-    d.type = ncclProfileProxyStep;
-    d.parentObj = w.op_h;
-    d.rank = w.rank;
-    d.proxyStep.step = s;
-    void* h = start_event(w.comm, &d);
-    w.step_h[size_t(s)] = h;
-    if (h) {
-      ncclProfilerEventStateArgs_v5_t a;
-      memset(&a, 0, sizeof a);
-      a.proxyStep.transSize = w.step_bytes;
-      g_api->recordEventState(h, w.is_send ? ncclProfilerProxyStepSendWait : ncclProfilerProxyStepRecvWait, &a);
+    if (t_start != kNever && t_start <= now + 50000) {
+      if (now > t_start + 50000 && w.caught_up) w.lag += now - t_start;
+      start_step(w, w.next_start++, std::max(now, t_start));
+      continue;
     }
+    if (t_start != kNever) w.caught_up = true;
+    return std::min(t_start, t_stop); /* kNever: a hung link's open step never ends */
   }
 }
 
 void start_proxy_op(ProxyWork& w) {
   w.started = true;
   w.step_h.assign(size_t(w.nsteps), nullptr);
+  w.started_at.assign(size_t(w.nsteps), 0);
   ncclProfilerEventDescr_v5_t d;
   memset(&d, 0, sizeof d);
   d.type = ncclProfileProxyOp;
