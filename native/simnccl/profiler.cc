@@ -404,6 +404,7 @@ void profiler_enqueue(std::vector<OpDesc>& ops, bool persistent) {
 
 void profiler_publish(ProxySet* p, const Schedule& s) {
   std::lock_guard<std::mutex> lk(g_px->m);
+  if (p->published) return; /* once: its works may be finished and freed by now */
   p->published = true;
   for (ProxyWork* w : p->works) {
     const Transfer& tr = s.mine[w->mine_idx];

@@ -41,7 +41,8 @@ void profiler_comm_finalize(ncclComm* c); /* host thread, at destroy: drops the 
  * does for persistent plans). */
 void profiler_enqueue(std::vector<OpDesc>& ops, bool persistent);
 
-/* Stream worker: the op's modeled schedule is known (its ProxySteps may start). */
+/* Stream worker: the op's modeled schedule is known (its ProxySteps may start). Once per
+ * op: a later call is ignored (a collective publishes as soon as every member arrived). */
 void profiler_publish(ProxySet* p, const Schedule& s);
 /* Stream worker: until the proxy thread finished the op's ProxyOps or the comm is aborted. */
 void profiler_wait(ProxySet* p, ncclComm* c);
