@@ -69,7 +69,7 @@ class Ingest:
         """``feed`` for several batches fed at the same master time, in one pass."""
         if len(raws) <= 1:
             return self.feed(raws[0], t_ns) if raws else 0
-        raw = schema.join_records(list(raws), schema.HEADER)
+        raw = schema.join_records(raws, schema.HEADER)
         try:
             ok = self.edge.admit(raw, t_ns)
         except Exception:
