@@ -165,10 +165,15 @@ def test_peer_records_when_tasks_stop_before_their_proxy_ops(libc4d, master):
     p = subprocess.run([sys.executable, "-c", REAL_ORDER_DRIVER], env=env, capture_output=True, text=True,
                        timeout=60)  # fmt: skip
     assert p.returncode == 0, p.stderr
-    assert profiler_counts(p.stderr) == (6, 6, 0), p.stderr
-    wait_records(master, lambda r: len(r[schema.Kind.PEER]) == 6, "six PEER records")
+    transfers, records, untracked = profiler_counts(p.stderr)
+    # A heartbeat that falls inside a transfer adds a progress record (done = 0) for it, so
+    # under load there can be more records than transfers; the done records are exact.
+    assert (transfers, untracked) == (6, 0) and records >= 6, p.stderr
+    wait_records(master, lambda r: len(r[schema.Kind.PEER]) == records, f"{records} PEER records")
     peer = master.records()[schema.Kind.PEER]
-    assert (peer["done"] == 1).all() and (peer["comm_id"] == 0xC0FFEE).all()
+    assert (peer["comm_id"] == 0xC0FFEE).all()
+    peer = peer[peer["done"] == 1]
+    assert len(peer) == 6, peer
     got = sorted((int(r["seq"]), int(r["direction"]), int(r["state"])) for r in peer)
     assert got == sorted((seq, d, 9 if d == 0 else 10) for seq in range(3) for d in (0, 1))
     assert (peer["steps_done"] == 2).all() and (peer["steps_total"] == 2).all()
