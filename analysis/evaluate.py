@@ -63,6 +63,7 @@ class FaultResult:
     errors: int = 0  # ERROR diagnoses about it
     blacklisted: bool = False
     effect: float = math.inf  # comm-slow: how much it slows the most affected communicator
+    measured: float | None = None  # comm-slow: the slowdown the trace shows (scenarios.measured_slowdown)
 
 
 @dataclass
@@ -100,7 +101,8 @@ def score(o: scenarios.Outcome) -> JobResult:
         short = (f.secs is not None and f.secs < 1.5 * T_S) or f.until is not None
         effect = scenarios.slow_effect(sc, spec)
         hidden = effect < 1.5  # the faulty link never paces a communicator (see slow_effect)
-        frs.append(FaultResult(e, onset, bool(ran) and not short and not hidden, transient, effect=effect))
+        frs.append(FaultResult(e, onset, bool(ran) and not short and not hidden, transient, effect=effect,
+                               measured=o.slowdowns.get(spec)))  # fmt: skip
     labels = []
     for d in o.diagnoses:
         idx, exact = -1, False
@@ -172,6 +174,7 @@ FAULT_FIELDS = (
     "info_s",
     "errors",
     "blacklisted",
+    "measured",
 )
 
 
@@ -222,6 +225,15 @@ def report(results: list[JobResult], con: Console, title: str) -> dict:
     con.print("slow recall by factor (comm-slow: its effect on the slowest communicator it touches): "
               + "; ".join(rows))  # fmt: skip
     con.print(f"comm faults on links that pace no communicator (not counted as observable): {hidden}")
+    # The same comm slowdowns by what the job measured (simnccl's host work included): the
+    # engine's line is 1 / C4D_SLOW_BW_RATIO = 2x, so below it a miss is the contract.
+    cs = [f for r in results for f in r.faults if f.observable and f.measured is not None]
+    line = [f"measured ×{lo:g}–{hi:g}: {sum(f.found for f in fs)}/{len(fs)}"
+            for lo, hi in ((0.0, 1.5), (1.5, 2.0), (2.0, 2.5), (2.5, math.inf))
+            if (fs := [f for f in cs if lo <= (f.measured or 0.0) < hi])]  # fmt: skip
+    past = [f for f in cs if (f.measured or 0.0) >= 2.0]
+    summary["comm_slow_past_line"] = dict(found=sum(f.found for f in past), of=len(past))
+    con.print("RankCommSlow recall by the slowdown measured on the trace (line: 2×): " + "; ".join(line))
     clean = [r for r in results if not r.faults]
     fa = sum(len(r.diagnoses) for r in clean)
     fa_jobs = sum(1 for r in clean if r.diagnoses)

@@ -149,6 +149,7 @@ class Outcome:
     kinds_seen: set[str] = field(default_factory=set)
     onsets: dict[str, float | None] = field(default_factory=dict)  # per fault spec
     end_s: float | None = None  # the last op the trace saw end (master clock, s)
+    slowdowns: dict[str, float | None] = field(default_factory=dict)  # comm-slow: measured_slowdown
 
     def of_kind(self, kind: str, levels=("WARNING", "ERROR", "INFO")) -> list[dict]:
         return [d for d in self.diagnoses if d["kind"] == kind and d["level"] in levels]
@@ -213,6 +214,43 @@ def _onsets(tr: trace.RawTrace, sc: Scenario) -> dict[str, float | None]:
     return out
 
 
+def measured_slowdown(tr: trace.RawTrace, sc: Scenario, spec: str, onset: float | None) -> float | None:
+    """How much a comm-slow fault slowed the communicators it touches, read off the trace (not
+    the engine): per collective, the shortest member's op (the last to arrive waits for no
+    one: its op is the transfer), median after the onset over median before; the largest over
+    the communicators holding the fault's ranks. This is the slowdown the job had, simnccl's
+    own host work included, which the model (slow_effect) leaves out; the engine's line
+    (C4D_SLOW_BW_RATIO 0.5) is 2. None when the trace has too few ops either side."""
+    f = sc.expect(spec).fault
+    if f.kind != "comm-slow" or onset is None:
+        return None
+    ops = tr.kinds[schema.Kind.OP]
+    ops = ops[(ops["flags"] & schema.OpFlag.P2P) == 0]
+    if not len(ops):
+        return None
+    skew = np.asarray(node_offsets_s(sc))
+    rank = ops["rank"].astype(np.int64)
+    start = ops["start_ns"] / 1e9 - skew[np.minimum(rank // sc.ranks_per_node, len(skew) - 1)]
+    dur = (ops["end_ns"].astype(np.int64) - ops["start_ns"].astype(np.int64)) / 1e9
+    want = set(f.ranks(sc.layout))
+    best: float | None = None
+    for cid in np.unique(ops["comm_id"]).tolist():
+        m = ops["comm_id"] == cid
+        if not want <= set(np.unique(rank[m]).tolist()):
+            continue
+        seq, d, t = ops["seq"][m], dur[m], start[m]
+        order = np.lexsort((d, seq))
+        seq, d, t = seq[order], d[order], t[order]
+        head = np.r_[True, seq[1:] != seq[:-1]]  # per collective: its shortest member op
+        d, t = d[head], t[head]
+        before, after = d[t < onset - 0.05], d[t > onset + 0.2]
+        if f.until is not None or len(before) < 8 or len(after) < 8:
+            continue
+        r = float(np.median(after) / np.median(before))
+        best = r if best is None else max(best, r)
+    return best
+
+
 class CpuLoad:
     """``n`` busy processes for as long as the context lasts: a loaded machine."""
 
@@ -253,10 +291,12 @@ def run(sc: Scenario, workdir: Path | None = None, timeout: float = 300) -> Outc
     m = re.search(r"^c4d sim: .* \(([0-9.]+) s\)$", p.stderr, re.M)
     seconds = float(m.group(1)) if m else 0.0
     onsets: dict[str, float | None] = dict.fromkeys(sc.specs)
+    slowdowns: dict[str, float | None] = dict.fromkeys(sc.specs)
     end = None
     if tpath.exists():
         tr = trace.read_raw(tpath)
         onsets = _onsets(tr, sc)
+        slowdowns = {spec: measured_slowdown(tr, sc, spec, onsets.get(spec)) for spec in sc.specs}
         ends = tr.kinds[schema.Kind.OP]["end_ns"]
         end = float(ends.max()) / 1e9 if len(ends) else None
     first = onsets.get(sc.fault) if sc.fault else None
@@ -272,6 +312,7 @@ def run(sc: Scenario, workdir: Path | None = None, timeout: float = 300) -> Outc
         kinds_seen={d["kind"] for d in diags},
         onsets=onsets,
         end_s=end,
+        slowdowns=slowdowns,
     )
 
 

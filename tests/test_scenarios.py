@@ -107,6 +107,9 @@ def test_comm_slow_rank_at_a_node_edge_in_pure_data_parallel_is_named_by_its_one
     first = min(d["time"] for d in o.diagnoses)
     assert o.onset_s is not None and first - o.onset_s <= 2 * PERIOD + 1.0
     assert o.blacklist == []
+    # read off the trace alone: the job's all-reduces slowed past the engine's 2x line
+    slowed = o.slowdowns[DP_EDGE.fault]
+    assert slowed is not None and 2.0 < slowed < 3.3, slowed
 
 
 @pytest.mark.slow
@@ -117,3 +120,5 @@ def test_comm_slow_rank_inside_a_node_that_does_not_slow_the_ring_is_not_reporte
     assert scenarios.slow_effect(DP_INNER, DP_INNER.fault) == 1.0
     o = outcomes(DP_INNER)
     assert o.status == 0 and o.diagnoses == [], [(d["kind"], d["ranks"]) for d in o.diagnoses]
+    slowed = o.slowdowns[DP_INNER.fault]  # the trace agrees: the all-reduces took as long as before
+    assert slowed is not None and slowed < 1.25, slowed
