@@ -49,7 +49,7 @@ from c4d.schema import Kind, Op, OpFlag, op_name
 
 log = logging.getLogger("c4d.engine")
 
-CHUNK = 8192  # rows ingested at once (see feed)
+CHUNK = 32768  # rows ingested at once (see feed)
 COMPUTE_GIVEN = int(OpFlag.COMPUTE_GIVEN)
 HB_FIELDS = (  # (Pool member array, HEARTBEAT field) copied as they are (Comm.add_heartbeats)
     ("n_issued", "n_issued"), ("n_arrived", "n_arrived"), ("n_done", "n_done"),
