@@ -236,7 +236,8 @@ def measured_slowdown(tr: trace.RawTrace, sc: Scenario, spec: str, onset: float 
     best: float | None = None
     for cid in np.unique(ops["comm_id"]).tolist():
         m = ops["comm_id"] == cid
-        if not want <= set(np.unique(rank[m]).tolist()):
+        members = set(np.unique(rank[m]).tolist())
+        if not want <= members or len(members) < 2:  # a one-rank communicator waits for no link
             continue
         seq, d, t = ops["seq"][m], dur[m], start[m]
         order = np.lexsort((d, seq))
@@ -326,13 +327,21 @@ def issue9_cases() -> list[Scenario]:
       links (two links show it: the rank), a link's fault one (the link);
     * the issue's rank-7 case: its slow DP ring is paced by its link to rank 1, its two-rank TP
       communicator is slowed too — two of its links, so the rank;
-    * a rank that leaves out a collective: a wait cycle with its TP peer (CollectiveMismatch).
+    * a rank that leaves out a collective: a wait cycle with its TP peer (CollectiveMismatch);
+    * slow ranks in tensor-parallel-only and pipeline-only shapes (dp = 1): a slow compute in
+      one TP group of 8; a slow rank in a TP ring of 4 across nodes; a slow middle stage of a
+      4-stage pipeline (only p2p transfers: its two links are slow, the third is not) and
+      one slow link between two stages.
     """
     out = [
         Scenario(8, 2, 1, 1, "noncomm-slow@rank=6,step=20,factor=3", steps=SLOW_STEPS),
         Scenario(16, 4, 1, 1, "noncomm-slow@rank=9,step=20,factor=2", steps=SLOW_STEPS),
         Scenario(8, 4, 2, 1, "comm-slow@rank=7,step=20,factor=5", steps=SLOW_STEPS),
         Scenario(8, 4, 2, 1, "mismatch@rank=5,step=20"),
+        Scenario(8, 8, 8, 1, "noncomm-slow@rank=5,step=20,factor=3", steps=SLOW_STEPS),
+        Scenario(4, 1, 4, 1, "comm-slow@rank=2,step=120,factor=4", steps=SLOW_STEPS + 100),
+        Scenario(4, 1, 1, 4, "comm-slow@rank=2,step=120,factor=4", steps=SLOW_STEPS + 100),
+        Scenario(4, 1, 1, 4, "comm-slow@link=1-2,step=120,factor=4", steps=SLOW_STEPS + 100),
     ]
     for ranks in (4, 8):
         r, a = ranks // 2, ranks // 2 - 1

@@ -375,3 +375,25 @@ def test_pace_is_read_from_the_senders_own_transfer_time_when_the_shim_reports_i
     # The same rows from a shim that does not report wire_ns: the late span wins every time.
     rows["wire_ns"] = 0
     assert pace_setters(_PeerRows(rows), np.arange(ops))[0] == {(0, 1): ops}
+
+
+def _p2p_unit(a: int, b: int, ratio: float):
+    from c4d.engine.slow import _Unit
+
+    key = ("p", 0, a, b)
+    return _Unit(key, 0, (a, b), ratio, key, key, 0, 0, None, np.array([ratio]), link=(a, b), own_ref=1.0)
+
+
+def test_a_slow_middle_stage_is_not_taken_for_a_loaded_host():
+    """A 4-stage pipeline has three links; a slow middle stage slows two of them. The host's
+    share is read from the units that rank is not in (the third link), not from the median of
+    all three, which would be the stage's own slowdown and cancel it."""
+    from c4d.engine.slow import _shared_slowdown
+
+    stage = [_p2p_unit(0, 1, 1.0), _p2p_unit(1, 2, 0.32), _p2p_unit(2, 3, 0.33)]
+    assert _shared_slowdown(stage, 0.8) == 1.0
+    host = [_p2p_unit(0, 1, 0.45), _p2p_unit(1, 2, 0.44), _p2p_unit(2, 3, 0.46)]
+    assert _shared_slowdown(host, 0.8) == pytest.approx(0.46)  # every link: the host's
+    calm = [_p2p_unit(i, i + 1, r) for i, r in enumerate((0.95, 1.1, 0.9, 1.0))]
+    assert _shared_slowdown(calm, 0.8) == pytest.approx(0.975)
+    assert _shared_slowdown(calm[:2], 0.8) == 1.0  # one or two units say nothing about the host

@@ -349,7 +349,6 @@ class SlowJudge:
         sib: dict[tuple, list[_Unit]] = {}
         for u in units:
             sib.setdefault(u.sib_key, []).append(u)
-        own_ratios = []
         for group in sib.values():
             bw = np.array([x.bw for x in group], dtype=np.float64)
             if np.isfinite(bw).all():
@@ -361,9 +360,7 @@ class SlowJudge:
         for u in units:
             q = self.baseline.get(u.base_key)
             u.own_ref = float(np.median(q)) if q else None
-            if u.own_ref:
-                own_ratios.append(u.bw / u.own_ref)
-        shared = min(1.0, float(np.median(own_ratios))) if len(own_ratios) >= 3 else 1.0
+        shared = _shared_slowdown([u for u in units if u.own_ref], cfg.slow_degraded_ratio)
         for u in units:
             u.shared = shared
         slow: dict[tuple, _Unit] = {}  # by unit key: a p2p link is slow when either direction is
@@ -636,6 +633,27 @@ def p2p_links(p: np.ndarray, min_ops: int) -> list[tuple[int, int, int, float, i
         out.append((int(src[idx[0]]), int(dst[idx[0]]), int(bs[starts[r]]), float(np.median(bws)),
                     int(p["seq"][idx[-1]]), bws))  # fmt: skip
     return out
+
+
+def _shared_slowdown(units: list[_Unit], degraded: float) -> float:
+    """The slowdown every unit shares (a loaded host slows every communicator at once): the
+    median of the units' ratios to their own baselines, leaving out the units of the rank
+    that most of the low ones share. Without that, a small job's units are mostly that
+    rank's (a 4-stage pipeline has three links, two of them a slow middle stage's) and its
+    own slowdown would pass for the host's. Needs three units when no rank stands out (as
+    before: one or two say nothing about the host), one when one does."""
+    rated = [(u, u.bw / u.own_ref) for u in units if u.own_ref]
+    count: dict[int, int] = {}
+    for u, r in rated:
+        if r < degraded:
+            for g in u.members:
+                count[g] = count.get(g, 0) + 1
+    if count:
+        top = max(count.values())
+        cand = min(g for g, k in count.items() if k == top)
+        rest = [r for u, r in rated if cand not in u.members]
+        return min(1.0, float(np.median(rest))) if rest else 1.0
+    return min(1.0, float(np.median([r for _, r in rated]))) if len(rated) >= 3 else 1.0
 
 
 def _hyp_name(h: blame.Hyp) -> str:
