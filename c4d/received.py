@@ -81,31 +81,66 @@ class Received:
             self._rank(int(rec["rank"])).comms.add(c.comm_id)
         ops = k[schema.Kind.OP]
         if len(ops):
-            cids, inv = np.unique(ops["comm_id"], return_inverse=True)
-            for i, cid in enumerate(cids.tolist()):
-                sel = ops[inv == i]
-                c = self._comm(cid)
-                c.ops += len(sel)
-                c.bytes += int(sel["bytes"].sum())
-                coll = sel[(sel["flags"] & schema.OpFlag.P2P) == 0]
-                if len(coll):
-                    c.max_seq = max(c.max_seq, int(coll["seq"].max()))
-                c.nranks = c.nranks or int(sel["comm_nranks"][0])
-                c.ranks.update(np.unique(sel["rank"]).tolist())
-            r_ids, r_counts = np.unique(ops["rank"], return_counts=True)
-            for r, n in zip(r_ids.tolist(), r_counts.tolist(), strict=True):
-                self._rank(r).ops += n
-        for rec in k[schema.Kind.HEARTBEAT]:
-            info = self._rank(int(rec["rank"]))
-            info.dropped = max(info.dropped, int(rec["dropped"]))
-            info.sent = max(info.sent, int(rec["sent"]))
-            if int(rec["hb_flags"]) & schema.HBF_FINAL:
-                info.final = True
-            if int(rec["comm_id"]):
-                c = self._comm(int(rec["comm_id"]))
-                c.nranks = c.nranks or int(rec["comm_nranks"])
-                c.ranks.add(int(rec["rank"]))
-                info.comms.add(c.comm_id)
+            # per communicator at once (a per-record loop was a fifth of the master's time
+            # with node agents' heartbeats, 1,024 ranks)
+            cid, g = ops["comm_id"], ops["rank"].astype(np.int64)
+            o = np.argsort(cid, kind="stable")
+            cs = cid[o]
+            heads = np.flatnonzero(np.r_[True, cs[1:] != cs[:-1]])
+            n = np.diff(np.r_[heads, len(o)])
+            nbytes = np.add.reduceat(ops["bytes"][o].astype(np.uint64), heads)
+            coll = (ops["flags"][o] & schema.OpFlag.P2P) == 0
+            seq = np.where(coll, ops["seq"][o].astype(np.int64), -1)
+            top = np.maximum.reduceat(seq, heads)
+            first_n = ops["comm_nranks"][o][heads]
+            for c_id, k_n, k_b, k_top, k_nr in zip(
+                cs[heads].tolist(), n.tolist(), nbytes.tolist(), top.tolist(), first_n.tolist(), strict=True
+            ):
+                c = self._comm(c_id)
+                c.ops += k_n
+                c.bytes += k_b
+                c.max_seq = max(c.max_seq, k_top)
+                c.nranks = c.nranks or k_nr
+            self._members(cid, g, of_rank=False)
+            r_ids, r_counts = np.unique(g, return_counts=True)
+            for r, n1 in zip(r_ids.tolist(), r_counts.tolist(), strict=True):
+                self._rank(r).ops += n1
+        hb = k[schema.Kind.HEARTBEAT]
+        if len(hb):
+            g = hb["rank"].astype(np.int64)
+            o = np.argsort(g, kind="stable")
+            gs = g[o]
+            heads = np.flatnonzero(np.r_[True, gs[1:] != gs[:-1]])
+            dropped = np.maximum.reduceat(hb["dropped"][o].astype(np.int64), heads)
+            sent = np.maximum.reduceat(hb["sent"][o].astype(np.int64), heads)
+            final = np.logical_or.reduceat((hb["hb_flags"][o] & schema.HBF_FINAL) != 0, heads)
+            for r, d, s1, f in zip(
+                gs[heads].tolist(), dropped.tolist(), sent.tolist(), final.tolist(), strict=True
+            ):
+                info = self._rank(r)
+                info.dropped = max(info.dropped, d)
+                info.sent = max(info.sent, s1)
+                info.final = info.final or f
+            on = hb["comm_id"] != 0
+            if on.any():
+                cid, nr = hb["comm_id"][on], hb["comm_nranks"][on]
+                u, first = np.unique(cid[nr != 0], return_index=True)  # the first size it says
+                for c_id, k_nr in zip(u.tolist(), nr[nr != 0][first].tolist(), strict=True):
+                    c = self._comm(c_id)
+                    c.nranks = c.nranks or k_nr
+                self._members(cid, g[on], of_rank=True)
+
+    def _members(self, cid: np.ndarray, g: np.ndarray, of_rank: bool) -> None:
+        """Rank g[i] is a member of communicator cid[i], once per distinct pair (``of_rank``:
+        the rank's own list of communicators too, as heartbeats and COMM records say)."""
+        o = np.lexsort((g, cid))
+        cs, gs = cid[o], g[o]
+        new = np.r_[True, (cs[1:] != cs[:-1]) | (gs[1:] != gs[:-1])]
+        for c_id, r in zip(cs[new].tolist(), gs[new].tolist(), strict=True):
+            c = self._comm(c_id)
+            c.ranks.add(r)
+            if of_rank:
+                self._rank(r).comms.add(c_id)
 
     def forget(self, cids: list[int]) -> None:
         """Drop freed communicators (destroyed or long silent: c4d/validate.py, Edge.expire)."""
