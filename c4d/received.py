@@ -61,13 +61,19 @@ class Received:
 
     def add(self, raw: np.ndarray, recv_ns: int, kinds: dict[schema.Kind, np.ndarray] | None = None) -> None:
         """Count a batch; ``kinds`` is ``schema.by_kind(raw)`` when the caller already split it."""
+        k = kinds if kinds is not None else schema.by_kind(raw)
+        self._identity(raw, recv_ns, k)
+        self._ops(k[schema.Kind.OP])
+        self._heartbeats(k[schema.Kind.HEARTBEAT])
+
+    def _identity(self, raw: np.ndarray, recv_ns: int, k: dict[schema.Kind, np.ndarray]) -> None:
+        """Records per rank, and who the ranks and communicators are (REGISTER, COMM: few)."""
         self.records += len(raw)
         ranks, counts = np.unique(raw["rank"], return_counts=True)
         for r, n in zip(ranks.tolist(), counts.tolist(), strict=True):
             info = self._rank(r)
             info.records += n
             info.last_seen_ns = recv_ns
-        k = kinds if kinds is not None else schema.by_kind(raw)
         for rec in k[schema.Kind.REGISTER]:
             info = self._rank(int(rec["rank"]))
             info.node = names.clean(bytes(rec["node"]))
@@ -79,7 +85,8 @@ class Received:
             c.parent_id = int(rec["parent_id"]) or c.parent_id
             c.ranks.add(int(rec["rank"]))
             self._rank(int(rec["rank"])).comms.add(c.comm_id)
-        ops = k[schema.Kind.OP]
+
+    def _ops(self, ops: np.ndarray) -> None:
         if len(ops):
             # per communicator at once (a per-record loop was a fifth of the master's time
             # with node agents' heartbeats, 1,024 ranks)
@@ -105,7 +112,8 @@ class Received:
             r_ids, r_counts = np.unique(g, return_counts=True)
             for r, n1 in zip(r_ids.tolist(), r_counts.tolist(), strict=True):
                 self._rank(r).ops += n1
-        hb = k[schema.Kind.HEARTBEAT]
+
+    def _heartbeats(self, hb: np.ndarray) -> None:
         if len(hb):
             g = hb["rank"].astype(np.int64)
             o = np.argsort(g, kind="stable")

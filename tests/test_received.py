@@ -8,30 +8,14 @@ import dataclasses
 import numpy as np
 from factories import Job, build
 
-from c4d import names, schema
+from c4d import schema
 from c4d.received import Received
 
 
 def _reference_add(self: Received, raw: np.ndarray, recv_ns: int) -> None:
-    """The per-record version of Received.add (main before 2026-11-25)."""
-    self.records += len(raw)
-    ranks, counts = np.unique(raw["rank"], return_counts=True)
-    for r, n in zip(ranks.tolist(), counts.tolist(), strict=True):
-        info = self._rank(r)
-        info.records += n
-        info.last_seen_ns = recv_ns
+    """The per-record version of Received.add's OP and HEARTBEAT parts (main before 2026-11-25)."""
     k = schema.by_kind(raw)
-    for rec in k[schema.Kind.REGISTER]:
-        info = self._rank(int(rec["rank"]))
-        info.node = names.clean(bytes(rec["node"]))
-        info.pid = int(rec["pid"])
-        self.world_size = max(self.world_size, int(rec["world_size"]))
-    for rec in k[schema.Kind.COMM]:
-        c = self._comm(int(rec["comm_id"]))
-        c.nranks = int(rec["comm_nranks"])
-        c.parent_id = int(rec["parent_id"]) or c.parent_id
-        c.ranks.add(int(rec["rank"]))
-        self._rank(int(rec["rank"])).comms.add(c.comm_id)
+    self._identity(raw, recv_ns, k)
     ops = k[schema.Kind.OP]
     if len(ops):
         cids, inv = np.unique(ops["comm_id"], return_inverse=True)
