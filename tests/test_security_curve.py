@@ -104,12 +104,14 @@ def test_only_senders_with_the_masters_key_get_in_and_the_others_are_counted(
 
         def refused():
             # Both sides of a refused handshake see the mismatch; when the sender hangs up first,
-            # the master sees only "broken off" for that attempt (a libzmq race, not ours). So:
-            # each refusal reason at least once, and at least one refusal per refused rank.
+            # the master sees only "broken off" for that attempt (a libzmq race, not ours; in
+            # ci24 both plain ranks hung up first, and no "no CURVE" was counted). So: a named
+            # reason at least once, at least one refusal per refused rank; each rank's own
+            # reason is asserted from its stderr below.
             c = m.counters("c4d_bad_messages_by_reason")
             wrong, no_curve = c.get("handshake: wrong key", 0), c.get("handshake: no CURVE", 0)
             total = wrong + no_curve + c.get("handshake: broken off", 0)
-            return c if wrong >= 1 and no_curve >= 1 and total >= 4 else None
+            return c if wrong + no_curve >= 1 and total >= 4 else None
 
         try:
             counts = wait_for(refused, 30, "both refused jobs counted")
