@@ -132,8 +132,9 @@ class Received:
             on = hb["comm_id"] != 0
             if on.any():
                 cid, nr = hb["comm_id"][on], hb["comm_nranks"][on]
-                u, first = np.unique(cid[nr != 0], return_index=True)  # the first size it says
-                for c_id, k_nr in zip(u.tolist(), nr[nr != 0][first].tolist(), strict=True):
+                sized = nr != 0
+                u, first = np.unique(cid[sized], return_index=True)  # the first size it says
+                for c_id, k_nr in zip(u.tolist(), nr[sized][first].tolist(), strict=True):
                     c = self._comm(c_id)
                     c.nranks = c.nranks or k_nr
                 self._members(cid, g[on], of_rank=True)

@@ -222,7 +222,7 @@ def measured_slowdown(tr: trace.RawTrace, sc: Scenario, spec: str, onset: float 
     own host work included, which the model (slow_effect) leaves out; the engine's line
     (C4D_SLOW_BW_RATIO 0.5) is 2. None when the trace has too few ops either side."""
     f = sc.expect(spec).fault
-    if f.kind != "comm-slow" or onset is None:
+    if f.kind != "comm-slow" or f.until is not None or onset is None:  # not a transient one
         return None
     ops = tr.kinds[schema.Kind.OP]
     ops = ops[(ops["flags"] & schema.OpFlag.P2P) == 0]
@@ -245,7 +245,7 @@ def measured_slowdown(tr: trace.RawTrace, sc: Scenario, spec: str, onset: float 
         head = np.r_[True, seq[1:] != seq[:-1]]  # per collective: its shortest member op
         d, t = d[head], t[head]
         before, after = d[t < onset - 0.05], d[t > onset + 0.2]
-        if f.until is not None or len(before) < 8 or len(after) < 8:
+        if len(before) < 8 or len(after) < 8:
             continue
         r = float(np.median(after) / np.median(before))
         best = r if best is None else max(best, r)

@@ -360,7 +360,7 @@ class SlowJudge:
         for u in units:
             q = self.baseline.get(u.base_key)
             u.own_ref = float(np.median(q)) if q else None
-        shared = _shared_slowdown([u for u in units if u.own_ref], cfg.slow_degraded_ratio)
+        shared = _shared_slowdown(units, cfg.slow_degraded_ratio)
         for u in units:
             u.shared = shared
         slow: dict[tuple, _Unit] = {}  # by unit key: a p2p link is slow when either direction is
@@ -641,7 +641,8 @@ def _shared_slowdown(units: list[_Unit], degraded: float) -> float:
     that most of the low ones share. Without that, a small job's units are mostly that
     rank's (a 4-stage pipeline has three links, two of them a slow middle stage's) and its
     own slowdown would pass for the host's. Needs three units when no rank stands out (as
-    before: one or two say nothing about the host), one when one does."""
+    before: one or two say nothing about the host), one when one does. Units without a
+    baseline are left out."""
     rated = [(u, u.bw / u.own_ref) for u in units if u.own_ref]
     count: dict[int, int] = {}
     for u, r in rated:
