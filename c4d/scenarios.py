@@ -330,8 +330,9 @@ def issue9_cases() -> list[Scenario]:
     * a rank that leaves out a collective: a wait cycle with its TP peer (CollectiveMismatch);
     * slow ranks in tensor-parallel-only and pipeline-only shapes (dp = 1): a slow compute in
       one TP group of 8; a slow rank in a TP ring of 4 across nodes; a slow middle stage of a
-      4-stage pipeline (only p2p transfers: its two links are slow, the third is not) and
-      one slow link between two stages.
+      4-stage pipeline (only p2p transfers: its two links are slow, the third is not),
+      one slow link between two stages, and a slow-computing stage (no collective compares
+      it with another rank: its compute against its own earlier windows, own_pace.py).
     """
     out = [
         Scenario(8, 2, 1, 1, "noncomm-slow@rank=6,step=20,factor=3", steps=SLOW_STEPS),
@@ -342,6 +343,7 @@ def issue9_cases() -> list[Scenario]:
         Scenario(4, 1, 4, 1, "comm-slow@rank=2,step=120,factor=4", steps=SLOW_STEPS + 100),
         Scenario(4, 1, 1, 4, "comm-slow@rank=2,step=120,factor=4", steps=SLOW_STEPS + 100),
         Scenario(4, 1, 1, 4, "comm-slow@link=1-2,step=120,factor=4", steps=SLOW_STEPS + 100),
+        Scenario(4, 1, 1, 4, "noncomm-slow@rank=1,step=120,factor=3", steps=SLOW_STEPS + 100),
     ]
     for ranks in (4, 8):
         r, a = ranks // 2, ranks // 2 - 1

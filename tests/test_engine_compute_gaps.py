@@ -1,6 +1,7 @@
 """state.compute_gaps, vectorised over ranks, gives what the per-rank loop it replaced gave
 (kept here as the reference), chunk after chunk, on random streams: unknown starts and ends,
-one-rank communicators, ranks whose previous end is long ago."""
+one-rank communicators, ranks whose previous end is long ago. And the running compute sum
+counts the time between two synchronizing ops once, whatever one-rank ops lie between."""
 
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ def _reference(ops, last_end, compute_ns):
         r = int(g[seg[0]])
         prev = np.maximum.accumulate(np.r_[last_end[r], end[seg][:-1]])
         gaps[seg] = np.where(prev > 0, np.maximum(arr[seg] - prev, 0), -1)
-        cum[seg] = compute_ns[r] + np.cumsum(np.maximum(gaps[seg], 0))
+        ends = ops["comm_nranks"][seg] >= 2  # only a synchronizing op's gap adds up
+        cum[seg] = compute_ns[r] + np.cumsum(np.where(ends, np.maximum(gaps[seg], 0), 0))
         compute_ns[r] = cum[seg][-1]
         last_end[r] = max(int(last_end[r]), int(end[seg].max()))
     return gaps, cum
@@ -64,3 +66,13 @@ def test_vectorised_compute_gaps_equals_the_loop(seed, sizes, far):
         np.testing.assert_array_equal(c1, c2)
         np.testing.assert_array_equal(le1, le2)
         np.testing.assert_array_equal(cn1, cn2)
+
+
+def test_one_rank_ops_between_two_synchronizing_ops_do_not_count_the_gap_twice():
+    a = np.zeros(3, schema.OP)  # a p2p op, a one-rank (TP group of one) op, a p2p op
+    a["start_ns"] = [100, 115, 120]
+    a["end_ns"] = [110, 116, 130]
+    a["comm_nranks"] = [2, 1, 2]
+    gaps, cum = compute_gaps(a, np.zeros(1, np.int64), np.zeros(1, np.int64))
+    assert gaps.tolist() == [-1, 5, 10]  # each op's gap since the p2p op's end
+    assert cum.tolist() == [0, 0, 10]  # 10 ns of compute between the two p2p ops, not 15

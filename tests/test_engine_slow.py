@@ -21,6 +21,7 @@ SHAPES = {
     "tp4pp2dp4": dict(tp=4, pp=2, dp=4, ranks_per_node=8),
     "tp2dp4": dict(tp=2, pp=1, dp=4, ranks_per_node=2),
     "dp8": dict(tp=1, pp=1, dp=8, ranks_per_node=2),
+    "pp4": dict(tp=1, pp=4, dp=1, ranks_per_node=1),  # only p2p: own_pace.py judges its compute
 }
 
 
@@ -80,6 +81,23 @@ def test_noncomm_slow_in_a_pipeline_stage_without_tensor_parallelism(r):
                          ranks_per_node=4, steps=120))  # fmt: skip
     ds = only(run, DiagKind.RankNonCommSlow, [r])
     assert ds[0].nodes == (j.node_name(r),)
+
+
+@pytest.mark.parametrize("r", [0, 1, 3])
+def test_noncomm_slow_in_a_pipeline_only_job_against_the_stages_own_pace(r):
+    """tp = dp = 1: no collective compares a stage with another, its transfers are timed from
+    the later arrival; its compute per op against its own earlier windows shows it."""
+    run = run_cached(job("pp4", Fault("noncomm-slow", rank=r, step=60, factor=3.0), steps=160))
+    ds = only(run, DiagKind.RankNonCommSlow, [r])
+    loc = ds[0].localization
+    assert loc.how is How.arrival and loc.basis.endswith("/own-pace")
+    assert 2.0 < ds[0].detail["own_ratio"] < 3.5  # factor 3 on the stage's compute
+
+
+def test_a_pipeline_only_job_on_a_busy_host_gives_zero_diagnoses():
+    j = job("pp4", compute_ms=0.5, noise_ms=1.0, pp_bytes=1 << 20)
+    run = run_cached(j)
+    assert run.diagnoses == [], [d.summary() for d in run.diagnoses]
 
 
 @pytest.mark.parametrize("r", [0, 5, 15])

@@ -361,7 +361,8 @@ class Engine:
             ops = take(ops, ok)
             if not len(ops):  # (an empty chunk of ops once crashed _gaps: issue 14)
                 return
-        _gaps, cum = self._gaps(ops)
+        gaps, cum = self._gaps(ops)
+        self._slow.own.feed(ops, gaps, cum, self.ranks, self.thresholds().period_ns)
         extra = np.stack([self._shares_events(ops), cum], axis=1)
         if not BATCHED:
             self._feed_ops_each(ops, extra)

@@ -31,6 +31,7 @@ import numpy as np
 from c4d.engine import blame
 from c4d.engine.calibration import localize
 from c4d.engine.config import EngineConfig, ResolvedThresholds
+from c4d.engine.own_pace import OwnPace
 from c4d.engine.peer import PeerVerdict, global_links, localize_slow, pace_setters
 from c4d.engine.state import COMPLETED, Comm, RankTable, _row_nanmedian, cat, take
 from c4d.engine.types import DiagKind, How, Localization, Target
@@ -72,6 +73,7 @@ class SlowJudge:
         self.p2p_low: dict[tuple, tuple[int, int]] = {}
         self.noncomm_low: dict[int, tuple[int, int]] = {}
         self.late_ops = 0  # ops that completed after their window was judged
+        self.own = OwnPace(cfg)  # ranks no collective compares with others (own_pace.py)
         # A window waits while a wait that began before it closed is still in progress (its
         # ops may yet turn out to be a stall's). A stall (a wait longer than min(T, period), a
         # hang in the making): the windows it covered are dropped when it ends. Their ops ran
@@ -128,8 +130,11 @@ class SlowJudge:
         parts = [o["last_arrive"] // P for o, _ in per_comm.values()] + [
             o["last_arrive"] // P for o in per_p2p.values()
         ]
-        if parts:
-            for w in np.unique(np.concatenate(parts)).tolist():
+        own = self.own.windows(closed)
+        if parts or own:
+            for w in np.unique(np.concatenate([*parts, np.array(own, np.int64)])).tolist():
+                if any(a <= w <= b for a, b in self.stalled):
+                    self.own.drop(int(w))  # its collectives and p2p rows were dropped too (_usable)
                 sel, gaps = {}, {}
                 for i, (o, g) in per_comm.items():
                     m = o["last_arrive"] // P == w
@@ -197,8 +202,56 @@ class SlowJudge:
     ) -> list[SlowFinding]:
         win = {"window_start_s": round(w * P / 1e9, 3), "window_s": round(P / 1e9, 3)}
         out = self._noncomm_slow(comms, sel, gaps, w, win)
+        out += self._own_pace(comms, sel, sel_p2p, ranks, w, win)
         out += self._comm_slow(ranks, comms, sel, sel_p2p, w, win)
         return out
+
+    def _own_pace(self, comms, sel, sel_p2p, ranks: RankTable, w: int, win: dict) -> list[SlowFinding]:
+        """RankNonCommSlow of ranks that no collective of the window compares with others: each
+        against its own earlier windows (own_pace.py)."""
+        covered: set[int] = set()
+        for i, o in sel.items():
+            c = comms[i]
+            if c.n >= 2 and len(o) >= self.cfg.slow_min_ops:
+                covered.update(int(g) for g in c.grank if g >= 0)
+        out = []
+        for f in self.own.judge(w, covered):
+            where = self._busiest_comm(f.rank, comms, sel, sel_p2p, ranks)
+            if where is None:
+                continue
+            c, op, seq = where
+            self.slow_ranks[f.rank] = w
+            d: dict[str, Any] = {
+                "gap_ms": f.mean_ms, "own_baseline_ms": f.baseline_ms, "own_ratio": f.ratio,
+                "shared_ratio": f.shared, "ops": f.ops, **win,
+            }  # fmt: skip
+            loc = localize(
+                DiagKind.RankNonCommSlow, How.arrival, Target.rank, (f.rank,),
+                f"rank {f.rank} computes {f.ratio}x as long per op as in its own earlier windows "
+                f"({f.mean_ms} ms, was {f.baseline_ms} ms); no collective compares it with other ranks",
+                prior=0.5, refine="own-pace",
+            )  # fmt: skip
+            out.append(SlowFinding(DiagKind.RankNonCommSlow, c, op, seq, (f.rank,), loc, d))
+        return out
+
+    @staticmethod
+    def _busiest_comm(g: int, comms, sel, sel_p2p, ranks: RankTable) -> tuple[Comm, int, int] | None:
+        """The communicator, op and latest seq a rank's finding is reported against: the one
+        where it had the most of the window's p2p transfers, else collectives."""
+        best: tuple[int, Comm, int, int] | None = None
+        for i, cr in ranks.comms_of[g] if g < len(ranks.comms_of) else ():
+            c = comms.get(i)
+            if c is None or c.n < 2:
+                continue
+            p = sel_p2p.get(i)
+            if p is not None:
+                mine = (p["src"] == cr) | (p["dst"] == cr)
+                if mine.any() and (best is None or int(mine.sum()) > best[0]):
+                    best = (int(mine.sum()), c, int(Op.Send), int(p["seq"][mine][-1]))
+            o = sel.get(i)
+            if o is not None and len(o) and (best is None or len(o) > best[0]):
+                best = (len(o), c, int(np.bincount(o["op"]).argmax()), int(o["seq"][-1]))
+        return None if best is None else best[1:]
 
     # -- RankNonCommSlow ---------------------------------------------------------------
     def _noncomm_slow(

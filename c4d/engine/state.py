@@ -142,7 +142,7 @@ def compute_gaps(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Per op: arrival minus the end of the same rank's previous synchronizing op (its compute
     gap), -1 unknown; and the rank's compute so far, this gap included (a running sum, so
-    the compute between any two of its ops is a difference). Ops of one-rank communicators
+    the compute between any two of its synchronizing ops is a difference). Ops of one-rank communicators
     (a pure data-parallel job's TP and PP groups) wait for nobody, so they do not end a
     compute gap: a rank's compute before its DP all-reduce spans them.
 
@@ -151,7 +151,8 @@ def compute_gaps(
     (c4d/agent/summary.py) keep their own, and compute the same values from a rank's stream."""
     start = ops["start_ns"].astype(np.int64)
     arr = np.where(start > 0, start, ops["issue_ns"].astype(np.int64))
-    end = np.where(ops["comm_nranks"] >= 2, ops["end_ns"].astype(np.int64), 0)
+    sync = ops["comm_nranks"] >= 2
+    end = np.where(sync, ops["end_ns"].astype(np.int64), 0)
     g = ops["rank"].astype(np.int64)
     m = len(ops)
     gaps = np.full(m, -1, np.int64)
@@ -159,7 +160,7 @@ def compute_gaps(
     if not m:
         return gaps, cum
     order = np.lexsort((arr, g))
-    gs, a, e = g[order], arr[order], end[order]
+    gs, a, e, sy = g[order], arr[order], end[order], sync[order]
     first = np.ones(m, bool)
     first[1:] = gs[1:] != gs[:-1]
     seg = np.cumsum(first) - 1  # segment (rank) of each sorted row
@@ -187,8 +188,11 @@ def compute_gaps(
     else:
         prev = np.zeros(m, np.int64)
     gp = np.where(prev > 0, np.maximum(a - prev, 0), -1)
-    run = np.cumsum(np.maximum(gp, 0))
-    base = run[heads] - np.maximum(gp[heads], 0)  # the running sum before each segment
+    # only the gaps that end (ops of two ranks or more) add up: a one-rank op's gap is a part
+    # of the gap the next synchronizing op ends, counted there once
+    add = np.where(sy, np.maximum(gp, 0), 0)
+    run = np.cumsum(add)
+    base = run[heads] - add[heads]  # the running sum before each segment
     cs = compute_ns[ranks_][seg] + run - base[seg]
     gaps[order], cum[order] = gp, cs
     tails = np.r_[heads[1:] - 1, m - 1]
