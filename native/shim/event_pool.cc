@@ -46,7 +46,10 @@ bool EventPool::setup(int device, uint32_t n) {
   }
   if (made < n) C4D_LOG(kWarning, "only %u of %u events created on device %d", made, n, device);
   n_ = made;
-  for (uint32_t i = made; i-- > 0;) free_.push(i);
+  for (uint32_t i = made; i-- > 0;) {
+    refs_[i].store(1, std::memory_order_relaxed);  // a free event holds its taker's reference (take)
+    free_.push(i);
+  }
   return true;
 }
 

@@ -21,18 +21,18 @@ constexpr int kMaxDevices = 64;
 
 class EventPool {
  public:
-  /* Any thread. kNone when empty; the event starts with one reference. */
-  uint32_t take() {
-    uint32_t i = free_.pop();
-    if (i != kNone) refs_[i].store(1, std::memory_order_relaxed);
-    return i;
-  }
+  /* Any thread. kNone when empty; the event starts with one reference, set by whoever
+   * returned it (release): the taker does not write the line the agent last wrote. */
+  uint32_t take() { return free_.pop(); }
   /* Taker only, before the index is published to another thread. */
   void set_refs(uint32_t i, uint32_t n) { refs_[i].store(n, std::memory_order_relaxed); }
   /* Any thread: drops one reference; the last one returns the event to the pool. */
   void release(uint32_t i) {
     if (i == kNone) return;
-    if (refs_[i].fetch_sub(1, std::memory_order_acq_rel) == 1) free_.push(i);
+    if (refs_[i].fetch_sub(1, std::memory_order_acq_rel) == 1) {
+      refs_[i].store(1, std::memory_order_relaxed);  // the next taker's (push publishes it)
+      free_.push(i);
+    }
   }
   cudaEvent_t event(uint32_t i) const { return events_[i]; }
   int device() const { return device_; }
