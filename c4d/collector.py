@@ -122,6 +122,7 @@ class Collector:
     def serve(self, job: str | None) -> None:
         """Serve ``job`` from now on (None: the first job heard); ``c4d run`` calls it per attempt."""
         self.job = job_key(job) if job else None
+        self._served_prop: object = None  # the connection property last found to name the job served
 
     def poll(self, timeout_s: float, max_messages: int = 1000) -> list[np.ndarray]:
         """Wait up to ``timeout_s`` for batches; return every batch ready (at most ``max_messages``)."""
@@ -153,8 +154,12 @@ class Collector:
     def _same_job(self, msg: zmq.Frame, raw: np.ndarray) -> bool:
         """Whether the message belongs to the job served (pinning it at the first job heard)."""
         try:
-            job = job_key(str(msg.get(JOB_PROPERTY)))
+            prop = msg.get(JOB_PROPERTY)
+            if prop == self._served_prop:  # nearly every message: no key to derive again
+                return True
+            job = job_key(str(prop))
         except zmq.ZMQError:  # the connection named no job: look for one in REGISTER records
+            prop = None
             job = ""
             reg = raw["kind"] == schema.Kind.REGISTER
             if reg.any():
@@ -164,8 +169,9 @@ class Collector:
         if self.job is None:
             self.job = job
             log.info("serving job %s (messages of other jobs are refused)", names.clean(job))
-            return True
         if job == self.job:
+            if prop is not None:
+                self._served_prop = prop
             return True
         self.bad_messages += 1
         self.bad_reasons["other job"] += 1

@@ -353,6 +353,29 @@ def test_p2p_link_statistics_equal_the_per_link_reference(seed):
         assert all(np.array_equal(g[5], w[5]) for g, w in zip(got, want, strict=True))
 
 
+@pytest.mark.parametrize("seed", range(10))
+def test_p2p_links_of_many_communicators_at_once_equal_one_by_one(seed):
+    from c4d.engine.slow import p2p_links, p2p_links_many
+    from c4d.engine.state import P2P_DONE
+
+    rng = np.random.default_rng(seed)
+    parts = []
+    for i in sorted(rng.choice(5000, int(rng.integers(1, 30)), replace=False).tolist()):
+        n = int(rng.integers(0, 60))
+        p = np.zeros(n, P2P_DONE)
+        hi = int(rng.choice([2, 4, 130_000]))  # two-rank pipeline pairs, a world communicator (sparse)
+        p["src"], p["dst"] = rng.integers(0, hi, n), rng.integers(0, hi, n)
+        p["bytes"] = rng.choice([1 << 20, 2 << 20], n)
+        p["transfer"] = rng.integers(1_000, 90_000, n)
+        p["seq"] = np.arange(n)
+        parts.append((i, p))
+    for min_ops in (1, 3, 8):
+        got = p2p_links_many(parts, min_ops)
+        want = [(i, *x) for i, p in parts for x in p2p_links(p, min_ops)]
+        assert [g[:6] for g in got] == [w[:6] for w in want]
+        assert all(np.array_equal(g[6], w[6]) for g, w in zip(got, want, strict=True))
+
+
 class _PeerRows:
     """pace_setters reads a communicator's PEER table only: these rows stand in for it."""
 

@@ -280,7 +280,7 @@ class SlowJudge:
             if len(fin) >= 4:
                 # many members: one of them is high by chance; a slow rank stands out from the
                 # members' own spread as well (4 robust standard deviations)
-                spread = 1.4826 * float(np.median(np.abs(fin - np.median(fin))))
+                spread = 1.4826 * float(_median(np.abs(fin - _median(fin))))
                 need = np.maximum(need, 4 * spread)
             excess = med - others
             op_med = _row_nanmedian(G)
@@ -316,7 +316,7 @@ class SlowJudge:
                     "excess_ms": round(float(excess[r]) / 1e6, 3),
                     "late_share": round(share, 3),
                     "last_share": round(float(last.mean()), 3),
-                    "others_wait_ms": round(float(np.median(o["wait_med"][last])) / 1e6, 3)
+                    "others_wait_ms": round(float(_median(o["wait_med"][last])) / 1e6, 3)
                     if last.any()
                     else None,
                 }
@@ -358,22 +358,22 @@ class SlowJudge:
             members = tuple(sorted(int(g) for g in c.grank if g >= 0))
             span = len(set(ranks.node[c.grank[c.grank >= 0]].tolist()))
             units.append(
-                _Unit(("c", i), i, members, float(np.median(om["busbw"])), ("c", op, nb, c.n, span),
+                _Unit(("c", i), i, members, float(_median(om["busbw"])), ("c", op, nb, c.n, span),
                       ("c", i, op, nb), op, int(om["seq"][-1]), om, om["busbw"],
                       links=blame.ring_links([int(g) for g in c.grank if g >= 0]))
             )  # fmt: skip
-        for i, p in sorted(sel_p2p.items()):
+        min_p2p = P2P_MIN_OPS_FACTOR * cfg.slow_min_ops
+        for i, a, b, nb, bw, seq, bws in p2p_links_many(sorted(sel_p2p.items()), min_p2p):
             c = comms[i]
-            for a, b, nb, bw, seq, bws in p2p_links(p, P2P_MIN_OPS_FACTOR * cfg.slow_min_ops):
-                ga, gb = int(c.grank[a]), int(c.grank[b])
-                if ga < 0 or gb < 0:
-                    continue
-                span = 1 if ranks.node[ga] == ranks.node[gb] else 2
-                units.append(
-                    _Unit(("p", i, min(a, b), max(a, b)), i, tuple(sorted((ga, gb))), bw,
-                          ("p", c.n, a, b, nb, span), ("p", i, a, b, nb), int(Op.Send),
-                          seq, None, bws, link=(ga, gb), links={blame.link_of(ga, gb)})
-                )  # fmt: skip
+            ga, gb = int(c.grank[a]), int(c.grank[b])
+            if ga < 0 or gb < 0:
+                continue
+            span = 1 if ranks.node[ga] == ranks.node[gb] else 2
+            units.append(
+                _Unit(("p", i, min(a, b), max(a, b)), i, tuple(sorted((ga, gb))), bw,
+                      ("p", c.n, a, b, nb, span), ("p", i, a, b, nb), int(Op.Send),
+                      seq, None, bws, link=(ga, gb), links={blame.link_of(ga, gb)})
+            )  # fmt: skip
         return units
 
     def _comm_slow(self, ranks, comms, sel, sel_p2p, w: int, win: dict) -> list[SlowFinding]:
@@ -407,12 +407,12 @@ class SlowJudge:
             if np.isfinite(bw).all():
                 refs = _medians_of_others(bw).tolist()
             else:  # NaN in np.median propagates; _medians_of_others assumes finite values
-                refs = [float(np.median(np.delete(bw, j))) for j in range(len(bw))]
+                refs = [float(_median(np.delete(bw, j))) for j in range(len(bw))]
             for member, ref in zip(group, refs, strict=True):
                 member.sib_ref = ref if len(group) > 1 else None
         for u in units:
             q = self.baseline.get(u.base_key)
-            u.own_ref = float(np.median(q)) if q else None
+            u.own_ref = float(_median(q)) if q else None
         shared = _shared_slowdown(units, cfg.slow_degraded_ratio)
         for u in units:
             u.shared = shared
@@ -657,12 +657,27 @@ def p2p_links(p: np.ndarray, min_ops: int) -> list[tuple[int, int, int, float, i
     """Per directed link (src, dst comm ranks) of one communicator's P2P_DONE rows with at least
     ``min_ops`` transfers, and as many of its most frequent size (the smallest on a tie):
     (src, dst, that size, median bytes/transfer, the last one's seq, each one's bytes/transfer
-    in arrival order). All links at once: one sort, not a mask and a median per link (a
-    1,024-rank pipeline has ~600 links a window)."""
-    if len(p) < min_ops:
+    in arrival order), in (src, dst) order."""
+    return [x[1:] for x in p2p_links_many([(0, p)], min_ops)]
+
+
+def p2p_links_many(
+    parts: list[tuple[int, np.ndarray]], min_ops: int
+) -> list[tuple[int, int, int, int, float, int, np.ndarray]]:
+    """``p2p_links`` of many communicators at once, each tuple led by the communicator's index
+    (``parts``: (index, its P2P_DONE rows), in index order). One sort and one median pass for
+    every link of the window, not a call per communicator (a 2,048-rank pipeline has a
+    two-rank communicator per stage pair: two thousand calls a window took a tenth of the
+    master's time)."""
+    parts = [(i, q) for i, q in parts if len(q) >= min_ops]
+    if not parts:
         return []
+    p = cat([q for _, q in parts])
+    ids = [i for i, _ in parts]
+    cj = np.repeat(np.arange(len(parts), dtype=np.int64), [len(q) for _, q in parts])  # dense: no overflow
     src, dst, nbytes = p["src"].astype(np.int64), p["dst"].astype(np.int64), p["bytes"].astype(np.int64)
-    key = src * (int(max(src.max(), dst.max())) + 2) + dst
+    m = int(max(src.max(), dst.max())) + 2
+    key = (cj * m + src) * m + dst
     o = np.lexsort((nbytes, key))  # stable: arrival order inside each (link, size) run
     ks, bs = key[o], nbytes[o]
     head = np.r_[True, (ks[1:] != ks[:-1]) | (bs[1:] != bs[:-1])]
@@ -675,16 +690,25 @@ def p2p_links(p: np.ndarray, min_ops: int) -> list[tuple[int, int, int, float, i
     # the most frequent size per link, the first (smallest) of equal counts, as np.unique + argmax
     order = np.lexsort((np.arange(len(lens)), -lens, link_of_run))
     best = order[np.r_[True, link_of_run[order][1:] != link_of_run[order][:-1]]]  # per link, in link order
+    runs = best[link_total >= min_ops]
+    runs = runs[lens[runs] >= min_ops]
+    if not len(runs):
+        return []
+    n = lens[runs]
+    first = np.r_[0, np.cumsum(n)[:-1]]  # each run's offset among the selected rows
+    idx = o[np.repeat(starts[runs] - first, n) + np.arange(int(n.sum()))]  # rows of p, runs in order
+    bws = nbytes[idx] / p["transfer"][idx]
+    rid = np.repeat(np.arange(len(runs)), n)
+    sb = bws[np.lexsort((bws, rid))]
+    med = (sb[first + (n - 1) // 2] + sb[first + n // 2]) / 2  # np.median of each run
+    nan = np.add.reduceat(np.isnan(bws), first) > 0
+    med = np.where(nan, np.nan, med)
+    last = idx[first + n - 1]
     out = []
-    for lk in np.flatnonzero(link_total >= min_ops).tolist():
-        r = int(best[lk])
-        n = int(lens[r])
-        if n < min_ops:
-            continue
-        idx = o[starts[r] : starts[r] + n]  # positions in p, in arrival order
-        bws = nbytes[idx] / p["transfer"][idx]
-        out.append((int(src[idx[0]]), int(dst[idx[0]]), int(bs[starts[r]]), float(np.median(bws)),
-                    int(p["seq"][idx[-1]]), bws))  # fmt: skip
+    for k, (f, c) in enumerate(zip(first.tolist(), n.tolist(), strict=True)):
+        r0 = int(idx[f])
+        out.append((ids[int(cj[r0])], int(src[r0]), int(dst[r0]), int(nbytes[r0]), float(med[k]),
+                    int(p["seq"][last[k]]), bws[f : f + c]))  # fmt: skip
     return out
 
 
@@ -706,8 +730,24 @@ def _shared_slowdown(units: list[_Unit], degraded: float) -> float:
         top = max(count.values())
         cand = min(g for g, k in count.items() if k == top)
         rest = [r for u, r in rated if cand not in u.members]
-        return min(1.0, float(np.median(rest))) if rest else 1.0
-    return min(1.0, float(np.median([r for _, r in rated]))) if len(rated) >= 3 else 1.0
+        return min(1.0, float(_median(rest))) if rest else 1.0
+    return min(1.0, float(_median([r for _, r in rated]))) if len(rated) >= 3 else 1.0
+
+
+def _median(a: Any) -> float:
+    """``np.median`` of a 1-D sequence, without its dispatch (called per unit and per
+    communicator every window: thousands of times at 2,048 ranks). NaN when any value is."""
+    v = np.asarray(a, dtype=np.float64)
+    n = len(v)
+    if not n or np.isnan(v).any():
+        return float("nan")
+    s = np.sort(v)
+    return float((s[(n - 1) // 2] + s[n // 2]) / 2)
+
+
+def _share(mask: np.ndarray) -> float:
+    """``np.mean`` of a boolean array (NaN when empty)."""
+    return np.count_nonzero(mask) / len(mask) if len(mask) else float("nan")
 
 
 def _hyp_name(h: blame.Hyp) -> str:
@@ -723,13 +763,13 @@ def _others_median(med: np.ndarray) -> np.ndarray:
     n = len(med)
     ok = np.isfinite(med)
     if n > 64:  # removing one value of many barely moves the median
-        return np.full(n, float(np.median(med[ok])) if ok.any() else np.nan)
+        return np.full(n, float(_median(med[ok])) if ok.any() else np.nan)
     out = np.full(n, np.nan)
     idx = np.flatnonzero(ok)
     if len(idx) >= 2:
         out[idx] = _medians_of_others(med[idx])
     if len(idx) >= 1:  # a NaN entry's others are every finite one
-        out[~ok] = float(np.median(med[idx]))
+        out[~ok] = float(_median(med[idx]))
     return out
 
 
@@ -779,14 +819,14 @@ class _Unit:
     def slow_share(self, bw_ratio: float) -> float:
         """Share of its ops below ``bw_ratio`` x its reference."""
         ref = self.reference()
-        return float(np.mean(self.bws < bw_ratio * ref)) if ref else 0.0
+        return _share(self.bws < bw_ratio * ref) if ref else 0.0
 
     def clear(self, bw_ratio: float) -> bool:
         """Not slow, and at most a few ops below ``bw_ratio`` x the reference."""
         if self.ratio is not None and self.ratio < bw_ratio:
             return False
         ref = self.reference()
-        return ref is None or float(np.mean(self.bws < bw_ratio * ref)) <= CLEAR_SLOW_OPS
+        return ref is None or _share(self.bws < bw_ratio * ref) <= CLEAR_SLOW_OPS
 
 
 __all__ = ["COMPLETED", "SlowFinding", "SlowJudge"]
