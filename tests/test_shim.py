@@ -689,8 +689,16 @@ def test_revoke_suspend_resume_are_recorded_grow_and_rma_named_once(libc4d, simn
 
 
 def test_fork_child_records_on_its_own(libc4d, simnccl_dir, master):
-    if "tsan" in os.environ.get("C4D_TEST_PRELOAD_PREFIX", ""):
+    prefix = os.environ.get("C4D_TEST_PRELOAD_PREFIX", "")
+    if "tsan" in prefix:
         pytest.skip("ThreadSanitizer does not support fork() in a multi-threaded process")
+    if "asan" in prefix:
+        # GCC's AddressSanitizer runtime does not hold its allocator's locks across fork(): a
+        # thread of the parent (simnccl's stream workers, libzmq's I/O threads) that allocates
+        # at that moment leaves a size class locked in the child, whose agent then blocks in
+        # operator new inside zmq_ctx_new (gdb, 2026-11-25: 1 child in 8 on b552031, 3 in 6
+        # after; glibc's malloc takes its locks across fork and the plain run passes)
+        pytest.skip("AddressSanitizer's allocator can be left locked in a fork child")
     body = """
     comm = new_comm()
     s = new_stream()
