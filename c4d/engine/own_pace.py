@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from c4d.engine.config import EngineConfig
-from c4d.engine.state import RankTable
+from c4d.engine.state import RankTable, compute_before
 from c4d.schema import OpFlag
 
 COMPUTE_GIVEN = int(OpFlag.COMPUTE_GIVEN)
@@ -122,21 +122,16 @@ class OwnPace:
                 self.bins[q0 + i] = (s, k)
 
     def _increments(self, ops: np.ndarray, cum: np.ndarray) -> np.ndarray:
-        """Each forwarded op's compute: its rank's running sum minus at its previous one (-1
-        at a rank's first, or where the sum went back: a stream that switched sources)."""
+        """Each forwarded op's compute: its rank's running sum minus at its previous one
+        (state.compute_before, in the order of the sums), -1 at a rank's first or where the sum
+        went back (a stream that switched sources)."""
         g = ops["rank"].astype(np.int64)
         c = cum.astype(np.int64)
         n = int(g.max()) + 1
         if n > len(self.level):
             self.level = np.r_[self.level, np.full(n - len(self.level), -1, np.int64)]
-        order = np.lexsort((c, g))
-        go, co = g[order], c[order]
-        first = np.r_[True, go[1:] != go[:-1]]
-        prev = np.where(first, self.level[go], np.r_[-1, co[:-1]])
-        self.level[go[np.r_[go[1:] != go[:-1], True]]] = co[np.r_[go[1:] != go[:-1], True]]
-        out = np.empty(len(ops), np.int64)
-        out[order] = np.where((prev >= 0) & (co >= prev), co - prev, -1)
-        return out
+        inc = compute_before(self.level, g, c, c)
+        return np.where(inc >= 0, inc, -1)
 
     def windows(self, closed: int) -> list[int]:
         """Windows with binned compute that may now be judged."""
