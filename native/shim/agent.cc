@@ -404,11 +404,7 @@ void finish_op(uint32_t i) {
   r.flags = uint8_t(s.flags | s.late_flags | x.agent_flags | ((x.start_ns && x.end_ns) ? C4D_OPF_DEVICE_TIMING : 0));
   append(&r);
   if (g_cfg.stats_output) note_stats(p, s);
-  if (EventPool* pool = event_pool_for(s.device)) {
-    pool->release(s.ev_start);
-    pool->release(s.ev_end);
-  }
-  g_ops.release(i);
+  if (!keep_pair(i)) g_ops.release(i);
 }
 
 enum Probe { kWait, kFired, kFailed };

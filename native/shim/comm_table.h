@@ -25,7 +25,10 @@ namespace c4d {
 
 constexpr uint32_t kMaxComms = 4096;
 
-struct CommSlot {
+/* Aligned to cache lines, the sequence counters on a line of their own: each thread's op
+ * bumps its comm's counter, and with 96-byte slots that line also held the next comm's
+ * identity, which its own thread reads on every op (8 threads on 8 comms, bench_shim). */
+struct alignas(64) CommSlot {
   /* identity: set once at registration (rank/nranks/device again by comm_refresh) */
   ncclComm_t handle;
   uint64_t id;
@@ -38,7 +41,7 @@ struct CommSlot {
   std::atomic<bool> live;   // registered and complete (set by comm_created); false after destroy/abort
   std::atomic<bool> nonblocking;  // made by a call that returned ncclInProgress: ask NCCL only once settled
   /* hot path */
-  std::atomic<uint64_t> coll_seq;                  // next collective sequence = collectives issued
+  alignas(64) std::atomic<uint64_t> coll_seq;      // next collective sequence = collectives issued
   std::atomic<std::atomic<uint64_t>*> p2p_seq;     // [2 * nranks]: send to peer p at [p], recv at [nranks + p]
   std::atomic<uint32_t> split_count, shrink_count; // children made from this comm, in call order
   std::atomic<uint32_t> captured_kinds;            // bit c4d_op_kind: issued into a CUDA graph capture

@@ -34,6 +34,26 @@ class EventPool {
       free_.push(i);
     }
   }
+  /* Kept pairs. The agent frees an op's slot with its two events still attached when no
+   * other op shares them (keep_pair), onto this pool's list of such slots, and the next op
+   * on this device takes slot and pair at once (take_kept): one operation on a free list
+   * per op where a slot and two events took three, on lines every thread and the agent
+   * write (8 threads on 8 communicators, bench_shim). Per pool, so a kept pair is never out
+   * of reach of its own device's ops. */
+  /* Taker: a free op slot with a pair of this pool's events (*a, *b), kNone when none. */
+  uint32_t take_kept(uint32_t* a, uint32_t* b);
+  /* The slot's own events (ev_start, ev_end, one reference each, none shared): keep them
+   * with the slot, which is free from now on (its state reset). */
+  void keep(uint32_t slot);
+  /* Any thread: a kept slot with its pair back in the pool; kNone when none. For takers
+   * that found the op pool's own free list empty. */
+  uint32_t take_slot_only();
+  /* Any thread: two events, one reference each, from the free list, else a kept slot's
+   * pair (the slot back to the op pool). False (nothing held) when the pool is empty. */
+  bool take_pair(uint32_t* a, uint32_t* b);
+  bool kept_ready() const { return kept_.ready(); }
+  /* Whoever holds the only reference (an op's own pair, no group shares it). */
+  bool sole(uint32_t i) const { return refs_[i].load(std::memory_order_relaxed) == 1; }
   cudaEvent_t event(uint32_t i) const { return events_[i]; }
   int device() const { return device_; }
   uint32_t size() const { return n_; }
@@ -49,6 +69,7 @@ class EventPool {
   cudaEvent_t* events_ = nullptr;
   std::atomic<uint32_t>* refs_ = nullptr;
   IndexStack free_;
+  IndexStack kept_;  // op slots (indices into g_ops) that keep a pair of this pool's events
 };
 
 /* The pool of `device`, nullptr when none (no CUDA, creation failed, device out of
@@ -57,6 +78,14 @@ EventPool* event_pool_for(int device);
 
 /* Creates the pool of `device` if missing. Caller holds the init mutex. */
 EventPool* event_pool_ensure(int device, uint32_t n);
+
+/* Freer of an op slot (the agent): its events kept with it (true: the slot is free), or
+ * one reference each dropped (false: the caller frees the slot). */
+bool keep_pair(uint32_t slot);
+
+/* An op slot for an op that brings no pair: the op pool's free list, else one that kept a
+ * pair (the pair back to its pool). kNone when every slot is in use. */
+uint32_t take_any_slot();
 
 /* Fork child: forget every pool (the parent's CUDA events mean nothing here). */
 void event_pools_reset_after_fork();

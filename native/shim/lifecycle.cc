@@ -46,7 +46,7 @@ bool settled(const CommSlot* s) {
 
 void emit(uint8_t event, const CommSlot* s, ncclComm_t handle, ncclResult_t r, uint64_t id, uint64_t parent_id,
           int color, int key, int rank, int nranks, int device) {
-  uint32_t i = g_ops.take();
+  uint32_t i = take_any_slot();
   if (i == kNone) {
     count(g_counters.dropped_full);
     return;

@@ -61,6 +61,8 @@ struct alignas(64) OpSlot {
   /* the issuing thread only, before submit: its group's chain and event pair */
   uint32_t next;
   uint32_t pair;
+  /* While the slot is on an event pool's kept list (event_pool.h): the pair it keeps. */
+  uint32_t kept_a, kept_b;
 };
 static_assert(sizeof(OpSlot) == 128, "an op slot is two cache lines");
 

@@ -104,6 +104,7 @@ class IndexStack {
     for (uint32_t i = 0; i < n_; ++i) next_[i].store(i + 1 < n_ ? i + 1 : kNone, std::memory_order_relaxed);
     head_.store(filled && n_ ? 0 : kNone, std::memory_order_relaxed);
   }
+  bool ready() const { return n_ != 0; }
   /* kNone when empty. Acquire: what the pusher wrote before push() is visible. */
   uint32_t pop() {
     uint64_t h = head_.load(std::memory_order_acquire);

@@ -12,7 +12,9 @@
 namespace c4d {
 
 namespace {
-thread_local ThreadState t_state;
+// initial-exec: no __tls_get_addr call per op. libc4d.so is preloaded, or dlopened as a
+// profiler plugin, where its 48 bytes fit glibc's static TLS surplus (kept for such libraries).
+__attribute__((tls_model("initial-exec"))) thread_local ThreadState t_state;
 std::atomic<uint64_t> g_group_counter{0};
 
 /* The op is being captured into a CUDA graph: NCCL runs it only when the graph is
@@ -75,7 +77,11 @@ OpTicket op_begin(ThreadState* t, const OpDesc& d) {
     return k;
   }
   const bool grouped = t->group_depth > 0;
-  uint32_t i = g_ops.take();
+  const int device = c->device.load(std::memory_order_relaxed);
+  EventPool* pool = grouped ? nullptr : event_pool_for(device);
+  uint32_t a = kNone, b = kNone;  // a kept pair that came with the slot
+  uint32_t i = pool ? pool->take_kept(&a, &b) : kNone;
+  if (i == kNone) i = take_any_slot();
   if (i == kNone) {
     // Dropped, but numbered all the same: the other ranks number this op too.
     if (grouped) number_group(t);
@@ -91,7 +97,7 @@ OpTicket op_begin(ThreadState* t, const OpDesc& d) {
   s.flags = d.flags;
   s.comm = comm_index(c);
   s.peer = d.peer;
-  s.device = c->device.load(std::memory_order_relaxed);
+  s.device = device;
   s.seq = grouped ? UINT64_MAX : take_seq(c, d.op, d.flags, d.peer);  // grouped: at the group's end
   s.issue_ns = issue_ns;
   s.count = d.count;
@@ -116,11 +122,8 @@ OpTicket op_begin(ThreadState* t, const OpDesc& d) {
     k.grouped = true;
     return k;
   }
-  if (EventPool* p = event_pool_for(s.device)) {
-    uint32_t a = p->take(), b = p->take();
-    if (a == kNone || b == kNone) {
-      p->release(a);
-      p->release(b);
+  if (EventPool* p = pool) {
+    if (a == kNone && !p->take_pair(&a, &b)) {
       s.flags |= C4D_OPF_NO_EVENT;
       count(g_counters.no_event);
     } else if (g_cuda.eventRecord(p->event(a), d.stream) != C4D_CUDA_SUCCESS) {
@@ -288,10 +291,8 @@ ncclResult_t group_end(ThreadState* t, ncclResult_t (*real)()) {
         continue;
       }
       Pair& pr = pairs[np++];
-      pr = Pair{stream, p, p->take(), p->take(), 0, false};
-      if (pr.a == kNone || pr.b == kNone) {
-        p->release(pr.a);
-        p->release(pr.b);
+      pr = Pair{stream, p, kNone, kNone, 0, false};
+      if (!p->take_pair(&pr.a, &pr.b)) {
         pr.a = pr.b = kNone;
         count(g_counters.no_event);
       } else if (g_cuda.eventRecord(p->event(pr.a), stream) != C4D_CUDA_SUCCESS) {
