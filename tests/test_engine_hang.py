@@ -203,3 +203,40 @@ def test_grouped_p2p_whose_own_transfer_finished_is_not_a_link_hang(r):
     run = run_cached(job("tp2pp2dp4", Fault("noncomm-hang", rank=r, step=10)))
     check_hang(run, DiagKind.RankNonCommHang, [r], [j.node_name(r)])
     assert len(run.diagnoses[0].detail["victims"]) == j.world - 1
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [
+        Fault("noncomm-hang", rank=5, step=10),
+        Fault("comm-hang", link=(4, 6), step=10),
+        Fault("crash", rank=3, step=10),
+    ],
+    ids=["noncomm-hang", "pipeline-link-hang", "crash"],
+)
+def test_the_pools_busy_communicators_give_the_graph_every_communicator_gives(monkeypatch, fault):
+    # The wait-for graph visits only the communicators the member pool names busy (a loop over
+    # every communicator per tick was most of it at 4,096 ranks): at every tick of a hang, its
+    # nodes and waiters must be those of the graph built from every communicator.
+    import factories
+
+    from c4d.engine import hang
+
+    built = {"ticks": 0, "nodes": 0}
+    real = hang.WaitGraph
+
+    def both(ranks, comms, th, now, pool=None):
+        g = real(ranks, comms, th, now, pool)
+        ref = real(ranks, comms, th, now, None)
+        assert pool is not None
+        assert list(g.nodes) == list(ref.nodes)
+        assert [n.waiters for n in g.nodes.values()] == [n.waiters for n in ref.nodes.values()]
+        assert g.blocks_of == ref.blocks_of
+        built["ticks"] += 1
+        built["nodes"] += len(g.nodes)
+        return g
+
+    monkeypatch.setattr(hang, "WaitGraph", both)
+    run = factories.run(job("tp2pp2dp4", fault))
+    assert run.diagnoses, "the hang was diagnosed"
+    assert built["ticks"] > 20 and built["nodes"] > 0

@@ -14,7 +14,7 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Hashable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -24,6 +24,7 @@ from c4d.engine.config import EngineConfig, ResolvedThresholds
 from c4d.engine.slow import SlowFinding, SlowJudge
 from c4d.engine.stage import Stages
 from c4d.engine.state import (
+    _END_SYNC,
     GONE_EVENTS,
     IN_GROUP,
     MAX_NRANKS,
@@ -569,21 +570,71 @@ class Engine:
         heads = np.flatnonzero(np.r_[True, cid[1:] != cid[:-1]])
         tails = np.r_[heads[1:], len(rows)]
         out, gaps = summaries_completed(rows, self.ranks)
-        gain = self.cfg.clock_gain
+        # Every communicator's checks at once over its members' ranges of the Pool (a chunk of
+        # a 4,096-rank job holds 512 tensor-parallel groups' summaries: a dozen numpy calls
+        # per group was most of this path); a member change goes through _member first.
+        nr = rows["comm_nranks"].astype(np.int64)
+        comms: list[Comm | None] = [self._comm(int(cid[h]), int(nr[h])) for h in heads.tolist()]
+        C = len(comms)
+        seg = np.repeat(np.arange(C), tails - heads)
+        cn = np.array([c.n if c is not None else -1 for c in comms], np.int64)
+        ok_c = (cn >= 1) & ~np.logical_or.reduceat(nr != cn[seg], heads)
+        if not ok_c.all():
+            bad = ~ok_c[seg]
+            self._invalid("an unknown communicator or a changed size in OPSUM records", int(bad.sum()))
+        if not ok_c.any():
+            return
+        M = self._pool.member
+        base = np.array([c.mbase if c is not None else 0 for c in comms], np.int64)
+        cr = rows["comm_rank"].astype(np.int64)
         g_last = rows["rank"].astype(np.int64)
-        for h, t in zip(heads.tolist(), tails.tolist(), strict=True):
-            c = self._comm(int(cid[h]), int(rows["comm_nranks"][h]))
-            if c is None or bool((rows["comm_nranks"][h:t] != c.n).any()):
-                self._invalid("an unknown communicator or a changed size in OPSUM records", t - h)
-                continue
-            self._member(c, rows["comm_rank"][h:t].astype(np.int64), g_last[h:t])
-            if not c._one_clock(self.ranks):
-                self._invalid("a summary of a communicator not known on one node", t - h)
-                continue
+        new = ok_c[seg] & (M["grank"][np.where(ok_c[seg], base[seg] + cr, 0)] != g_last)
+        if new.any():
+            for j in np.unique(seg[new]).tolist():
+                h, t = int(heads[j]), int(tails[j])
+                self._member(cast(Comm, comms[j]), cr[h:t], g_last[h:t])
+        # each communicator's whole membership: known, one node, clocks aligned
+        lens = np.where(ok_c, cn, 0)
+        starts = np.r_[0, np.cumsum(lens)[:-1]]
+        mem = np.repeat(base - starts, lens) + np.arange(int(lens.sum()))
+        g = M["grank"][mem]
+        nd = np.where(g >= 0, self.ranks.node[np.maximum(g, 0)], -1)
+        al = (g >= 0) & self.ranks.aligned(np.maximum(g, 0))
+        has = lens > 0
+        at = starts[has]
+        one = np.zeros(C, bool)
+        known = np.zeros(C, bool)
+        one[has] = (np.minimum.reduceat(nd, at) >= 0) & (
+            np.minimum.reduceat(nd, at) == np.maximum.reduceat(nd, at)
+        )
+        known[has] = np.logical_and.reduceat(al, at)
+        if not (one | ~ok_c).all():
+            off = ok_c & ~one
+            self._invalid("a summary of a communicator not known on one node", int(off[seg].sum()))
+        use = ok_c & one
+        if not use.any():
+            return
+        # what Comm.add_summaries does per communicator, for all of them
+        seq_max = np.maximum.reduceat(rows["seq"].astype(np.int64), heads)
+        um = np.repeat(use & has, lens)
+        M["op_done"][mem[um]] = np.maximum(M["op_done"][mem[um]], np.repeat(seq_max + 1, lens)[um])
+        M["last_cum"][mem[um]] = -1  # an agent's compute: a later OP record of it gets an unknown gap
+        out["aligned"] = known[seg]
+        sync = np.logical_or.reduceat(out["ends_known"] & _END_SYNC[out["op"]], heads)
+        refine = use & known & sync & (cn >= 2)
+        if self.cfg.clock_gain > 0 and refine.any():
+            self.ranks.rel_node_refined[nd[starts[refine]]] = True
+        la_min = np.minimum.reduceat(out["last_arrive"], heads)
+        t_recv = self._chunk_recv
+        for j in np.flatnonzero(use).tolist():
+            c = cast(Comm, comms[j])
+            h, t = int(heads[j]), int(tails[j])
             k = (t - h) * c.n  # the OP records they stand for (the live view's rate)
             c.ops_seen += k
-            c.note_done(self._chunk_recv, k)
-            c.add_summaries(out[h:t], gaps[h:t, : c.n], self.ranks, gain)
+            c.note_done(t_recv, k)
+            c.version += 1
+            c.has_coll = True
+            c._completed(out[h:t], gaps[h:t, : c.n], int(la_min[j]))
 
     @staticmethod
     def _shares_events(ops: np.ndarray) -> np.ndarray:
@@ -645,7 +696,7 @@ class Engine:
         th = self.thresholds()
         out: list[Diagnosis] = []
         live: set[Hashable] = set()
-        ev = hang.evaluate(self.ranks, self.comms, th, now)
+        ev = hang.evaluate(self.ranks, self.comms, th, now, self._pool)
         for f in ev.findings:
             live.add(f.key)
             out += self._count(f, th, now)
@@ -732,7 +783,8 @@ class Engine:
         th = self.thresholds()
         seen = np.flatnonzero(R.seen[: R.n]).tolist()
         states: dict[int, RankState] = {g: RankState.computing for g in seen}
-        for c in self.comms.values():
+        waiting, _ = self._pool.busy()
+        for c in (self.comms[i] for i in waiting.tolist() if i in self.comms):
             done = c.done_eff()
             arr = np.maximum(c.n_arrived, done)
             live = c.hb_seen & ~c.gone & (c.grank >= 0)

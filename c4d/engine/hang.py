@@ -37,7 +37,7 @@ import numpy as np
 from c4d.engine.calibration import localize
 from c4d.engine.config import ResolvedThresholds
 from c4d.engine.peer import HangVerdict, global_links, localize_hang
-from c4d.engine.state import P2P, Comm, RankTable
+from c4d.engine.state import P2P, Comm, Pool, RankTable
 from c4d.engine.types import CycleMember, DiagKind, How, Localization, OpRef, Target
 from c4d.schema import Op, OpFlag, op_name
 
@@ -165,7 +165,14 @@ class _Edge:
 class WaitGraph:
     """One tick's wait-for graph (see module doc)."""
 
-    def __init__(self, ranks: RankTable, comms: dict[int, Comm], th: ResolvedThresholds, now: int):
+    def __init__(
+        self,
+        ranks: RankTable,
+        comms: dict[int, Comm],
+        th: ResolvedThresholds,
+        now: int,
+        pool: Pool | None = None,
+    ) -> None:
         self.r, self.comms, self.th, self.now = ranks, comms, th, now
         T = th.hang_timeout_ns
         self.T = T
@@ -187,8 +194,17 @@ class WaitGraph:
         self.blocks_of: dict[int, list[NodeKey]] = {}
         self.view: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self._off = ranks.offsets(np.arange(ranks.n))  # once per tick: per communicator it was 2/5 of a tick
-        for c in comms.values():
-            self._collect(c)
+        if pool is None:
+            for c in comms.values():
+                self._collect(c)
+        else:  # the pool names the communicators anyone waits in; the rest have nothing to add
+            wait, pend = pool.busy()
+            for i in np.union1d(wait, pend).tolist():
+                if i in comms:
+                    self._collect(comms[i])
+            for c in comms.values():
+                if c.mbase < 0:
+                    self._collect(c)
         self._memo: dict[NodeKey, _Expl] = {}
         self._stack: set[NodeKey] = set()
         self.edges: set[_Edge] = set()  # victim edges seen by the walk (for cycles)
@@ -501,9 +517,11 @@ class Evaluation:
     oldest_wait: int | None
 
 
-def evaluate(ranks: RankTable, comms: dict[int, Comm], th: ResolvedThresholds, now: int) -> Evaluation:
+def evaluate(
+    ranks: RankTable, comms: dict[int, Comm], th: ResolvedThresholds, now: int, pool: Pool | None = None
+) -> Evaluation:
     """Every hang, mismatch and loss in progress at master time ``now`` (durations may still be < T)."""
-    G = WaitGraph(ranks, comms, th, now)
+    G = WaitGraph(ranks, comms, th, now, pool)
     return Evaluation(_findings(G), G.oldest_wait())
 
 
