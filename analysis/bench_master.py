@@ -50,6 +50,7 @@ def _sender(endpoint: str, shape: Shape, agents: bool, rounds: int, paced: bool,
     ctx = zmq.Context()
     s = ctx.socket(zmq.PUSH)
     s.setsockopt(zmq.SNDHWM, 100000)
+    s.setsockopt(zmq.METADATA, b"X-C4D-Job:bench")  # as a node agent and the shim name their job
     s.connect(endpoint)
     load = Load(shape, t0_ns, agents=agents, hang=hang)
     step = CHUNK_ROUNDS * (2 if agents else 1)  # an agent flushes every 100 ms, a shim every 50 ms

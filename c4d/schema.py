@@ -308,10 +308,11 @@ def upgrade(raw: np.ndarray) -> np.ndarray:
 def by_kind(raw: np.ndarray) -> dict[Kind, np.ndarray]:
     """Split ``HEADER``-typed rows into typed arrays, one per known kind (unknown kinds are skipped)."""
     kinds = raw["kind"]
+    present = np.bincount(kinds, minlength=256) if len(raw) else np.zeros(256, np.int64)
+    v = raw.view(np.dtype((np.void, raw.dtype.itemsize)))  # whole records: see take_records
     out: dict[Kind, np.ndarray] = {}
     for kind, dt in DTYPES.items():
-        sel = raw[kinds == kind]
-        out[kind] = sel.view(dt) if len(sel) else np.empty(0, dtype=dt)
+        out[kind] = v[kinds == kind].view(dt) if present[kind] else np.empty(0, dtype=dt)  # copies
     return out
 
 
