@@ -1116,7 +1116,7 @@ class P2PPairs:
         done = ops["end_ns"] > 0
         if not done.any():
             return
-        ops, comm, shared = ops[done], comm[done], shared[done]
+        ops, comm, shared = take(ops, done), comm[done], shared[done]
         h = np.zeros(len(ops), P2P_HALF)
         me = ops["comm_rank"].astype(np.int32)
         peer = ops["peer"].astype(np.int32)
@@ -1132,22 +1132,23 @@ class P2PPairs:
         h["end"] = ops["end_ns"].astype(np.int64)
         h["g"] = ops["rank"].astype(np.int64)
         h["comm"] = comm
-        allh = np.concatenate([self.half, h]) if len(self.half) else h
+        # whole-record copies (take): numpy copies a structured array's rows field by field
+        allh = schema.join_records([self.half, h]) if len(self.half) else h
         order = np.lexsort((allh["recv"], allh["seq"], self._key(allh["comm"], allh["src"], allh["dst"])))
-        allh = allh[order]
+        allh = take(allh, order)
         k = self._key(allh["comm"], allh["src"], allh["dst"])
         seq = allh["seq"]
         same = (k[1:] == k[:-1]) & (seq[1:] == seq[:-1]) & ~allh["recv"][:-1] & allh["recv"][1:]
         i = np.flatnonzero(same)
         paired = np.zeros(len(allh), bool)
         paired[i] = paired[i + 1] = True
-        rest = allh[~paired]
+        rest = take(allh, ~paired)
         if len(rest) > P2P_HALF_CAP:
-            rest = rest[np.argsort(rest["arr"], kind="stable")[-P2P_HALF_CAP:]]
+            rest = take(rest, np.argsort(rest["arr"], kind="stable")[-P2P_HALF_CAP:])
         self.half = rest
         if not len(i):
             return
-        S, R = allh[i], allh[i + 1]
+        S, R = take(allh, i), take(allh, i + 1)
         ksr = k[i]
         krs = self._key(S["comm"], S["dst"], S["src"])
         self._note(ksr, R["end"] - S["arr"], int(S["arr"].max()) // P2P_BOUND_EPOCH_NS)
@@ -1160,7 +1161,7 @@ class P2PPairs:
         keep = (both | s_last | r_last) & (transfer > 0)
         if not keep.any():
             return
-        S, R, transfer = S[keep], R[keep], transfer[keep]
+        S, R, transfer = take(S, keep), take(R, keep), transfer[keep]
         gs, gr = S["g"], R["g"]
         out = np.zeros(len(S), P2P_DONE)
         out["src"], out["dst"], out["seq"] = S["src"], S["dst"], S["seq"]
