@@ -39,6 +39,7 @@ class Shape:
     dp_every: int = 100
     hb_ms: int = 200
     hang_timeout_us: int = 1_000_000
+    window_s: int = 1  # slow-detection window (C4D_CONN_BW_CHECK_PERIOD; the default is 10)
     hang_times: int = 3
 
     @property
@@ -83,7 +84,7 @@ class Load:
         self._hdr(r, Kind.REGISTER, g, self.t0)
         r["hang_timeout_us"], r["hang_times"] = s.hang_timeout_us, s.hang_times
         r["pid"], r["world_size"], r["local_rank"] = 1000 + g, s.world, self.t
-        r["cuda_device"], r["bw_check_period_s"], r["heartbeat_ms"] = self.t, 1, s.hb_ms
+        r["cuda_device"], r["bw_check_period_s"], r["heartbeat_ms"] = self.t, s.window_s, s.hb_ms
         r["log_level"], r["device_timing"] = 2, 1
         r["node"] = np.char.encode(np.char.add("node-", self.node.astype(str)))
         r["job"] = b"bench"
