@@ -8,44 +8,81 @@ import dataclasses
 import numpy as np
 from factories import Job, build
 
-from c4d import schema
-from c4d.received import Received
+from c4d import names, schema
+from c4d.received import CommInfo, RankInfo, Received
 
 
-def _reference_add(self: Received, raw: np.ndarray, recv_ns: int) -> None:
-    """The per-record version of Received.add's OP and HEARTBEAT parts (main before 2026-11-25)."""
-    k = schema.by_kind(raw)
-    self._identity(raw, recv_ns, k)
-    ops = k[schema.Kind.OP]
-    if len(ops):
-        cids, inv = np.unique(ops["comm_id"], return_inverse=True)
-        for i, cid in enumerate(cids.tolist()):
-            sel = ops[inv == i]
-            c = self._comm(cid)
-            c.ops += len(sel)
-            c.bytes += int(sel["bytes"].sum())
-            coll = sel[(sel["flags"] & schema.OpFlag.P2P) == 0]
-            if len(coll):
-                c.max_seq = max(c.max_seq, int(coll["seq"].max()))
-            c.nranks = c.nranks or int(sel["comm_nranks"][0])
-            c.ranks.update(np.unique(sel["rank"]).tolist())
-        r_ids, r_counts = np.unique(ops["rank"], return_counts=True)
-        for r, n in zip(r_ids.tolist(), r_counts.tolist(), strict=True):
-            self._rank(r).ops += n
-    for rec in k[schema.Kind.HEARTBEAT]:
-        info = self._rank(int(rec["rank"]))
-        info.dropped = max(info.dropped, int(rec["dropped"]))
-        info.sent = max(info.sent, int(rec["sent"]))
-        if int(rec["hb_flags"]) & schema.HBF_FINAL:
-            info.final = True
-        if int(rec["comm_id"]):
+class _Reference:
+    """The record-by-record bookkeeping (main before 2026-11-25), on plain objects."""
+
+    def __init__(self) -> None:
+        self.ranks: dict[int, RankInfo] = {}
+        self.comms: dict[int, CommInfo] = {}
+        self.records = 0
+        self.world_size = 0
+
+    def _rank(self, r: int) -> RankInfo:
+        return self.ranks.setdefault(r, RankInfo(rank=r))
+
+    def _comm(self, c: int) -> CommInfo:
+        return self.comms.setdefault(c, CommInfo(comm_id=c))
+
+    def add(self, raw: np.ndarray, recv_ns: int) -> None:
+        k = schema.by_kind(raw)
+        self.records += len(raw)
+        ranks, counts = np.unique(raw["rank"], return_counts=True)
+        for r, n in zip(ranks.tolist(), counts.tolist(), strict=True):
+            info = self._rank(r)
+            info.records += n
+            info.last_seen_ns = recv_ns
+        for rec in k[schema.Kind.REGISTER]:
+            info = self._rank(int(rec["rank"]))
+            info.node = names.clean(bytes(rec["node"]))
+            info.pid = int(rec["pid"])
+            self.world_size = max(self.world_size, int(rec["world_size"]))
+        for rec in k[schema.Kind.COMM]:
             c = self._comm(int(rec["comm_id"]))
-            c.nranks = c.nranks or int(rec["comm_nranks"])
+            c.nranks = int(rec["comm_nranks"])
+            c.parent_id = int(rec["parent_id"]) or c.parent_id
             c.ranks.add(int(rec["rank"]))
-            info.comms.add(c.comm_id)
+            self._rank(int(rec["rank"])).comms.add(c.comm_id)
+        ops = k[schema.Kind.OP]
+        if len(ops):
+            cids, inv = np.unique(ops["comm_id"], return_inverse=True)
+            for i, cid in enumerate(cids.tolist()):
+                sel = ops[inv == i]
+                c = self._comm(cid)
+                c.ops += len(sel)
+                c.bytes += int(sel["bytes"].sum())
+                coll = sel[(sel["flags"] & schema.OpFlag.P2P) == 0]
+                if len(coll):
+                    c.max_seq = max(c.max_seq, int(coll["seq"].max()))
+                c.nranks = c.nranks or int(sel["comm_nranks"][0])
+                c.ranks.update(np.unique(sel["rank"]).tolist())
+            r_ids, r_counts = np.unique(ops["rank"], return_counts=True)
+            for r, n in zip(r_ids.tolist(), r_counts.tolist(), strict=True):
+                self._rank(r).ops += n
+        for rec in k[schema.Kind.HEARTBEAT]:
+            info = self._rank(int(rec["rank"]))
+            info.dropped = max(info.dropped, int(rec["dropped"]))
+            info.sent = max(info.sent, int(rec["sent"]))
+            if int(rec["hb_flags"]) & schema.HBF_FINAL:
+                info.final = True
+            if int(rec["comm_id"]):
+                c = self._comm(int(rec["comm_id"]))
+                c.nranks = c.nranks or int(rec["comm_nranks"])
+                c.ranks.add(int(rec["rank"]))
+                info.comms.add(c.comm_id)
+
+    def forget(self, cids: list[int]) -> None:
+        for cid in cids:
+            c = self.comms.pop(int(cid), None)
+            for r in c.ranks if c is not None else ():
+                if r in self.ranks:
+                    self.ranks[r].comms.discard(c.comm_id)
 
 
-def _state(r: Received) -> tuple:
+def _state(r: Received | _Reference) -> tuple:
     return (
         r.records,
         r.world_size,
@@ -63,15 +100,16 @@ def test_whole_batches_give_what_record_by_record_gave():
     hb = np.flatnonzero(raw["kind"] == schema.Kind.HEARTBEAT)
     as_hb = raw.view(schema.HEARTBEAT)  # the same bytes; only the heartbeat rows are written
     as_hb["dropped"][hb] = rng.integers(0, 5, len(hb))  # something to take the max of
+    as_hb["sent"][hb] = rng.integers(0, 1000, len(hb))
     final = hb[rng.random(len(hb)) < 0.05]
     as_hb["hb_flags"][final] |= schema.HBF_FINAL
     kinds = set(np.unique(raw["kind"]).tolist())
     assert {schema.Kind.REGISTER, schema.Kind.COMM, schema.Kind.OP, schema.Kind.HEARTBEAT} <= kinds
-    new, ref = Received(), Received()
+    new, ref = Received(), _Reference()
     cuts = np.sort(rng.choice(len(raw), 40, replace=False))
     for i, part in enumerate(np.split(raw, cuts)):
         new.add(part, 123)
-        _reference_add(ref, part, 123)
+        ref.add(part, 123)
         if i == 20:  # freed communicators come back as new: their members are counted again
             gone = sorted(new.comms)[:2]
             new.forget(gone)
