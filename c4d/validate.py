@@ -202,8 +202,8 @@ class Edge:
 
         for k, dt, check in _CHECKS:
             idx = np.flatnonzero((code == 0) & (kind == k))
-            if len(idx):
-                code[idx] = check(raw[idx].view(dt), world_row[idx], lo, hi)
+            if len(idx):  # whole-record copies: a structured copy goes field by field
+                code[idx] = check(schema.take_records(raw, idx).view(dt), world_row[idx], lo, hi)
         self._admit_comms(raw, code, world_row, int(recv_ns))
 
         keep = code == 0
@@ -215,7 +215,8 @@ class Edge:
             self.ratelog(reason, "c4d: dropped %d record(s): %s", k, reason, n=k)
         if keep.all() and not (kind == _REGISTER).any():
             return raw  # nothing to drop or rewrite: no copy
-        out = raw[keep] if not keep.all() else raw.copy()  # a copy: names are rewritten in place
+        # a copy: names are rewritten in place
+        out = schema.take_records(raw, keep) if not keep.all() else raw.copy()
         self._sanitize(out)
         return out
 
@@ -541,9 +542,9 @@ def _check_opsum(a: np.ndarray, world: np.ndarray, lo: int, hi: int) -> np.ndarr
     bad |= a["wait_med_ns"] > a["wait_max_ns"]
     g = a["compute_ns"]
     used = np.arange(schema.OPSUM_MAX_MEMBERS)[None, :] < nr[:, None]
-    fin = np.isfinite(g)
-    bad |= (used & fin & ((g < 0) | (g > span))).any(axis=1) | (~used & ~np.isnan(g)).any(axis=1)
-    bad |= (used & ~fin & ~np.isnan(g)).any(axis=1)  # infinities
+    # a used slot: NaN (unknown) or within [0, span] (an infinity is neither); an unused: NaN
+    ok = np.isnan(g) | (used & (g >= 0) & (g <= span))
+    bad |= ~ok.all(axis=1)
     _flag(code, bad, "bad summary")
     _flag(code, ~_time_ok(a["last_arrive_ns"], lo, hi), "bad time")
     return code

@@ -58,6 +58,9 @@ def test_a_valid_summary_completes_the_op_for_every_member():
         ("bad summary", lambda s: s["wait_med_ns"].__setitem__(0, 10**9)),  # above wait_max
         ("bad summary", lambda s: s["compute_ns"].__setitem__((0, 6), 1.0)),  # beyond the members
         ("bad summary", lambda s: s["compute_ns"].__setitem__((0, 1), np.inf)),
+        ("bad summary", lambda s: s["compute_ns"].__setitem__((0, 1), -5.0)),  # a member's, negative
+        ("bad summary", lambda s: s["compute_ns"].__setitem__((0, 1), 1e15)),  # longer than a record's age
+        ("bad summary", lambda s: s["compute_ns"].__setitem__((0, 7), -np.inf)),  # beyond the members
         ("bad summary", lambda s: s["flags"].__setitem__(0, 0x80)),
         ("bad time", lambda s: s["last_arrive_ns"].__setitem__(0, np.uint64(1 << 63))),
         ("bad comm rank", lambda s: s["comm_rank"].__setitem__(0, 4)),
