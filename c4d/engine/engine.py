@@ -278,7 +278,7 @@ class Engine:
             bad = ~ok & (kind != Kind.TICK)
             if bad.any():
                 self._invalid("an unknown kind, a bad rank or a newer schema version", int(bad.sum()))
-            raw, recv = raw[ok], recv[ok]
+            raw, recv = take(raw, ok), recv[ok]
             if not len(raw):
                 return
         R = self.ranks

@@ -603,10 +603,11 @@ class Comm:
         # latest row per member (rows are in arrival order; a rank's stream is FIFO)
         _, first_rev = np.unique(cr[::-1], return_index=True)
         idx = len(cr) - 1 - first_rev
-        hb, cr = hb[idx], cr[idx]
+        hb, cr = take(hb, idx), cr[idx]  # whole records (a structured copy goes field by field)
         t = hb["time_ns"].astype(np.int64)
         newer = t >= self.hb_time[cr]
-        hb, cr, t = hb[newer], cr[newer], t[newer]
+        if not newer.all():
+            hb, cr, t = take(hb, newer), cr[newer], t[newer]
         self.hb_seen[cr] = True
         self.hb_time[cr] = t
         self.grank[cr] = hb["rank"]
