@@ -332,42 +332,45 @@ def test_exports_exactly_the_hooks_and_the_c_api(libc4d):
     assert not {n for n in needed if re.match(r"lib(stdc\+\+|gcc_s|zmq|cuda|nccl)", n)}, needed
 
 
-def test_lock_free_queues_under_stress(tmp_path):
-    """queue.h's ring and free list, many threads, ThreadSanitizer when the compiler has it."""
+def _stress(tmp_path: Path, name: str, sources: list[str]) -> str:
+    """Builds native/shim/tests/<name>.cc with ``sources`` (shim files) under ThreadSanitizer
+    when the compiler has it (plain otherwise), runs it, returns its stdout (exit 0 = pass)."""
     cxx = shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++")
     if not cxx:
         pytest.skip("no C++ compiler")
     shim = Path(__file__).resolve().parents[1] / "native" / "shim"
-    exe = tmp_path / "queue_stress"
-    base = [cxx, "-std=c++17", "-O1", "-g", "-Wall", "-Wextra", "-Werror", f"-I{shim}"]
-    src = [str(shim / "tests" / "queue_stress.cc"), "-o", str(exe), "-lpthread"]
+    exe = tmp_path / name
+    base = [
+        cxx,
+        "-std=c++17",
+        "-O1",
+        "-g",
+        "-Wall",
+        "-Wextra",
+        "-Werror",
+        f"-I{shim}",
+        f"-I{shim.parent}/include",
+    ]
+    src = [str(shim / "tests" / f"{name}.cc"), *(str(shim / f) for f in sources), "-o", str(exe), "-lpthread"]
     built = subprocess.run([*base, "-fsanitize=thread", *src], capture_output=True, text=True)
     if built.returncode != 0:  # no libtsan here: still worth running plain
         subprocess.run([*base, *src], capture_output=True, text=True, check=True)
     p = subprocess.run([str(exe)], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr
-    assert p.stdout.count(" ok\n") == 2
+    return p.stdout
+
+
+def test_lock_free_queues_under_stress(tmp_path):
+    """queue.h's ring and free list, many threads, ThreadSanitizer when the compiler has it."""
+    assert _stress(tmp_path, "queue_stress", []).count(" ok\n") == 2
 
 
 def test_kept_event_pairs_under_stress(tmp_path):
     """event_pool.h's kept pairs with the shim's own pool sources and a counting CUDA stand-in
     (no GPU here): no event held by two ops at once, none lost, none stranded after a burst
     or kept across a fork; ThreadSanitizer when the compiler has it."""
-    cxx = shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++")
-    if not cxx:
-        pytest.skip("no C++ compiler")
-    shim = Path(__file__).resolve().parents[1] / "native" / "shim"
-    exe = tmp_path / "event_pairs_stress"
-    base = [cxx, "-std=c++17", "-O1", "-g", "-Wall", "-Wextra", "-Werror", f"-I{shim}"]
-    base.append(f"-I{shim.parent / 'include'}")
-    src = [str(shim / f) for f in ("tests/event_pairs_stress.cc", "event_pool.cc", "op_pool.cc", "log.cc")]
-    src += ["-o", str(exe), "-lpthread"]
-    built = subprocess.run([*base, "-fsanitize=thread", *src], capture_output=True, text=True)
-    if built.returncode != 0:  # no libtsan here: still worth running plain
-        subprocess.run([*base, *src], capture_output=True, text=True, check=True)
-    p = subprocess.run([str(exe)], capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, p.stdout + p.stderr
-    assert p.stdout.count(" ok\n") == 3, p.stdout
+    out = _stress(tmp_path, "event_pairs_stress", ["event_pool.cc", "op_pool.cc", "log.cc"])
+    assert out.count(" ok\n") == 3, out
 
 
 # ------------------------------------------------------------------ a real sim job
