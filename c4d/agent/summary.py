@@ -6,7 +6,7 @@
   at most ``schema.OPSUM_MAX_MEMBERS``) becomes one OPSUM record once every member's OP
   record is in. The agent reduces it with the master's own code (``Comm._reduce`` on one
   host clock), so the master's engine gets the COMPLETED row it would have made itself
-  (``Comm.add_summaries``): same last arriver, wait, transfer, and every member's compute.
+  (``Engine._feed_opsum``): same last arriver, wait, transfer, and every member's compute.
 * Every other OP record (p2p, communicators that span nodes) is forwarded with the rank's
   compute so far in ``compute_ns`` (``OpFlag.COMPUTE_GIVEN``): the master cannot sum a
   rank's compute gaps over ops it never sees, the agent can (``state.compute_gaps``, the

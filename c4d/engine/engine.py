@@ -554,7 +554,7 @@ class Engine:
 
     def _feed_opsum(self, rows: np.ndarray) -> None:
         """Node agents' summaries of node-local collectives: reduced for every communicator at
-        once (state.summaries_completed), then kept per communicator (Comm.add_summaries). A
+        once (state.summaries_completed), then checked and kept for every communicator at once. A
         summary of a communicator whose members the master knows on more than one node (or not
         all yet) claims one host clock it does not have: dropped."""
         n = rows["comm_nranks"]
@@ -604,9 +604,8 @@ class Engine:
         at = starts[has]
         one = np.zeros(C, bool)
         known = np.zeros(C, bool)
-        one[has] = (np.minimum.reduceat(nd, at) >= 0) & (
-            np.minimum.reduceat(nd, at) == np.maximum.reduceat(nd, at)
-        )
+        lo = np.minimum.reduceat(nd, at)
+        one[has] = (lo >= 0) & (lo == np.maximum.reduceat(nd, at))
         known[has] = np.logical_and.reduceat(al, at)
         if not (one | ~ok_c).all():
             off = ok_c & ~one
@@ -614,16 +613,18 @@ class Engine:
         use = ok_c & one
         if not use.any():
             return
-        # what Comm.add_summaries does per communicator, for all of them
+        # kept as Comm._reduce keeps its own rows, with what one host's members give the clock
+        # refinement (a zero residual); the members' compute at their latest op here is the
+        # agent's, so a later OP record of the communicator gets an unknown gap
         seq_max = np.maximum.reduceat(rows["seq"].astype(np.int64), heads)
         um = np.repeat(use & has, lens)
         M["op_done"][mem[um]] = np.maximum(M["op_done"][mem[um]], np.repeat(seq_max + 1, lens)[um])
-        M["last_cum"][mem[um]] = -1  # an agent's compute: a later OP record of it gets an unknown gap
+        M["last_cum"][mem[um]] = -1
         out["aligned"] = known[seg]
         sync = np.logical_or.reduceat(out["ends_known"] & _END_SYNC[out["op"]], heads)
         refine = use & known & sync & (cn >= 2)
         if self.cfg.clock_gain > 0 and refine.any():
-            self.ranks.rel_node_refined[nd[starts[refine]]] = True
+            self.ranks.mark_refined(nd[starts[refine]])
         la_min = np.minimum.reduceat(out["last_arrive"], heads)
         t_recv = self._chunk_recv
         for j in np.flatnonzero(use).tolist():

@@ -197,14 +197,11 @@ class WaitGraph:
         if pool is None:
             for c in comms.values():
                 self._collect(c)
-        else:  # the pool names the communicators anyone waits in; the rest have nothing to add
+        else:  # the pool (which holds every one of comms) names those anyone waits in
             wait, pend = pool.busy()
             for i in np.union1d(wait, pend).tolist():
                 if i in comms:
                     self._collect(comms[i])
-            for c in comms.values():
-                if c.mbase < 0:
-                    self._collect(c)
         self._memo: dict[NodeKey, _Expl] = {}
         self._stack: set[NodeKey] = set()
         self.edges: set[_Edge] = set()  # victim edges seen by the walk (for cycles)

@@ -303,9 +303,9 @@ class RankTable:
             np.add.at(self.rel_rank, g[~has], res[~has])
             self.rel_rank_refined[g[~has]] = True
 
-    def mark_refined(self, node: int) -> None:
+    def mark_refined(self, node: int | np.ndarray) -> None:
         """What a communicator on one host clock gives the refinement: a zero step for ``node``
-        (``add_residuals`` of zeros, without the work)."""
+        (or each of several; ``add_residuals`` of zeros, without the work)."""
         self.rel_node_refined[node] = True
 
     def _merge(self, nodes: np.ndarray, solo: np.ndarray) -> None:
@@ -699,13 +699,6 @@ class Comm:
             self.processed[done] = True
         return done
 
-    def _one_clock(self, ranks: RankTable) -> bool:
-        """Every member is known and registered the same node (one host clock)."""
-        if (self.grank < 0).any():
-            return False
-        nd = ranks.node[self.grank]
-        return bool((nd >= 0).all() and (nd == nd[0]).all())
-
     def _reduce(self, slots: np.ndarray, ranks: RankTable, gain: float) -> np.ndarray:
         """One COMPLETED row per complete op (``reduce_group`` of this communicator alone), kept;
         then the clock refinement from their end times."""
@@ -730,23 +723,6 @@ class Comm:
         if len(self.recent) > 1 and (self.recent_n > 2 * RECENT_OPS or len(self.recent) > 16):
             r = cat(self.recent)[-RECENT_OPS:]
             self.recent, self.recent_n = [r], len(r)
-
-    def add_summaries(self, out: np.ndarray, gaps: np.ndarray, ranks: RankTable, gain: float) -> None:
-        """COMPLETED rows made from a node agent's OPSUM records (``summaries_completed``) of this
-        communicator, whose members all run on one node (the caller checked ``_one_clock``):
-        kept as ``_reduce`` keeps its own, with what one host's members give the clock
-        refinement (a zero residual)."""
-        self.version += 1
-        self.has_coll = True
-        self.op_done[:] = np.maximum(self.op_done, int(out["seq"].max()) + 1)
-        # the members' running compute at their latest op here is the agent's: a later OP record
-        # of this communicator (an agent that fell back to forwarding) gets an unknown gap
-        self.last_cum[:] = -1
-        known = bool(((self.grank >= 0) & ranks.aligned(np.maximum(self.grank, 0))).all())
-        out["aligned"] = known
-        if gain > 0 and self.n >= 2 and known and bool((out["ends_known"] & _END_SYNC[out["op"]]).any()):
-            ranks.mark_refined(int(ranks.node[self.grank[0]]))
-        self._completed(out, gaps)
 
 
 class Complete(NamedTuple):
@@ -1012,7 +988,7 @@ def _seg_col_median(R: np.ndarray, seg: np.ndarray, C: int) -> np.ndarray:
 
 
 def summaries_completed(s: np.ndarray, ranks: RankTable) -> tuple[np.ndarray, np.ndarray]:
-    """COMPLETED rows (``aligned`` left to ``Comm.add_summaries``) and the members' compute
+    """COMPLETED rows (``aligned`` left to ``Engine._feed_opsum``) and the members' compute
     (ops x OPSUM_MAX_MEMBERS, NaN beyond each op's members) of OPSUM rows, all communicators at
     once: times move onto the master's clock by the offset of the node (the last member's)."""
     m = len(s)
