@@ -351,7 +351,7 @@ class SlowJudge:
                 continue
             keys = o["op"].astype(np.int64) * (1 << 48) + o["bytes"]
             uk, cnt = np.unique(keys, return_counts=True)
-            om = take(o, keys == uk[self._main_key(i, uk, cnt)])
+            om = take(o, keys == uk[cnt.argmax()])
             if len(om) < cfg.slow_min_ops:
                 continue
             op, nb = int(om["op"][0]), int(om["bytes"][0])
@@ -375,22 +375,6 @@ class SlowJudge:
                       seq, None, bws, link=(ga, gb), links={blame.link_of(ga, gb)})
             )  # fmt: skip
         return units
-
-    def _main_key(self, comm: int, keys: np.ndarray, counts: np.ndarray) -> int:
-        """Index of the (op, bytes) that stands for a communicator in this window.
-
-        The most frequent one that already has a baseline, else the most frequent: when two
-        sizes nearly tie, the count flips between windows, and a size first seen after a
-        slowdown began would take the slowed pace as its own baseline and never look slow.
-        """
-        order = np.argsort(-counts, kind="stable")
-        for j in order:
-            if counts[j] < self.cfg.slow_min_ops:
-                break
-            k = int(keys[j])
-            if ("c", comm, k >> 48, k & ((1 << 48) - 1)) in self.baseline:
-                return int(j)
-        return int(order[0])
 
     def _comm_slow(self, ranks, comms, sel, sel_p2p, w: int, win: dict) -> list[SlowFinding]:
         cfg = self.cfg
