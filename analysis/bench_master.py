@@ -150,7 +150,7 @@ def capacity(shape: Shape, agents: bool, seconds: float) -> dict:
         "cpu_s": round(cpu, 3),
         "records_per_s": round(n / wall),
         "records_per_cpu_s": round(n / cpu) if cpu else None,
-        "job_records_per_s": round(shape.rows_per_round(agents) * shape.rate),
+        "job_records_per_s": round(sent.value * shape.rate / rounds),  # what the job (its agents) sent
         "dropped": m.edge.dropped,
         "failures": dict(m.ingest.failures),
     }
@@ -204,7 +204,7 @@ def paced(shape: Shape, agents: bool, seconds: float, hang_at_s: float) -> dict:
         "agents": agents,
         "seconds": seconds,
         "records": m.collector.records,
-        "job_records_per_s": round(shape.rows_per_round(agents) * shape.rate),
+        "job_records_per_s": round(sent.value * shape.rate / rounds),  # what the job (its agents) sent
         "sender_late_s": round(lag.value, 3),
         "drain_s": round(drain, 3),
         "backlog_max_records": int(max(backlog)) if backlog else 0,

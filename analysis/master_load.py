@@ -12,7 +12,8 @@ consecutive ranks on one node (``ranks_per_node = tp``), DP groups strided acros
 
 ``agents=True`` gives what one node agent per node forwards (c4d/agent/summary.py): one OPSUM
 per TP all-reduce instead of ``tp`` OP records, the other OP records with the rank's compute
-attached, everything else as the ranks sent it. ``hang`` (round, rank) stops that rank before
+attached, the heartbeats the agent's merge keeps (c4d/agent/heartbeats.py), everything else
+as the ranks sent it. ``hang`` (round, rank) stops that rank before
 round ``k``: its TP group waits there (heartbeats show the members arrived, the rank not).
 """
 
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from c4d import schema
+from c4d.agent.heartbeats import HeartbeatMerge
 from c4d.schema import Kind, Op, OpFlag
 
 _V = np.dtype((np.void, schema.RECORD_SIZE))
@@ -54,15 +56,6 @@ class Shape:
     def period_ns(self) -> int:
         return int(1e9 / self.rate)
 
-    def rows_per_round(self, agents: bool) -> float:
-        """Records per round of the whole job (averaged over the pp/dp/heartbeat cycles)."""
-        n = self.world
-        tp_rows = n // self.tp if agents else n
-        pp_rows = 2 * n * (self.pp - 1) / self.pp / self.pp_every
-        dp_rows = n / self.dp_every
-        hb = n * 4 / (self.hb_ms * 1e6 / self.period_ns)
-        return tp_rows + pp_rows + dp_rows + hb
-
 
 class Load:
     def __init__(self, shape: Shape, t0_ns: int, agents: bool = False, hang: tuple[int, int] | None = None):
@@ -75,6 +68,7 @@ class Load:
         self.dp_id = (2 << 40) | (self.p * s.tp + self.t)
         self.pp_id = (3 << 40) | (self.d * s.tp + self.t)
         self.hb_every = max(1, int(s.hb_ms * 1e6 // s.period_ns))
+        self.merge = HeartbeatMerge() if agents else None
 
     # -- start-up ----------------------------------------------------------------------
     def hello(self) -> np.ndarray:
@@ -165,7 +159,10 @@ class Load:
                                  t + 800 * US, -1, t))  # fmt: skip
         hb = np.flatnonzero(np.arange(s.world) % self.hb_every == k % self.hb_every)
         if len(hb):
-            out.extend(self._heartbeats(hb, k, t, stuck_tp))
+            h = self._heartbeats(hb, k, t, stuck_tp)
+            if self.merge is not None:  # what the agents forward (the product's own rule)
+                h = [x[self.merge.keep(x.view(schema.HEARTBEAT))] for x in h]
+            out.extend(h)
         if k and k % (10 * self.hb_every) == 0:
             reg = self.hello()[: s.world].copy()
             reg["time_ns"] = t
@@ -218,8 +215,10 @@ class Load:
             self._hdr(h, Kind.HEARTBEAT, g, t)
             h["pend_seq"], h["pend_op"], h["pend_peer"] = schema.UINT64_MAX, 255, -1
             h["device"] = self.t[g]
-            if cid is None:  # the process
+            if cid is None:  # the process: its ops so far (a stuck TP group's stop at the hang)
                 h["comm_rank"], h["comm_nranks"] = g, n
+                kk = np.where(stuck_tp[g], min(k, hang_k), k) if hang_k is not None else np.full(len(g), k)
+                h["n_issued"] = h["n_arrived"] = h["n_done"] = kk + kk // s.dp_every
             else:
                 h["comm_id"], h["comm_rank"], h["comm_nranks"] = cid[g], cr[g], n
                 h["n_issued"] = h["n_arrived"] = h["n_done"] = done

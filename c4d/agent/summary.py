@@ -11,7 +11,10 @@
   compute so far in ``compute_ns`` (``OpFlag.COMPUTE_GIVEN``): the master cannot sum a
   rank's compute gaps over ops it never sees, the agent can (``state.compute_gaps``, the
   master's computation on the same stream).
-* REGISTER, COMM, HEARTBEAT, STAGE and PEER records are forwarded as they came.
+* HEARTBEAT records of ranks that stand still are forwarded, most of a progressing rank's
+  are not (c4d/agent/heartbeats.py).
+* in-flight PEER records only of transfers that outlast a heartbeat period (the same file).
+* REGISTER, COMM, STAGE and finished transfers' PEER records are forwarded as they came.
 
 Deterministic in the rows fed and the cuts between feeds, like the engine: the test
 (tests/test_agent_summary.py) replays recorded traces through per-node summarisers and the
@@ -27,6 +30,7 @@ from collections import Counter
 import numpy as np
 
 from c4d import schema
+from c4d.agent.heartbeats import HeartbeatMerge, PeerMerge
 from c4d.engine.state import GONE_EVENTS, MAX_NRANKS, MAX_RANK, Comm, RankTable, compute_gaps
 from c4d.schema import Kind, OpFlag
 
@@ -38,8 +42,11 @@ _SIZED = (int(Kind.OP), int(Kind.HEARTBEAT), int(Kind.COMM))
 class Summariser:
     """One node's ranks' records in, the master's input out."""
 
-    def __init__(self, max_members: int = schema.OPSUM_MAX_MEMBERS) -> None:
+    def __init__(self, max_members: int = schema.OPSUM_MAX_MEMBERS, hb_every: int = 5) -> None:
+        """``hb_every``: a progressing rank's heartbeats forwarded per communicator (1: all)."""
         self.max_members = min(max_members, schema.OPSUM_MAX_MEMBERS)
+        self.heartbeats = HeartbeatMerge(hb_every)
+        self.peers = PeerMerge()
         self.ranks = RankTable()  # node names (one host clock) of the ranks registered here
         self.last_end = np.zeros(0, np.int64)  # per global rank: compute_gaps' state
         self.compute = np.zeros(0, np.int64)
@@ -82,6 +89,16 @@ class Summariser:
                 keep[is_op[local]] = False
                 self.stats["ops summarised"] += int(local.sum())
                 sums = self._summarise(ops[local], cum[local])
+        is_hb = np.flatnonzero(kind == Kind.HEARTBEAT)
+        if len(is_hb):
+            fwd = self.heartbeats.keep(schema.take_records(raw, is_hb).view(schema.HEARTBEAT))
+            keep[is_hb[~fwd]] = False
+            self.stats["heartbeats merged"] += int((~fwd).sum())
+        is_peer = np.flatnonzero(kind == Kind.PEER)
+        if len(is_peer):
+            fwd = self.peers.keep(schema.take_records(raw, is_peer).view(schema.PEER))
+            keep[is_peer[~fwd]] = False
+            self.stats["peer reports merged"] += int((~fwd).sum())
         out = raw[keep]
         self._forget_destroyed(raw, kind)
         if sums:
@@ -138,6 +155,7 @@ class Summariser:
             if mem is not None and self.gone.get(cid, set()) >= set(mem):
                 for d in (self.comms, self.members, self.size, self.gone):
                     d.pop(cid, None)
+                self.heartbeats.forget(cid)
 
     def _local(self, ops: np.ndarray) -> np.ndarray:
         """Per OP row: summarise it (a collective of a communicator all of whose members are

@@ -300,7 +300,7 @@ class Engine:
         if len(parts[Kind.OP]):
             self._feed_ops(parts[Kind.OP])
         if len(parts[Kind.OPSUM]):
-            self._feed_opsum(parts[Kind.OPSUM])
+            self._feed_opsum(parts[Kind.OPSUM], recv[raw["kind"] == Kind.OPSUM])
         if len(parts[Kind.STAGE]):
             self.stages.feed(parts[Kind.STAGE], recv[raw["kind"] == Kind.STAGE])
         if len(parts[Kind.PEER]):
@@ -552,20 +552,23 @@ class Engine:
             self._pairs.feed(np.concatenate(p2p_rows), np.concatenate(p2p_comm), np.concatenate(p2p_shared),
                              self.comms, self.ranks)  # fmt: skip
 
-    def _feed_opsum(self, rows: np.ndarray) -> None:
+    def _feed_opsum(self, rows: np.ndarray, recv: np.ndarray) -> None:
         """Node agents' summaries of node-local collectives: reduced for every communicator at
         once (state.summaries_completed), then checked and kept for every communicator at once. A
         summary of a communicator whose members the master knows on more than one node (or not
-        all yet) claims one host clock it does not have: dropped."""
+        all yet) claims one host clock it does not have: dropped. A summary is a report from
+        every member (each sent the agent its OP record): the agent forwards few heartbeats of
+        ranks that progress (c4d/agent/heartbeats.py)."""
         n = rows["comm_nranks"]
         ok = (rows["comm_id"] != 0) & (n >= 1) & (n <= schema.OPSUM_MAX_MEMBERS)
         ok &= (rows["comm_rank"] >= 0) & (rows["comm_rank"] < n)
         if not ok.all():
             self._invalid("a bad comm id/rank/size in OPSUM records", int((~ok).sum()))
-            rows = take(rows, ok)
+            rows, recv = take(rows, ok), recv[ok]
         if not len(rows):
             return
-        rows = take(rows, np.lexsort((rows["seq"], rows["comm_id"])))
+        order = np.lexsort((rows["seq"], rows["comm_id"]))
+        rows, recv = take(rows, order), recv[order]
         cid = rows["comm_id"]
         heads = np.flatnonzero(np.r_[True, cid[1:] != cid[:-1]])
         tails = np.r_[heads[1:], len(rows)]
@@ -620,6 +623,9 @@ class Engine:
         um = np.repeat(use & has, lens)
         M["op_done"][mem[um]] = np.maximum(M["op_done"][mem[um]], np.repeat(seq_max + 1, lens)[um])
         M["last_cum"][mem[um]] = -1
+        heard = um & (g >= 0)
+        recv_c = np.repeat(np.maximum.reduceat(recv, heads), lens)
+        np.maximum.at(self.ranks.last_recv, g[heard], recv_c[heard])
         out["aligned"] = known[seg]
         sync = np.logical_or.reduceat(out["ends_known"] & _END_SYNC[out["op"]], heads)
         refine = use & known & sync & (cn >= 2)
