@@ -161,7 +161,8 @@ class Load:
         if len(hb):
             h = self._heartbeats(hb, k, t, stuck_tp)
             if self.merge is not None:  # what the agents forward (the product's own rule)
-                h = [x[self.merge.keep(x.view(schema.HEARTBEAT))] for x in h]
+                x = schema.join_records(h[::-1], schema.HEARTBEAT)  # the process's first, as the shim
+                h = [x[self.merge.keep(x)].view(schema.HEADER)]
             out.extend(h)
         if k and k % (10 * self.hb_every) == 0:
             reg = self.hello()[: s.world].copy()

@@ -38,61 +38,94 @@ _NONE = schema.UINT64_MAX  # pend_seq: nothing pending
 _MOVES = ("n_issued", "n_arrived", "n_done", "last_arrive_ns", "last_done_ns")
 
 
+_STATE = np.dtype(
+    [("moves", "<u8", (len(_MOVES),)), ("pend", "<u8"), ("dropped", "<u8"), ("skipped", "<i8"),
+     ("forced", "?"), ("seen", "?")]
+)  # fmt: skip
+
+
 class HeartbeatMerge:
     def __init__(self, every: int = 5) -> None:
         self.every = max(1, every)
-        # comm id (0: the process) -> global rank -> [counters..., pend_seq, dropped, skipped, forced]
-        self.state: dict[int, dict[int, list[int]]] = {}
+        self.slot: dict[tuple[int, int], int] = {}  # (comm id, 0: the process; global rank) -> row of .s
+        self.s = np.zeros(64, _STATE)
+        self.free: list[int] = list(range(63, -1, -1))
 
     def keep(self, hb: np.ndarray) -> np.ndarray:
         """Per HEARTBEAT row (arrival order): forward it."""
-        out = np.ones(len(hb), bool)
-        if not len(hb):
+        n = len(hb)
+        out = np.ones(n, bool)
+        if not n:
             return out
-        cid = hb["comm_id"].tolist()
-        rank = hb["rank"].tolist()
-        t = hb["time_ns"].tolist()
-        flags = hb["hb_flags"].tolist()
-        pend = hb["pend_seq"].tolist()
-        dropped = hb["dropped"].tolist()
-        moves = list(zip(*(hb[f].tolist() for f in _MOVES), strict=True))
-        # the rank's progress at each instant: its process heartbeat against the previous one
-        progressed: dict[tuple[int, int], bool] = {}
-        proc = self.state.get(0, {})
-        last = {g: s[1:3] for g, s in proc.items()}  # (n_arrived, n_done) per rank
-        for i in np.flatnonzero(hb["comm_id"] == 0).tolist():
-            now = list(moves[i][1:3])
-            before = last.get(rank[i])
-            progressed[(rank[i], t[i])] = before is not None and now != before
-            last[rank[i]] = now
-        for i in range(len(hb)):
-            ranks = self.state.setdefault(cid[i], {})
-            s = ranks.get(rank[i])
-            new = [*moves[i], pend[i], dropped[i]]
-            if s is None:
-                ranks[rank[i]] = [*new, 0, 1]
-                continue
-            prog = progressed.get((rank[i], t[i]))
-            if prog is None:
-                prog = list(moves[i]) != s[: len(_MOVES)]
+        cid, rank, t = hb["comm_id"], hb["rank"], hb["time_ns"]
+        idx = self._slots(cid.tolist(), rank.tolist())
+        moves = np.stack([hb[f] for f in _MOVES], axis=1)
+        # the rank's progress at each instant: its process heartbeat against its previous one
+        prog = np.full(n, -1, np.int8)  # -1: no process heartbeat of that instant here
+        proc = np.flatnonzero(cid == 0)
+        if len(proc):
+            ps = proc[np.lexsort((proc, idx[proc]))]  # per rank, in arrival order
+            pi = idx[ps]
+            first = np.r_[True, pi[1:] != pi[:-1]]
+            cur = moves[ps, 1:3]  # ops arrived, done
+            prev = np.empty_like(cur)
+            prev[first] = self.s["moves"][pi[first], 1:3]
+            prev[~first] = cur[np.flatnonzero(~first) - 1]
+            moved = (self.s["seen"][pi] | ~first) & (cur != prev).any(axis=1)
+            at = dict(zip(zip(rank[ps].tolist(), t[ps].tolist(), strict=True), moved.tolist(), strict=True))
+            prog[:] = [at.get(k, -1) for k in zip(rank.tolist(), t.tolist(), strict=True)]
+        # a (comm, rank)'s rows in arrival order: its k-th rows of the batch in round k
+        order = np.argsort(idx, kind="stable")
+        si = idx[order]
+        heads = np.r_[True, si[1:] != si[:-1]]
+        occ = np.empty(n, np.int64)
+        occ[order] = np.arange(n) - np.maximum.accumulate(np.where(heads, np.arange(n), 0))
+        S = self.s
+        for r in range(int(occ.max()) + 1):
+            rows = np.flatnonzero(occ == r)
+            j = idx[rows]
+            h = hb[rows]
+            mv = moves[rows]
+            seen = S["seen"][j]
+            p = np.where(prog[rows] >= 0, prog[rows] == 1, (mv != S["moves"][j]).any(axis=1))
             # a communicator's oldest pending op outlasted a period (the process's pending op
             # says nothing the communicators' do not)
-            stalled = cid[i] != 0 and pend[i] != _NONE and pend[i] == s[len(_MOVES)]
-            stop = not prog or stalled
+            stalled = (h["comm_id"] != 0) & (h["pend_seq"] != _NONE) & (h["pend_seq"] == S["pend"][j])
+            stop = ~p | stalled
             fwd = (
-                stop
-                or flags[i] != 0
-                or dropped[i] != s[len(_MOVES) + 1]
-                or s[-1] == 1  # the one after a forwarded stop
-                or s[-2] + 1 >= self.every
+                ~seen
+                | stop
+                | (h["hb_flags"] != 0)
+                | (h["dropped"] != S["dropped"][j])
+                | S["forced"][j]  # the one after a forwarded stop (or the first)
+                | (S["skipped"][j] + 1 >= self.every)
             )
-            ranks[rank[i]] = [*new, 0 if fwd else s[-2] + 1, int(stop)]
-            out[i] = fwd
+            S["moves"][j], S["pend"][j], S["dropped"][j] = mv, h["pend_seq"], h["dropped"]
+            S["skipped"][j] = np.where(fwd, 0, S["skipped"][j] + 1)
+            S["forced"][j] = stop | ~seen
+            S["seen"][j] = True
+            out[rows] = fwd
         return out
 
     def forget(self, cid: int) -> None:
         """A communicator every member here has left."""
-        self.state.pop(cid, None)
+        for k in [k for k in self.slot if k[0] == cid]:
+            j = self.slot.pop(k)
+            self.s[j] = np.zeros(1, _STATE)[0]
+            self.free.append(j)
+
+    def _slots(self, cid: list[int], rank: list[int]) -> np.ndarray:
+        out = np.empty(len(cid), np.int64)
+        for i, k in enumerate(zip(cid, rank, strict=True)):
+            j = self.slot.get(k)
+            if j is None:
+                if not self.free:
+                    m = len(self.s)
+                    self.s = np.concatenate([self.s, np.zeros(m, _STATE)])
+                    self.free = list(range(2 * m - 1, m - 1, -1))
+                j = self.slot[k] = self.free.pop()
+            out[i] = j
+        return out
 
 
 _XFER = ("comm_id", "seq", "comm_rank", "peer", "direction", "op")
