@@ -66,6 +66,21 @@ def test_an_op_pending_for_a_whole_period_is_forwarded_while_the_rank_progresses
     assert m.keep(pend).tolist() == [False, False, True]  # comm 9's op 5 outlasted a period
 
 
+def test_an_op_pending_since_more_than_half_a_period_is_forwarded_at_once():
+    m = HeartbeatMerge(every=100)
+    for k in range(3):
+        m.keep(period(k, n=10 * k, ranks=(0,), comms=(7,)))
+    now = 4 * PERIOD
+    fresh, old = hb(0, 7, 3, 30, pend=5), hb(0, 7, 3, 30, pend=6)
+    fresh["pend_start_ns"], old["pend_start_ns"] = now - PERIOD // 5, now - 3 * PERIOD // 5
+    rows = np.concatenate([hb(0, 0, 3, 30), fresh])
+    assert m.keep(rows).tolist() == [False, False]
+    m2 = HeartbeatMerge(every=100)
+    for k in range(3):
+        m2.keep(period(k, n=10 * k, ranks=(0,), comms=(7,)))
+    assert m2.keep(np.concatenate([hb(0, 0, 3, 30), old])).tolist() == [False, True]
+
+
 def test_flags_and_dropped_records_are_always_forwarded():
     m = HeartbeatMerge(every=100)
     for k in range(3):

@@ -9,7 +9,8 @@ first, with the counters of every op the rank has seen):
 
 * the rank progressed (ops arrived or finished since its previous process heartbeat): its
   heartbeats are dropped, except a communicator's whose oldest pending op is the one pending
-  at the previous heartbeat (an op outlasting a heartbeat period: where hangs start), and
+  at the previous heartbeat or began more than half a period before this one (an op
+  outlasting a heartbeat period: where hangs start, forwarded at the first), and
   every ``every``-th of each (rank, communicator), so the master's counters lag at most that;
 * the rank stood still (stopped in an op, or computing): all forwarded, as they came, and the
   next one after that too, so the master sees the state that ended the stop.
@@ -40,7 +41,7 @@ _MOVES = ("n_issued", "n_arrived", "n_done", "last_arrive_ns", "last_done_ns")
 
 _STATE = np.dtype(
     [("moves", "<u8", (len(_MOVES),)), ("pend", "<u8"), ("dropped", "<u8"), ("skipped", "<i8"),
-     ("forced", "?"), ("seen", "?")]
+     ("time", "<u8"), ("forced", "?"), ("seen", "?")]
 )  # fmt: skip
 
 
@@ -90,7 +91,13 @@ class HeartbeatMerge:
             p = np.where(prog[rows] >= 0, prog[rows] == 1, (mv != S["moves"][j]).any(axis=1))
             # a communicator's oldest pending op outlasted a period (the process's pending op
             # says nothing the communicators' do not)
-            stalled = (h["comm_id"] != 0) & (h["pend_seq"] != _NONE) & (h["pend_seq"] == S["pend"][j])
+            # (or began more than half a period ago: a hang is forwarded at its first heartbeat)
+            pending = (h["comm_id"] != 0) & (h["pend_seq"] != _NONE)
+            since = h["pend_start_ns"].astype(np.int64)
+            since = np.where(since > 0, since, h["pend_issue_ns"].astype(np.int64))
+            half = (h["time_ns"].astype(np.int64) - S["time"][j].astype(np.int64)) // 2
+            long = (since > 0) & (h["time_ns"].astype(np.int64) - since > half)
+            stalled = pending & ((h["pend_seq"] == S["pend"][j]) | (seen & long))
             stop = ~p | stalled
             fwd = (
                 ~seen
@@ -101,6 +108,7 @@ class HeartbeatMerge:
                 | (S["skipped"][j] + 1 >= self.every)
             )
             S["moves"][j], S["pend"][j], S["dropped"][j] = mv, h["pend_seq"], h["dropped"]
+            S["time"][j] = h["time_ns"]
             S["skipped"][j] = np.where(fwd, 0, S["skipped"][j] + 1)
             S["forced"][j] = stop | ~seen
             S["seen"][j] = True
