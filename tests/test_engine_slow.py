@@ -438,3 +438,29 @@ def test_a_slow_middle_stage_is_not_taken_for_a_loaded_host():
     calm = [_p2p_unit(i, i + 1, r) for i, r in enumerate((0.95, 1.1, 0.9, 1.0))]
     assert _shared_slowdown(calm, 0.8) == pytest.approx(0.975)
     assert _shared_slowdown(calm[:2], 0.8) == 1.0  # one or two units say nothing about the host
+
+
+def _coll_unit(comm: int, op: int, n_ops: int, ref: float | None):
+    from c4d.engine.slow import _Unit
+
+    key = ("c", comm)
+    return _Unit(key, comm, (0, 1), 1.0, ("c", op, 4096, 2, 2), ("c", comm, op, 4096), op, 0, None,
+                 np.ones(n_ops), own_ref=ref)  # fmt: skip
+
+
+def test_a_communicator_is_judged_on_a_collective_that_has_a_reference():
+    """Two collectives of one size run equally often: the one without a baseline must not be
+    judged (and take a slowed window as its baseline) because it won a window's count by one
+    (tests/golden/comm-slow-two-sizes is the recorded job)."""
+    from c4d.engine.slow import _main
+
+    a, b = _coll_unit(0, 3, 34, 0.22), _coll_unit(0, 4, 35, None)
+    p2p = _p2p_unit(5, 6, 1.0)
+    kept, also = _main([a, p2p, b])
+    assert kept == [a, p2p] and also[id(a)] == [b]  # the others still add clean windows to theirs
+    c, d = _coll_unit(0, 3, 34, None), _coll_unit(0, 4, 35, None)
+    assert _main([c, d])[0] == [d]  # no references yet: the most frequent
+    e, f = _coll_unit(0, 4, 35, 0.2), _coll_unit(0, 3, 35, 0.2)
+    assert _main([e, f])[0] == [f]  # a tie: the lower op, as np.unique's order gave
+    g, h = _coll_unit(1, 3, 10, 0.2), _coll_unit(2, 4, 10, 0.2)
+    assert _main([g, h])[0] == [g, h]  # one per communicator

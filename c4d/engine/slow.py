@@ -339,7 +339,9 @@ class SlowJudge:
 
     # -- RankCommSlow ------------------------------------------------------------------
     def _units(self, ranks: RankTable, comms: dict[int, Comm], sel, sel_p2p) -> list[_Unit]:
-        """What can be slow in a window: communicators (their main collective) and p2p links."""
+        """What can be slow in a window: communicators and p2p links. A communicator gives one
+        candidate per collective (op, size) it ran often enough, all with its unit key; the
+        judge keeps one per communicator (``_main``) once their references are known."""
         cfg = self.cfg
         units: list[_Unit] = []
         for i, o in sorted(sel.items()):
@@ -351,17 +353,16 @@ class SlowJudge:
                 continue
             keys = o["op"].astype(np.int64) * (1 << 48) + o["bytes"]
             uk, cnt = np.unique(keys, return_counts=True)
-            om = take(o, keys == uk[cnt.argmax()])
-            if len(om) < cfg.slow_min_ops:
-                continue
-            op, nb = int(om["op"][0]), int(om["bytes"][0])
             members = tuple(sorted(int(g) for g in c.grank if g >= 0))
             span = len(set(ranks.node[c.grank[c.grank >= 0]].tolist()))
-            units.append(
-                _Unit(("c", i), i, members, float(_median(om["busbw"])), ("c", op, nb, c.n, span),
-                      ("c", i, op, nb), op, int(om["seq"][-1]), om, om["busbw"],
-                      links=blame.ring_links([int(g) for g in c.grank if g >= 0]))
-            )  # fmt: skip
+            links = blame.ring_links([int(g) for g in c.grank if g >= 0])
+            for k in uk[cnt >= cfg.slow_min_ops].tolist():
+                om = take(o, keys == k)
+                op, nb = int(om["op"][0]), int(om["bytes"][0])
+                units.append(
+                    _Unit(("c", i), i, members, float(_median(om["busbw"])), ("c", op, nb, c.n, span),
+                          ("c", i, op, nb), op, int(om["seq"][-1]), om, om["busbw"], links=links)
+                )  # fmt: skip
         min_p2p = P2P_MIN_OPS_FACTOR * cfg.slow_min_ops
         for i, a, b, nb, bw, seq, bws in p2p_links_many(sorted(sel_p2p.items()), min_p2p):
             c = comms[i]
@@ -413,6 +414,7 @@ class SlowJudge:
         for u in units:
             q = self.baseline.get(u.base_key)
             u.own_ref = float(_median(q)) if q else None
+        units, also = _main(units)
         shared = _shared_slowdown(units, cfg.slow_degraded_ratio)
         for u in units:
             u.shared = shared
@@ -437,9 +439,10 @@ class SlowJudge:
                     most = strong or self._p2p_low_before(u.key, w)
                 if most and (u.key not in slow or u.ratio < (slow[u.key].ratio or 0)):
                     slow[u.key] = u
-            else:
-                q = self.baseline.setdefault(u.base_key, deque(maxlen=cfg.slow_baseline_windows))
-                q.append(u.bw)
+            else:  # its communicator's other collectives too: a clean window for every size
+                for x in (u, *also.get(id(u), ())):
+                    q = self.baseline.setdefault(x.base_key, deque(maxlen=cfg.slow_baseline_windows))
+                    q.append(x.bw)
         now_units: dict[tuple, _Unit] = {}  # per key, the worse direction of a p2p link
         for u in units:
             x = now_units.get(u.key)
@@ -710,6 +713,26 @@ def p2p_links_many(
         out.append((ids[int(cj[r0])], int(src[r0]), int(dst[r0]), int(nbytes[r0]), float(med[k]),
                     int(p["seq"][last[k]]), bws[f : f + c]))  # fmt: skip
     return out
+
+
+def _main(units: list[_Unit]) -> tuple[list[_Unit], dict[int, list[_Unit]]]:
+    """One unit per communicator from its candidates (one per collective op and size): the
+    most frequent of those with a reference (siblings or own baseline), else the most
+    frequent; ties to the lower (op, size). The others come back keyed by the kept unit's id,
+    so a clean window adds to every size's baseline. (The most frequent alone flipped between
+    two sizes run equally often, and a size without a baseline then took a slowed window as
+    its baseline: a factor-4 slowdown named a window late, and hidden whenever that size won.)"""
+    by: dict[tuple, list[_Unit]] = {}
+    for u in units:
+        if u.key[0] == "c":
+            by.setdefault(u.key, []).append(u)
+    best = {
+        k: max(c, key=lambda x: (bool(x.sib_ref or x.own_ref), len(x.bws), -x.op, -x.base_key[3]))
+        for k, c in by.items()
+    }
+    out = [u for u in units if u.key[0] != "c" or u is best[u.key]]
+    also = {id(b): [x for x in by[k] if x is not b] for k, b in best.items()}
+    return out, also
 
 
 def _shared_slowdown(units: list[_Unit], degraded: float) -> float:
