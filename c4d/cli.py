@@ -219,10 +219,12 @@ def cmd_agent(args) -> int:
         a.flush()
         a.close()
         st = a.stats
+        ss = a.summary.stats
         logging.getLogger("c4d").info(
-            "agent: %d record(s) in, %d forwarded (%d ops summarised into %d), %d dropped",
-            a.summary.stats["in"], st["forwarded"], a.summary.stats["ops summarised"],
-            a.summary.stats["summaries"], st["dropped"],
+            "agent: %d record(s) in, %d forwarded (%d ops summarised into %d; %d heartbeats and %d "
+            "in-flight peer reports merged), %d dropped",
+            ss["in"], st["forwarded"], ss["ops summarised"], ss["summaries"], ss["heartbeats merged"],
+            ss["peer reports merged"], st["dropped"],
         )  # fmt: skip
     return EXIT_OK
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -121,6 +122,14 @@ def test_a_lost_agent_is_one_rank_lost_for_its_node(tmp_path):
         job.cleanup()
         _stop(agents.values())
         m.close()
+    # a surviving agent's exit line: what it summarised and merged (its ranks ran on: most of
+    # their heartbeats were not needed)
+    said = (tmp_path / "node-0.err").read_text()
+    m_hb = re.search(
+        r"agent: (\d+) record\(s\) in, (\d+) forwarded .*; (\d+) heartbeats and (\d+) in-flight", said
+    )
+    assert m_hb, said[-2000:]
+    assert int(m_hb.group(3)) > 0 and int(m_hb.group(2)) < int(m_hb.group(1)), m_hb.group(0)
 
 
 def test_an_agent_reconnects_to_a_restarted_master(tmp_path):
