@@ -89,9 +89,9 @@ class HeartbeatMerge:
             mv = moves[rows]
             seen = S["seen"][j]
             p = np.where(prog[rows] >= 0, prog[rows] == 1, (mv != S["moves"][j]).any(axis=1))
-            # a communicator's oldest pending op outlasted a period (the process's pending op
-            # says nothing the communicators' do not)
-            # (or began more than half a period ago: a hang is forwarded at its first heartbeat)
+            # a communicator's oldest pending op outlasted a period, or began more than half a
+            # period ago (a hang forwarded at its first heartbeat); the process's pending op
+            # says nothing the communicators' do not
             pending = (h["comm_id"] != 0) & (h["pend_seq"] != _NONE)
             since = h["pend_start_ns"].astype(np.int64)
             since = np.where(since > 0, since, h["pend_issue_ns"].astype(np.int64))

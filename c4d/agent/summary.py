@@ -89,16 +89,16 @@ class Summariser:
                 keep[is_op[local]] = False
                 self.stats["ops summarised"] += int(local.sum())
                 sums = self._summarise(ops[local], cum[local])
-        is_hb = np.flatnonzero(kind == Kind.HEARTBEAT)
-        if len(is_hb):
-            fwd = self.heartbeats.keep(schema.take_records(raw, is_hb).view(schema.HEARTBEAT))
-            keep[is_hb[~fwd]] = False
-            self.stats["heartbeats merged"] += int((~fwd).sum())
-        is_peer = np.flatnonzero(kind == Kind.PEER)
-        if len(is_peer):
-            fwd = self.peers.keep(schema.take_records(raw, is_peer).view(schema.PEER))
-            keep[is_peer[~fwd]] = False
-            self.stats["peer reports merged"] += int((~fwd).sum())
+        merges = (
+            (Kind.HEARTBEAT, self.heartbeats, "heartbeats merged"),
+            (Kind.PEER, self.peers, "peer reports merged"),
+        )
+        for k, merge, said in merges:
+            at = np.flatnonzero(kind == k)
+            if len(at):
+                fwd = merge.keep(schema.take_records(raw, at).view(schema.DTYPES[k]))
+                keep[at[~fwd]] = False
+                self.stats[said] += int((~fwd).sum())
         out = raw[keep]
         self._forget_destroyed(raw, kind)
         if sums:
