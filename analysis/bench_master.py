@@ -142,6 +142,7 @@ def capacity(shape: Shape, agents: bool, seconds: float) -> dict:
     wall, cpu = time.perf_counter() - w0, _cpu() - c0
     n = m.collector.records
     p.join(10)
+    rss, peak = _rss_mib()  # this process is the master alone (_fresh), its sender forked off
     out = {
         "ranks": shape.world,
         "agents": agents,
@@ -151,6 +152,8 @@ def capacity(shape: Shape, agents: bool, seconds: float) -> dict:
         "records_per_s": round(n / wall),
         "records_per_cpu_s": round(n / cpu) if cpu else None,
         "job_records_per_s": round(sent.value * shape.rate / rounds),  # what the job (its agents) sent
+        "master_rss_mib": round(rss, 1),
+        "master_peak_rss_mib": round(peak, 1),
         "dropped": m.edge.dropped,
         "failures": dict(m.ingest.failures),
     }
