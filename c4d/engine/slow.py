@@ -56,6 +56,12 @@ class SlowFinding:
     detail: dict[str, Any] = field(default_factory=dict)
 
 
+def _subset(rows: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """``take(rows, mask)``, no copy when every row is kept (the common case: a window's rows of
+    a 16,384-rank job are ~1 GiB, and each copy of them was held to the window's end)."""
+    return rows if mask.all() else take(rows, mask)
+
+
 class SlowJudge:
     def __init__(self, cfg: EngineConfig) -> None:
         self.cfg = cfg
@@ -138,10 +144,13 @@ class SlowJudge:
                 sel, gaps = {}, {}
                 for i, (o, g) in per_comm.items():
                     m = o["last_arrive"] // P == w
+                    if m.any():  # one window closed is the common case: no copy (_subset)
+                        sel[i], gaps[i] = _subset(o, m), (g if m.all() else g[m])
+                sel_p2p = {}
+                for i, o in per_p2p.items():
+                    m = o["last_arrive"] // P == w
                     if m.any():
-                        sel[i], gaps[i] = take(o, m), g[m]
-                sel_p2p = {i: take(o, o["last_arrive"] // P == w) for i, o in per_p2p.items()}
-                sel_p2p = {i: o for i, o in sel_p2p.items() if len(o)}
+                        sel_p2p[i] = _subset(o, m)
                 out += self._window(ranks, comms, sel, gaps, sel_p2p, int(w), P)
         if closed >= (self.next_window if self.next_window is not None else closed):
             self.next_window = int(closed) + 1
@@ -157,9 +166,12 @@ class SlowJudge:
         keep = win > closed
         c.pending, c.pending_gaps = ([take(ops, keep)], [gaps[keep]]) if keep.any() else ([], [])
         c.pending_min_la = int(ops["last_arrive"][keep].min()) if keep.any() else 1 << 62
-        ops, gaps, win = take(ops, ~keep), gaps[~keep], win[~keep]
+        if keep.any():
+            ops, gaps, win = take(ops, ~keep), gaps[~keep], win[~keep]
         use = self._usable(ops, win)
-        return (take(ops, use), gaps[use]) if use.any() else None
+        if not use.any():
+            return None
+        return _subset(ops, use), (gaps if use.all() else gaps[use])
 
     def _usable(self, ops: np.ndarray, win: np.ndarray) -> np.ndarray:
         """Which taken rows a window may judge: not reduced before the members' clocks were
@@ -185,9 +197,10 @@ class SlowJudge:
         keep = win > closed
         c.p2p_pending = [take(ops, keep)] if keep.any() else []
         c.p2p_pending_min_la = int(ops["last_arrive"][keep].min()) if keep.any() else 1 << 62
-        ops, win = take(ops, ~keep), win[~keep]
+        if keep.any():
+            ops, win = take(ops, ~keep), win[~keep]
         use = self._usable(ops, win)
-        return take(ops, use) if use.any() else None
+        return _subset(ops, use) if use.any() else None
 
     # -- one window --------------------------------------------------------------------
     def _window(
@@ -348,7 +361,7 @@ class SlowJudge:
             c = comms[i]
             if c.n < 2:
                 continue
-            o = take(o, np.isfinite(o["busbw"]))  # an end before the last arrival is timer noise
+            o = _subset(o, np.isfinite(o["busbw"]))  # an end before the last arrival is timer noise
             if len(o) < cfg.slow_min_ops:
                 continue
             keys = o["op"].astype(np.int64) * (1 << 48) + o["bytes"]
@@ -357,7 +370,7 @@ class SlowJudge:
             span = len(set(ranks.node[c.grank[c.grank >= 0]].tolist()))
             links = blame.ring_links([int(g) for g in c.grank if g >= 0])
             for k in uk[cnt >= cfg.slow_min_ops].tolist():
-                om = take(o, keys == k)
+                om = _subset(o, keys == k)
                 op, nb = int(om["op"][0]), int(om["bytes"][0])
                 units.append(
                     _Unit(("c", i), i, members, float(_median(om["busbw"])), ("c", op, nb, c.n, span),
