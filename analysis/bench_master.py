@@ -1,6 +1,7 @@
 """One master, many ranks: how many a master diagnoses in real time, with and without node agents.
 
     python analysis/bench_master.py [--quick] [--json] [--max-ranks N] [--seconds S] [--window-s W]
+    python analysis/bench_master.py --ranks 16384 --window-s 10 --seconds 25   # one size, agents
 
 A synthetic TP x PP x DP job (analysis/master_load.py: valid v1 records, 500 collectives per
 second per rank, 8 ranks a node, slow-detection windows of ``--window-s``: 1 s by default, ten
@@ -17,7 +18,10 @@ engine; no trace) in this process:
   master keeps up, reports the master's memory, and injects a hang (a rank stops before its
   TP all-reduce) to measure the end-to-end diagnosis latency: from the hang's start to the
   master's RankNonCommHang WARNING naming it (T = the job's hang timeout is part of it);
-* the agent's own cost: records/s one Summariser takes for a node's raw stream (one core).
+* the agent's own cost: records/s one Summariser takes for a node's raw stream (one core);
+* ``--ranks N ...``: only capacity runs at those sizes through agents, each with the master's
+  RSS at its end and its peak: the master's memory at a size it does not keep up with (run
+  it for 2.5 windows, ``--seconds 25`` with 10 s windows, so that windows are judged).
 
 The machine may be shared: figures are wall time on it; ``uptime`` is printed with them.
 """
@@ -286,6 +290,9 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="small sizes, a few seconds (CI smoke run)")
     ap.add_argument("--json", action="store_true", help="the figures as one JSON object on the last line")
     ap.add_argument("--max-ranks", type=int, default=16384)
+    ap.add_argument("--ranks", type=int, nargs="+", metavar="N",
+                    help="capacity runs at these sizes only, through agents (no raw runs, no paced "
+                         "run): rate and master memory where real time is not reached")  # fmt: skip
     ap.add_argument("--seconds", type=float, default=None, help="job seconds per capacity run (default 4)")
     ap.add_argument("--window-s", type=int, default=1,
                     help="the job's slow-detection window (C4D_CONN_BW_CHECK_PERIOD; 1 judges 10x as "
@@ -305,6 +312,8 @@ def main() -> int:
     W = args.window_s
     res: dict = {"capacity": [], "paced": []}
     best: dict[bool, int] = {}
+    if args.ranks:
+        return _sizes(args.ranks, cap_s, T, args)
     for agents in (False, True):
         for n in sizes:
             shape = Shape(
@@ -352,6 +361,24 @@ def main() -> int:
     }
     if args.json:
         print(json.dumps(summary))
+    return 0
+
+
+def _sizes(sizes: list[int], cap_s: float, T: int, args) -> int:
+    """--ranks: one capacity run per size through agents, each in a master of its own."""
+    out = []
+    for n in sizes:
+        shape = Shape(tp=8, pp=min(4, max(1, n // 8)), dp=max(1, n // 32), hang_timeout_us=T,
+                      window_s=args.window_s)  # fmt: skip
+        c = _fresh(capacity, shape, True, cap_s)
+        out.append(c)
+        verdict = "real time" if c["records_per_s"] >= c["job_records_per_s"] else "falls behind"
+        print(f"agents {n:>6} ranks, {cap_s:g} s of the job: master ingests {c['records_per_s']:,} records/s "
+              f"({c['records_per_cpu_s'] or 0:,} per CPU s); the job makes {c['job_records_per_s']:,}/s: "
+              f"{verdict}; master RSS {c['master_rss_mib']:,.0f} MiB (peak {c['master_peak_rss_mib']:,.0f})",
+              flush=True)  # fmt: skip
+    if args.json:
+        print(json.dumps({"capacity": out, "window_s": args.window_s}))
     return 0
 
 
