@@ -11,8 +11,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _last_json(script: str) -> dict:
-    p = subprocess.run([sys.executable, str(ROOT / "analysis" / script), "--quick", "--json"],
+def _last_json(script: str, *args: str) -> dict:
+    p = subprocess.run([sys.executable, str(ROOT / "analysis" / script), "--quick", "--json", *args],
                        capture_output=True, text=True, timeout=300, cwd=ROOT)  # fmt: skip
     assert p.returncode == 0, p.stderr[-2000:]
     return json.loads(p.stdout.strip().splitlines()[-1])
@@ -24,6 +24,15 @@ def test_bench_master_quick():
     assert out["hang_latency_s"] is not None and out["hang_latency_s"] > 0  # the injected hang was found
     assert out["agent_records_per_cpu_s"] > 0
     assert {"ranks_real_time", "ranks_real_time_agents", "master_rss_mib"} <= set(out)
+
+
+def test_bench_master_sizes():
+    """--ranks: capacity at the given sizes through agents, with the master's memory there."""
+    out = _last_json("bench_master.py", "--ranks", "64", "--seconds", "0.5")
+    (run,) = out["capacity"]
+    assert run["ranks"] == 64 and run["agents"] is True
+    assert run["records"] > 0 and run["dropped"] == 0
+    assert 0 < run["master_rss_mib"] <= run["master_peak_rss_mib"]
 
 
 def test_bench_engine_quick():
