@@ -125,7 +125,7 @@ P2P_DONE = np.dtype(
 
 RATE_WINDOW_NS = 5_000_000_000  # the live view's ops/s is measured over this much master time
 RECENT_OPS = 256  # completed ops kept per communicator: what the live view summarises
-PENDING_PARTS = 16  # chunks' rows a communicator keeps as views for the slow judge (Comm._completed)
+PENDING_PARTS = 8  # chunks' rows a communicator keeps as views for the slow judge (Comm._completed)
 
 
 def _grow(a: np.ndarray, n: int, fill) -> np.ndarray:
@@ -550,6 +550,7 @@ class Comm:
         self.pending: list[np.ndarray] = []  # COMPLETED rows not yet judged by a slow window
         self.pending_min_la = 1 << 62  # their earliest last_arrive (the slow judge skips c until it closes)
         self.pending_gaps: list[np.ndarray] = []  # their members' compute before each op (ops x n, ns)
+        self.pending_views = 0  # parts appended since the last join (_completed)
         self.recent: list[np.ndarray] = []  # COMPLETED rows for the live view
         self.recent_n = 0
         self.peer_rows: list[np.ndarray] = []
@@ -742,11 +743,16 @@ class Comm:
             la = int(out["last_arrive"].min()) if la_min is None else la_min
             self.pending_min_la = min(self.pending_min_la, la)
         self.pending_gaps.append(gaps)
-        if len(self.pending) > PENDING_PARTS:
-            # rows of its own: a part is a view of the whole chunk's rows, which stay alive
-            # until every communicator judged them (twice the window's rows at the judge's peak,
-            # 1.4 GiB more at 16,384 ranks through agents)
-            self.pending, self.pending_gaps = [cat(self.pending)], [np.concatenate(self.pending_gaps)]
+        self.pending_views += 1
+        if self.pending_views > PENDING_PARTS:
+            # the latest parts joined into rows of its own: a part is a view of the whole
+            # chunk's rows, which stay alive until every communicator judged them (twice the
+            # window's rows at the judge's peak, 1.1 GiB more at 16,384 ranks through agents);
+            # the parts joined before are not copied again
+            k = min(self.pending_views, len(self.pending))
+            self.pending[-k:] = [cat(self.pending[-k:])]
+            self.pending_gaps[-k:] = [np.concatenate(self.pending_gaps[-k:])]
+            self.pending_views = 0
         self.recent.append(out)
         self.recent_n += len(out)
         # at most RECENT_OPS rows, in few pieces: a piece per op of a communicator that does
