@@ -852,10 +852,10 @@ class Engine:
         rate = rows / per_op / (span / 1e9)
         p2p = np.concatenate(list(c.p2p_recent)) if kind == "PP" and c.p2p_recent else None
         if p2p is not None and len(p2p):
-            xfer = p2p["transfer"] / 1e3
+            xfer = p2p[:, 0] / 1e3  # (transfer ns, bytes): Comm.p2p_recent
             xm, xp = float(np.median(xfer)), float(np.percentile(xfer, 99))
             wm = wp = 0.0
-            bw = float(np.median(p2p["bytes"] / np.maximum(p2p["transfer"], 1)))
+            bw = float(np.median(p2p[:, 1] / np.maximum(p2p[:, 0], 1)))
         elif len(ops) >= 2:
             wait = ops["wait_max"] / 1e3
             xfer = ops["transfer"] / 1e3

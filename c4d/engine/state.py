@@ -561,7 +561,7 @@ class Comm:
         self.done_log: deque[tuple[int, int]] = deque()  # (master time, OP rows), RATE_WINDOW_NS of it
         self.first_done_ns: int | None = None
         self.p2p_rows = 0
-        self.p2p_recent: deque[np.ndarray] = deque(maxlen=64)
+        self.p2p_recent: deque[np.ndarray] = deque(maxlen=64)  # (transfer ns, bytes) per measured transfer
         if pool is not None:
             pool.attach(self)
 
@@ -1187,12 +1187,16 @@ class P2PPairs:
         heads = np.flatnonzero(np.r_[True, cidx[1:] != cidx[:-1]])  # sorted by comm already
         tails = np.r_[heads[1:], len(S)]
         la_min = np.minimum.reduceat(out["last_arrive"], heads).tolist()
+        # what the live view reads of a communicator's recent transfers (Comm.p2p_recent): a
+        # plain array's slice copies at once, a structured one's field by field (4% of the
+        # master's CPU at 16,384 ranks through agents)
+        tb = np.stack([out["transfer"], out["bytes"]], axis=1)
         for a, b, la, ci in zip(heads.tolist(), tails.tolist(), la_min, cidx[heads].tolist(), strict=True):
             c = comms[ci]
             rows = out[a:b]  # a view: the slow judge takes pending rows within a window or two
             c.p2p_pending.append(rows)
             c.p2p_pending_min_la = min(c.p2p_pending_min_la, la)
-            c.p2p_recent.append(rows.copy())  # kept long: a view would keep the whole chunk's rows
+            c.p2p_recent.append(tb[a:b].copy())  # kept long: a view would keep the whole chunk's rows
             if c.split is not None:
                 c.split.append(_p2p_split(c, rows, gs[a:b], gr[a:b]))
 
