@@ -186,3 +186,17 @@ def test_c4d_analyze_replay_of_a_trace_gives_the_live_diagnoses(tmp_path):
     tw.close()
     offline = analyze_replay(read_raw(path), Engine())
     assert live and lines(live) == lines(offline)
+
+
+def test_snapshot_of_a_pipeline_communicator_reads_its_transfers():
+    """The live view's row of a p2p-only communicator: its measured transfers' median time and
+    bandwidth (Comm.p2p_recent), and how many it finished."""
+    j = Job(tp=1, pp=2, dp=2, ranks_per_node=2, steps=20, skew_ms=5.0)
+    model, batches = build_cached(j)
+    eng = replay(j, Engine, batches, model).engine
+    pp = [c for c in eng.state().comms if c.kind == "PP"]
+    assert pp, [c.kind for c in eng.state().comms]
+    for c in pp:
+        assert c.p2p_done > 0 and c.xfer_med_us > 0 and c.xfer_p99_us >= c.xfer_med_us
+        # bandwidth = bytes / transfer time: the stages' messages (factories.Job.pp_bytes)
+        assert c.busbw_gbs * c.xfer_med_us * 1e3 == pytest.approx(j.pp_bytes, rel=0.05)
