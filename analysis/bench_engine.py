@@ -13,6 +13,9 @@ the master's ingest path (c4d/ingest.py: edge validation, c4d/validate.py, then 
 pp 4: many more communicators per chunk). Prints records/s for each, measured in CPU time of
 this process (the machine may be shared);
 ``--json`` adds them as one JSON object on the last line, ``--quick`` runs 2 steps (CI smoke run).
+``--steady`` (with ``--synthetic``) ingests the job's start-up batch (every REGISTER and COMM:
+creating thousands of communicators, once per job) before the clock starts: the rate a running
+job's records are taken at.
 ``--baseline DIR`` measures another checkout (DIR/analysis/bench_engine.py with the same
 options, in a subprocess: DIR's c4d) before and after this one, and prints its figures beside
 ours ("was ..."): side by side in one run, on the same load of the machine.
@@ -40,11 +43,17 @@ from c4d.ingest import Ingest  # noqa: E402
 from c4d.validate import Edge  # noqa: E402
 
 
-def drive(batches, tick_ns: int, coalesce_ns: int | None, edge: bool = False) -> tuple[float, int, int]:
+def drive(
+    batches, tick_ns: int, coalesce_ns: int | None, edge: bool = False, steady: bool = False
+) -> tuple[float, int, int]:
     eng: Any = Engine(EngineConfig())
     if edge:
         eng = Ingest(eng, Edge())
     t0 = factories.T0
+    if steady:  # the start-up batch (every REGISTER and COMM) ingested before the clock starts
+        eng.feed(batches[0][1], t0)
+        eng.tick(t0)
+        batches = batches[1:]
     n = sum(len(b) for _, b in batches)
     if coalesce_ns:
         groups: dict[int, list[np.ndarray]] = {}
@@ -87,6 +96,9 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="2 steps: a smoke run of a few seconds")
     ap.add_argument("--synthetic", type=int, metavar="N", help="bench_master's job of N ranks instead")
     ap.add_argument("--json", action="store_true", help="the figures as one JSON object on the last line")
+    ap.add_argument("--steady", action="store_true",
+                    help="with --synthetic: the job's start-up (registering every rank and communicator, "
+                         "once per job) not timed")  # fmt: skip
     ap.add_argument(
         "--baseline", metavar="DIR", type=Path, help="another checkout to measure beside this one"
     )
@@ -122,7 +134,7 @@ def main() -> int:
         was.append(_baseline(args))
     out: dict[str, float] = {}
     for label, co, edge, key in variants:
-        dt, n, feeds = drive(batches, 200_000_000, co, edge)
+        dt, n, feeds = drive(batches, 200_000_000, co, edge, steady=bool(args.steady and args.synthetic))
         rate, per = n / dt, n / feeds
         out[key] = round(rate)
         print(
@@ -150,6 +162,10 @@ def _baseline(args) -> dict[str, float]:
         cmd += ["--synthetic", str(args.synthetic)]
     if args.quick:
         cmd.append("--quick")
+    if args.steady:
+        if "--steady" not in Path(cmd[1]).read_text():
+            raise SystemExit(f"bench_engine: --baseline {args.baseline}: its bench has no --steady")
+        cmd.append("--steady")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["PYTHONPATH"] = str(args.baseline)
     res = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True)

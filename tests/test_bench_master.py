@@ -38,3 +38,10 @@ def test_bench_master_sizes():
 def test_bench_engine_quick():
     out = _last_json("bench_engine.py")
     assert out["records_per_s"] > 0 and out["records_per_s_edge"] > 0
+
+
+def test_bench_engine_steady():
+    """--steady: the synthetic job's start-up batch is not timed (its records not counted)."""
+    full = _last_json("bench_engine.py", "--synthetic", "64")
+    steady = _last_json("bench_engine.py", "--synthetic", "64", "--steady")
+    assert steady["records_per_s"] > 0 and full["records_per_s"] > 0
