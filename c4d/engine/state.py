@@ -566,29 +566,14 @@ class Comm:
             pool.attach(self)
 
     # -- the op ring's member rows ----------------------------------------------------------
-    def _rows(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    def ring_rows(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(has, arrival, end, compute gap), each W x n."""
         if self._ring is None:
             W, n = self.W, self.n
             # has, arrival, end, the member's compute before the op (-1 unknown; add_collectives)
             self._ring = (np.zeros((W, n), bool), np.zeros((W, n), np.int64), np.zeros((W, n), np.int64),
                           np.full((W, n), -1, np.int64))  # fmt: skip
         return self._ring
-
-    @property
-    def has(self) -> np.ndarray:
-        return self._rows()[0]
-
-    @property
-    def arr(self) -> np.ndarray:
-        return self._rows()[1]
-
-    @property
-    def end(self) -> np.ndarray:
-        return self._rows()[2]
-
-    @property
-    def gap(self) -> np.ndarray:
-        return self._rows()[3]
 
     # -- derived views -----------------------------------------------------------------
     def done_eff(self) -> np.ndarray:
@@ -692,6 +677,7 @@ class Comm:
         """Put collective OP rows (and each member's compute before the op) into the ring; return
         the slots of the ops now complete, in seq order, marked processed."""
         W = self.W
+        has, arr, end, gap = self.ring_rows()
         slot = seq % W
         tag = self.tag[slot]
         newer = seq > tag
@@ -705,22 +691,22 @@ class Comm:
             had = self.tag[s_new] >= 0
             self.incomplete += int((had & ~self.processed[s_new]).sum())
             self.tag[s_new] = s_seq
-            self.has[s_new] = False
-            self.gap[s_new] = -1
+            has[s_new] = False
+            gap[s_new] = -1
             self.processed[s_new] = False
         ok = seq == self.tag[slot]
         if not ok.all():
             ops, seq, cr, slot, comp = ops[ok], seq[ok], cr[ok], slot[ok], comp[ok]
         start = ops["start_ns"].astype(np.int64)
         issue = ops["issue_ns"].astype(np.int64)
-        self.arr[slot, cr] = np.where(start > 0, start, issue)  # arrival: device start, else host issue
-        self.end[slot, cr] = ops["end_ns"].astype(np.int64)
-        self.gap[slot, cr] = comp
-        self.has[slot, cr] = True
+        arr[slot, cr] = np.where(start > 0, start, issue)  # arrival: device start, else host issue
+        end[slot, cr] = ops["end_ns"].astype(np.int64)
+        gap[slot, cr] = comp
+        has[slot, cr] = True
         self.opk[slot] = ops["op"]
         self.nbytes[slot] = ops["bytes"].astype(np.int64)
         touched = np.unique(slot)
-        done = touched[self.has[touched].all(axis=1) & ~self.processed[touched]]
+        done = touched[has[touched].all(axis=1) & ~self.processed[touched]]
         if len(done):
             done = done[np.argsort(self.tag[done], kind="stable")]
             self.processed[done] = True
@@ -774,7 +760,8 @@ class Complete(NamedTuple):
 
     @classmethod
     def of(cls, c: Comm, slots: np.ndarray) -> Complete:
-        return cls(c.arr[slots], c.end[slots], c.gap[slots], c.opk[slots], c.nbytes[slots], c.tag[slots])
+        _has, arr, end, gap = c.ring_rows()
+        return cls(arr[slots], end[slots], gap[slots], c.opk[slots], c.nbytes[slots], c.tag[slots])
 
     @classmethod
     def join(cls, parts: list[Complete]) -> Complete:
