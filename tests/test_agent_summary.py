@@ -98,3 +98,28 @@ def test_node_local_collectives_arrive_as_one_summary_each(tmp_path):
     assert tp and all(len(c.recent_ops()) for c in tp)
     # the job destroyed its communicators at the end: the agents hold none of them any more
     assert all(not s.comms and not s.members and not s.size for s in summ.values())
+
+
+def test_a_member_registered_late_loses_no_op():
+    """The ranks' first batches reach the agent in any order: a rank may send its first ops of
+    a node-local communicator before its peer registered (seen in CI). Those ops go raw for
+    every member, the later ones as summaries: each op reaches the master once, whole."""
+    from tests import hostile as H
+
+    t, cid = H.now_ns(), 0x77
+    reg = H.registers(2, t, node_of=lambda r: b"node-0")
+    init = H.comm_init(range(2), cid, 2, t)
+    ops = H.allreduces(2, range(6), t, cid)
+    a_early = ops[(ops["rank"] == 0) & (ops["seq"] < 3)]
+    s = Summariser()
+    first = s.feed(H.as_header(reg[:1], init[:1], a_early))
+    rest = s.feed(
+        H.as_header(reg[1:], init[1:], ops[ops["rank"] == 1], ops[(ops["rank"] == 0) & (ops["seq"] >= 3)])
+    )
+    out = np.concatenate([first, rest])
+    raw = out[out["kind"] == schema.Kind.OP].view(schema.OP)
+    sums = out[out["kind"] == schema.Kind.OPSUM].view(schema.OPSUM)
+    assert sorted(zip(raw["seq"].tolist(), raw["rank"].tolist(), strict=True)) == [
+        (q, g) for q in range(3) for g in (0, 1)
+    ]
+    assert sorted(sums["seq"].tolist()) == [3, 4, 5]

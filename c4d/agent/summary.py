@@ -54,6 +54,9 @@ class Summariser:
         self.members: dict[int, dict[int, int]] = {}  # comm id -> {comm rank: global rank} seen here
         self.comms: dict[int, Comm] = {}  # node-local communicators being summarised
         self.gone: dict[int, set[int]] = {}  # comm id -> comm ranks that finalized/destroyed/aborted it
+        # comm id -> the highest collective seq forwarded as it came, before the communicator was
+        # known to be node-local: those ops stay raw for every member (their other rows went raw)
+        self.raw_seq: dict[int, int] = {}
         self.stats: Counter[str] = Counter()
 
     # -- the stream ---------------------------------------------------------------------
@@ -153,7 +156,7 @@ class Summariser:
                 self.gone[cid].discard(cr)
             mem = self.members.get(cid)
             if mem is not None and self.gone.get(cid, set()) >= set(mem):
-                for d in (self.comms, self.members, self.size, self.gone):
+                for d in (self.comms, self.members, self.size, self.gone, self.raw_seq):
                     d.pop(cid, None)
                 self.heartbeats.forget(cid)
 
@@ -164,9 +167,16 @@ class Summariser:
         coll = ((ops["flags"] & _P2P) == 0) & (ops["comm_nranks"] <= self.max_members)
         if not coll.any():
             return out
+        seq = ops["seq"].astype(np.int64)
         for cid in np.unique(ops["comm_id"][coll]).tolist():
+            mine = coll & (ops["comm_id"] == cid)
             if self._is_local(cid):
-                out |= coll & (ops["comm_id"] == cid)
+                # a member's rows of an op that went raw (a member registered late: the ranks'
+                # first batches come in any order) go raw too, so the master has them all
+                out |= mine & (seq > self.raw_seq.get(cid, -1))
+            raw = mine & ~out
+            if raw.any():
+                self.raw_seq[cid] = max(self.raw_seq.get(cid, -1), int(seq[raw].max()))
         return out
 
     def _is_local(self, cid: int) -> bool:
