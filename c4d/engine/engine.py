@@ -35,6 +35,7 @@ from c4d.engine.state import (
     RECENT_OPS,
     Comm,
     Complete,
+    P2PDone,
     P2PPairs,
     Pool,
     RankTable,
@@ -384,43 +385,25 @@ class Engine:
             self._collectives(take(rows, coll), ci[coll], member[coll], ex[coll, 1], spans)
         if p2p.any():
             pi = np.flatnonzero(p2p)
-            k, cnt = np.unique(ci[pi], return_counts=True)
-            for k1, v in zip(k.tolist(), cnt.tolist(), strict=True):
-                spans[k1][0].p2p_rows += v
             nn = np.array([c.n for c, _, _ in spans])
             peer = rows["peer"][pi]
-            pi = pi[(peer >= 0) & (peer < nn[ci[pi]])]
+            ok = (peer >= 0) & (peer < nn[ci[pi]])
+            valid = np.zeros(len(spans), bool)
+            valid[ci[pi[ok]]] = True
+            k, cnt = np.unique(ci[pi], return_counts=True)
+            for k1, v in zip(k.tolist(), cnt.tolist(), strict=True):
+                c = spans[k1][0]
+                c.p2p_rows += v
+                if valid[k1]:  # Comm.add_p2p for every communicator at once
+                    c.version += 1
+                    c.has_p2p = True
+            pi = pi[ok]
             if len(pi):
                 pp, kp = take(rows, pi), ci[pi]
-                self._p2p_done(pp, kp, spans)
-                idx = np.array([c.idx for c, _, _ in spans], np.int64)
+                idx = np.array([c.idx for c, _, _ in spans], np.int64)[kp]
+                self._pool.p2p.update(P2PDone.key(idx, pp["comm_rank"], pp["op"], pp["peer"]), pp["seq"])
                 # one pass over every communicator's sends and receives
-                self._pairs.feed(pp, idx[kp], ex[pi, 0] != 0, self.comms, self.ranks)
-
-    @staticmethod
-    def _p2p_done(pp: np.ndarray, kp: np.ndarray, spans: list[tuple[Comm, int, int]]) -> None:
-        """Comm.add_p2p for the p2p rows of every communicator at once (``kp``: each row's span)."""
-        # one int64 per (span, comm rank, op, peer), ordered as Comm.add_p2p orders its keys
-        key = (
-            (kp.astype(np.int64) << 38)
-            | (pp["comm_rank"].astype(np.int64) << 21)
-            | (pp["op"].astype(np.int64) << 17)
-            | pp["peer"]
-        )
-        uk, inv = np.unique(key, return_inverse=True)
-        mx = np.zeros(len(uk), np.int64)
-        np.maximum.at(mx, inv.ravel(), pp["seq"].astype(np.int64) + 1)
-        prev = -1
-        for k0, m in zip(uk.tolist(), mx.tolist(), strict=True):
-            if k0 >> 38 != prev:
-                prev = k0 >> 38
-                c = spans[prev][0]
-                c.version += 1
-                c.has_p2p = True
-                done = c.p2p_done
-            k = ((k0 >> 21) & 0x1FFFF, (k0 >> 17) & 15, k0 & 0x1FFFF)
-            if m > done.get(k, 0):
-                done[k] = m
+                self._pairs.feed(pp, idx, ex[pi, 0] != 0, self.comms, self.ranks)
 
     def _members(self, rows: np.ndarray, spans: list[tuple[Comm, int, int]]) -> tuple[np.ndarray, np.ndarray]:
         """``_member`` for the rows of every communicator at once (rows as ``_comm_slices`` gives
