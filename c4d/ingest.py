@@ -30,7 +30,7 @@ from c4d.validate import Edge
 
 log = logging.getLogger("c4d.ingest")
 
-Sink = Callable[[np.ndarray, dict[schema.Kind, np.ndarray]], None]
+Sink = Callable[[np.ndarray], None]  # the admitted rows of a batch (HEADER)
 
 
 class Ingest:
@@ -56,10 +56,8 @@ class Ingest:
             if not len(ok):
                 return 0
             self.engine.feed(ok, t_ns)
-            if self.sinks:
-                kinds = schema.by_kind(ok)
-                for sink in self.sinks:
-                    sink(ok, kinds)
+            for sink in self.sinks:
+                sink(ok)
             return len(ok)
         except Exception as e:  # one batch must never stop the master
             self.failed("ingest", e, len(raw))
@@ -77,10 +75,8 @@ class Ingest:
         try:
             if len(ok):
                 self.engine.feed(ok, t_ns)
-                if self.sinks:
-                    kinds = schema.by_kind(ok)
-                    for sink in self.sinks:
-                        sink(ok, kinds)
+                for sink in self.sinks:
+                    sink(ok)
             return len(ok)
         except Exception as e:
             self.failed("ingest", e, len(raw))

@@ -90,10 +90,10 @@ class Master:
             self.metrics = Metrics()
             self.metrics_port = self.metrics.serve(cfg.metrics_port)
         self.edge = Edge(cfg.limits or Limits.from_env())
-        sinks: list[Any] = [lambda ok, kinds: self.received.add(ok, time.time_ns(), kinds)]
+        sinks: list[Any] = [lambda ok: self.received.add(ok, time.time_ns())]
         on_free: list[Any] = [self.received.forget]
         if (m := self.metrics) is not None:
-            sinks.append(lambda ok, kinds: m.ingest(kinds))
+            sinks.append(m.ingest)
             on_free.append(m.forget)
         self.ingest = Ingest(self.engine, self.edge, sinks=sinks, on_free=on_free)
         self.diagnoses: list[Any] = []

@@ -66,11 +66,12 @@ class Metrics:
         server, _thread = start_http_server(port, addr=addr, registry=self.registry)
         return server.server_port
 
-    def ingest(self, kinds: dict[schema.Kind, np.ndarray]) -> None:
+    def ingest(self, ok: np.ndarray) -> None:
         """Count one admitted batch's records by kind."""
-        for k, arr in kinds.items():
-            if len(arr):
-                self.records.labels(kind=k.name.lower()).inc(len(arr))
+        per = np.bincount(ok["kind"], minlength=256) if len(ok) else np.zeros(256, np.int64)
+        for k in schema.DTYPES:
+            if per[k]:
+                self.records.labels(kind=k.name.lower()).inc(int(per[k]))
 
     def tick(
         self, dropped: int, bad_messages: int, snapshot: Any = None, split: np.ndarray | None = None

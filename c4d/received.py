@@ -41,18 +41,23 @@ class CommInfo:
 
 
 class Received:
-    """Per-rank counters live in arrays (a batch updates them in one numpy call each; a loop over
-    a batch's ranks was a tenth of the master at 4,096 ranks through agents) and are written
-    into the ``RankInfo`` objects when ``ranks`` is read (the live view, the summary)."""
+    """Per-rank and per-communicator counters live in arrays (a batch updates them in one numpy
+    call each; a loop over a batch's ranks was a tenth of the master at 4,096 ranks through
+    agents, and one over its communicators 5% at 8,192) and are written into the ``RankInfo``
+    and ``CommInfo`` objects when ``ranks`` or ``comms`` is read (the live view, the summary).
+    A batch is read through views of its rows (no copy per record kind)."""
 
     _COUNTERS = ("records", "ops", "last_seen_ns", "dropped", "sent")
+    _COMM_COUNTERS = (("ops", np.int64), ("bytes", np.uint64), ("max_seq", np.int64), ("nranks", np.int64))
 
     def __init__(self) -> None:
         self._info: dict[int, RankInfo] = {}  # in the order ranks were first seen
         self._c = {k: np.zeros(0, np.int64) for k in self._COUNTERS}
         self._final = np.zeros(0, bool)
         self._has_info = np.zeros(0, bool)
-        self.comms: dict[int, CommInfo] = {}
+        self._comms: dict[int, CommInfo] = {}
+        # by dense communicator index (_cidx): ops, bytes, max_seq, nranks
+        self._cc = {k: np.zeros(0, dt) for k, dt in self._COMM_COUNTERS}
         self.records = 0
         self.world_size = 0
         # (communicator, rank) pairs already counted, as sorted keys (dense comm index << 32 |
@@ -72,6 +77,15 @@ class Received:
             info.last_seen_ns, info.dropped = int(c["last_seen_ns"][r]), int(c["dropped"][r])
             info.sent, info.final = int(c["sent"][r]), bool(fin[r])
         return self._info
+
+    @property
+    def comms(self) -> dict[int, CommInfo]:
+        cc = self._cc
+        for c_id, info in self._comms.items():
+            i = self._cidx[c_id]
+            info.ops, info.bytes = int(cc["ops"][i]), int(cc["bytes"][i])
+            info.max_seq, info.nranks = int(cc["max_seq"][i]), int(cc["nranks"][i])
+        return self._comms
 
     def _rank(self, r: int) -> RankInfo:
         info = self._info.get(r)
@@ -98,16 +112,29 @@ class Received:
                 self._rank(r)
 
     def _comm(self, c: int) -> CommInfo:
-        info = self.comms.get(c)
+        info = self._comms.get(c)
         if info is None:
-            info = self.comms[c] = CommInfo(comm_id=c)
-            self._cidx[c] = self._next_cidx
+            info = self._comms[c] = CommInfo(comm_id=c)
+            i = self._cidx[c] = self._next_cidx
             self._next_cidx += 1
             self._lookup = None
+            if i >= len(self._cc["ops"]):
+                size = max(64, 2 * i)
+                for k, a in self._cc.items():
+                    self._cc[k] = np.concatenate([a, np.zeros(size - len(a), a.dtype)])
+            self._cc["max_seq"][i] = -1
         return info
 
-    def _pair_keys(self, cid: np.ndarray, g: np.ndarray) -> np.ndarray:
-        """Key of each (communicator, rank) pair; -1 for a communicator not known yet."""
+    def _dense(self, ids: np.ndarray) -> np.ndarray:
+        """Dense index of each communicator id (distinct ids), new ones made in that order."""
+        idx = self._index(ids)
+        for j in np.flatnonzero(idx < 0).tolist():
+            self._comm(int(ids[j]))
+            idx[j] = self._cidx[int(ids[j])]
+        return idx
+
+    def _index(self, cid: np.ndarray) -> np.ndarray:
+        """Dense index of each communicator id; -1 for one not known yet."""
         if self._lookup is None:
             ids = np.fromiter(self._cidx, np.uint64, len(self._cidx))
             idx = np.fromiter(self._cidx.values(), np.int64, len(self._cidx))
@@ -117,86 +144,100 @@ class Received:
         if not len(ids):
             return np.full(len(cid), -1, np.int64)
         pos = np.minimum(np.searchsorted(ids, cid), len(ids) - 1)
-        hit = ids[pos] == cid
-        return np.where(hit, (idx[pos] << 32) | g, -1)
+        return np.where(ids[pos] == cid, idx[pos], -1)
 
-    def add(self, raw: np.ndarray, recv_ns: int, kinds: dict[schema.Kind, np.ndarray] | None = None) -> None:
-        """Count a batch; ``kinds`` is ``schema.by_kind(raw)`` when the caller already split it."""
-        k = kinds if kinds is not None else schema.by_kind(raw)
-        self._identity(raw, recv_ns, k)
-        self._ops(k[schema.Kind.OP])
-        self._heartbeats(k[schema.Kind.HEARTBEAT])
+    def _pair_keys(self, cid: np.ndarray, g: np.ndarray) -> np.ndarray:
+        """Key of each (communicator, rank) pair; -1 for a communicator not known yet."""
+        idx = self._index(cid)
+        return np.where(idx >= 0, (idx << 32) | g, -1)
 
-    def _identity(self, raw: np.ndarray, recv_ns: int, k: dict[schema.Kind, np.ndarray]) -> None:
+    def add(self, raw: np.ndarray, recv_ns: int) -> None:
+        """Count a batch (HEADER rows, read through views: no copy per record kind)."""
+        kind = raw["kind"]
+        self._identity(raw, kind, recv_ns)
+        op = kind == schema.Kind.OP
+        if op.any():
+            self._ops(raw.view(schema.OP), op)
+        hb = kind == schema.Kind.HEARTBEAT
+        if hb.any():
+            self._heartbeats(raw.view(schema.HEARTBEAT), hb)
+
+    def _identity(self, raw: np.ndarray, kind: np.ndarray, recv_ns: int) -> None:
         """Records per rank, and who the ranks and communicators are (REGISTER, COMM: few)."""
         self.records += len(raw)
-        ranks, counts = np.unique(raw["rank"].astype(np.int64), return_counts=True)
+        if not len(raw):
+            return
+        per = np.bincount(raw["rank"].astype(np.int64))  # the edge admitted ranks of the job only
+        ranks = np.flatnonzero(per)
         self._seen(ranks)
-        self._c["records"][ranks] += counts
+        self._c["records"][ranks] += per[ranks]
         self._c["last_seen_ns"][ranks] = recv_ns
-        for rec in k[schema.Kind.REGISTER]:
+        for rec in raw[kind == schema.Kind.REGISTER].view(schema.REGISTER):
             info = self._rank(int(rec["rank"]))
             info.node = names.clean(bytes(rec["node"]))
             info.pid = int(rec["pid"])
             self.world_size = max(self.world_size, int(rec["world_size"]))
-        for rec in k[schema.Kind.COMM]:
+        for rec in raw[kind == schema.Kind.COMM].view(schema.COMM):
             c = self._comm(int(rec["comm_id"]))
-            c.nranks = int(rec["comm_nranks"])
+            self._cc["nranks"][self._cidx[c.comm_id]] = int(rec["comm_nranks"])
             c.parent_id = int(rec["parent_id"]) or c.parent_id
             c.ranks.add(int(rec["rank"]))
             self._rank(int(rec["rank"])).comms.add(c.comm_id)
 
-    def _ops(self, ops: np.ndarray) -> None:
-        if len(ops):
-            # per communicator at once (a per-record loop was a fifth of the master's time
-            # with node agents' heartbeats, 1,024 ranks)
-            cid, g = ops["comm_id"], ops["rank"].astype(np.int64)
-            o = np.argsort(cid, kind="stable")
-            cs = cid[o]
-            heads = np.flatnonzero(np.r_[True, cs[1:] != cs[:-1]])
-            n = np.diff(np.r_[heads, len(o)])
-            nbytes = np.add.reduceat(ops["bytes"][o].astype(np.uint64), heads)
-            coll = (ops["flags"][o] & schema.OpFlag.P2P) == 0
-            seq = np.where(coll, ops["seq"][o].astype(np.int64), -1)
-            top = np.maximum.reduceat(seq, heads)
-            first_n = ops["comm_nranks"][o][heads]
-            for c_id, k_n, k_b, k_top, k_nr in zip(
-                cs[heads].tolist(), n.tolist(), nbytes.tolist(), top.tolist(), first_n.tolist(), strict=True
-            ):
-                c = self._comm(c_id)
-                c.ops += k_n
-                c.bytes += k_b
-                c.max_seq = max(c.max_seq, k_top)
-                c.nranks = c.nranks or k_nr
-            self._members(cid, g, of_rank=False)
-            r_ids, r_counts = np.unique(g, return_counts=True)
-            self._seen(r_ids)
-            self._c["ops"][r_ids] += r_counts
+    def _ops(self, v: np.ndarray, sel: np.ndarray) -> None:
+        """OP rows (``v``: the batch viewed as OP records, ``sel`` which rows are), per
+        communicator at once (a per-record loop was a fifth of the master's time with node
+        agents' heartbeats, 1,024 ranks)."""
+        at = np.flatnonzero(sel)
+        cid, g = v["comm_id"][at], v["rank"][at].astype(np.int64)
+        o = np.argsort(cid, kind="stable")
+        cs = cid[o]
+        heads = np.flatnonzero(np.r_[True, cs[1:] != cs[:-1]])
+        n = np.diff(np.r_[heads, len(o)])
+        ao = at[o]
+        nbytes = np.add.reduceat(v["bytes"][ao].astype(np.uint64), heads)
+        coll = (v["flags"][ao] & schema.OpFlag.P2P) == 0
+        top = np.maximum.reduceat(np.where(coll, v["seq"][ao].astype(np.int64), -1), heads)
+        first_n = v["comm_nranks"][ao][heads].astype(np.int64)
+        i = self._dense(cs[heads])
+        cc = self._cc
+        cc["ops"][i] += n
+        cc["bytes"][i] += nbytes
+        cc["max_seq"][i] = np.maximum(cc["max_seq"][i], top)
+        nr = cc["nranks"][i]
+        cc["nranks"][i] = np.where(nr != 0, nr, first_n)
+        self._members(cid, g, of_rank=False)
+        per = np.bincount(g)
+        r_ids = np.flatnonzero(per)
+        self._seen(r_ids)
+        self._c["ops"][r_ids] += per[r_ids]
 
-    def _heartbeats(self, hb: np.ndarray) -> None:
-        if len(hb):
-            g = hb["rank"].astype(np.int64)
-            o = np.argsort(g, kind="stable")
-            gs = g[o]
-            heads = np.flatnonzero(np.r_[True, gs[1:] != gs[:-1]])
-            dropped = np.maximum.reduceat(hb["dropped"][o].astype(np.int64), heads)
-            sent = np.maximum.reduceat(hb["sent"][o].astype(np.int64), heads)
-            final = np.logical_or.reduceat((hb["hb_flags"][o] & schema.HBF_FINAL) != 0, heads)
-            r = gs[heads]
-            self._seen(r)
-            cnt = self._c
-            cnt["dropped"][r] = np.maximum(cnt["dropped"][r], dropped)
-            cnt["sent"][r] = np.maximum(cnt["sent"][r], sent)
-            self._final[r] |= final
-            on = hb["comm_id"] != 0
-            if on.any():
-                cid, nr = hb["comm_id"][on], hb["comm_nranks"][on]
-                sized = nr != 0
-                u, first = np.unique(cid[sized], return_index=True)  # the first size it says
-                for c_id, k_nr in zip(u.tolist(), nr[sized][first].tolist(), strict=True):
-                    c = self._comm(c_id)
-                    c.nranks = c.nranks or k_nr
-                self._members(cid, g[on], of_rank=True)
+    def _heartbeats(self, v: np.ndarray, sel: np.ndarray) -> None:
+        at = np.flatnonzero(sel)
+        g = v["rank"][at].astype(np.int64)
+        o = np.argsort(g, kind="stable")
+        gs, ao = g[o], at[o]
+        heads = np.flatnonzero(np.r_[True, gs[1:] != gs[:-1]])
+        dropped = np.maximum.reduceat(v["dropped"][ao].astype(np.int64), heads)
+        sent = np.maximum.reduceat(v["sent"][ao].astype(np.int64), heads)
+        final = np.logical_or.reduceat((v["hb_flags"][ao] & schema.HBF_FINAL) != 0, heads)
+        r = gs[heads]
+        self._seen(r)
+        cnt = self._c
+        cnt["dropped"][r] = np.maximum(cnt["dropped"][r], dropped)
+        cnt["sent"][r] = np.maximum(cnt["sent"][r], sent)
+        self._final[r] |= final
+        cid_all = v["comm_id"][at]
+        on = cid_all != 0
+        if on.any():
+            cid, nr = cid_all[on], v["comm_nranks"][at][on].astype(np.int64)
+            sized = nr != 0
+            u, first = np.unique(cid[sized], return_index=True)  # the first size it says
+            if len(u):
+                i = self._dense(u)
+                have = self._cc["nranks"][i]
+                self._cc["nranks"][i] = np.where(have != 0, have, nr[sized][first])
+            self._members(cid, g[on], of_rank=True)
 
     def _members(self, cid: np.ndarray, g: np.ndarray, of_rank: bool) -> None:
         """Rank g[i] is a member of communicator cid[i], once per distinct pair (``of_rank``:
@@ -226,7 +267,7 @@ class Received:
             for k, known in self._known.items():
                 self._known[k] = known[~np.isin(known >> 32, gone)]
         for cid in cids:
-            c = self.comms.pop(int(cid), None)
+            c = self._comms.pop(int(cid), None)
             if c is None:
                 continue
             for r in c.ranks:

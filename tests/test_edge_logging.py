@@ -50,7 +50,7 @@ def test_one_line_per_reason_class_per_minute_with_counts(caplog):
 def test_the_metrics_carry_every_reason_and_forget_freed_communicators():
     t = H.now_ns()
     m = Metrics()
-    sink = [lambda ok, kinds: m.ingest(kinds)]
+    sink = [m.ingest]
     eng = Engine(EngineConfig(), split=True)  # the metrics read the engine's own waits (OP_SPLIT rows)
     ing = Ingest(eng, Edge(Limits(comm_idle_s=1)), sinks=sink, on_free=[m.forget])
     ing.feed(H.as_header(H.registers(8, t), H.comm_init(range(8), H.WORLD_COMM, 8, t)), t)

@@ -84,7 +84,7 @@ def records(draw) -> np.ndarray:
 def _ingest() -> tuple[Ingest, Received]:
     rec = Received()
     eng = Engine(EngineConfig(hang_timeout_us=100_000, hang_times=2))
-    ing = Ingest(eng, Edge(), sinks=[lambda ok, kinds: rec.add(ok, T, kinds)], on_free=[rec.forget])
+    ing = Ingest(eng, Edge(), sinks=[lambda ok: rec.add(ok, T)], on_free=[rec.forget])
     ing.feed(H.as_header(H.registers(WORLD, T), H.comm_init(range(WORLD), H.WORLD_COMM, WORLD, T)), T)
     return ing, rec
 

@@ -205,10 +205,16 @@ def compute_gaps(
 
 def _row_nanmedian(a: np.ndarray) -> np.ndarray:
     """Median of each row ignoring NaN (NaN when a row has none); np.nanmedian is ~20x slower here."""
-    srt = np.sort(a, axis=1)  # NaN sort last
-    k = (~np.isnan(a)).sum(axis=1)
-    lo = np.take_along_axis(srt, np.maximum((k - 1) // 2, 0)[:, None], axis=1)[:, 0]
-    hi = np.take_along_axis(srt, np.maximum(k // 2, 0)[:, None], axis=1)[:, 0]
+    m, n = a.shape
+    srt = np.sort(a, axis=1).ravel()  # NaN sort last
+    nan = np.isnan(a)
+    if n == 8 and nan.flags.c_contiguous:  # a node agent's summaries: a row's 8 flags are one word
+        k = n - np.bitwise_count(nan.view(np.uint64)).ravel().astype(np.int64)
+    else:  # (a reduction along short rows is slow: 1.6 ms for 78,000 x 8)
+        k = n - nan.sum(axis=1)
+    at = np.arange(m) * n
+    lo = srt[at + np.maximum((k - 1) // 2, 0)]
+    hi = srt[at + np.maximum(k // 2, 0)]
     return np.where(k > 0, (lo + hi) / 2, np.nan)
 
 
