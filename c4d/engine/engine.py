@@ -14,7 +14,7 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Hashable, Iterator
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 
@@ -563,10 +563,13 @@ class Engine:
         # a 4,096-rank job holds 512 tensor-parallel groups' summaries: a dozen numpy calls
         # per group was most of this path); a member change goes through _member first.
         nr = rows["comm_nranks"].astype(np.int64)
-        comms: list[Comm | None] = [self._comm(int(cid[h]), int(nr[h])) for h in heads.tolist()]
-        C = len(comms)
+        ids = cid[heads]
+        idx, cn = self._lookup(ids)
+        for k in np.flatnonzero(idx < 0).tolist():  # new communicators (in comm-id order)
+            c = self._comm(int(ids[k]), int(nr[heads[k]]))
+            idx[k], cn[k] = (c.idx, c.n) if c is not None else (-1, -1)
+        C = len(heads)
         seg = np.repeat(np.arange(C), tails - heads)
-        cn = np.array([c.n if c is not None else -1 for c in comms], np.int64)
         ok_c = (cn >= 1) & ~np.logical_or.reduceat(nr != cn[seg], heads)
         if not ok_c.all():
             bad = ~ok_c[seg]
@@ -574,14 +577,14 @@ class Engine:
         if not ok_c.any():
             return
         M = self._pool.member
-        base = np.array([c.mbase if c is not None else 0 for c in comms], np.int64)
+        base = np.where(ok_c, self._pool.cbase[np.maximum(idx, 0)], 0)
         cr = rows["comm_rank"].astype(np.int64)
         g_last = rows["rank"].astype(np.int64)
         new = ok_c[seg] & (M["grank"][np.where(ok_c[seg], base[seg] + cr, 0)] != g_last)
         if new.any():
             for j in np.unique(seg[new]).tolist():
                 h, t = int(heads[j]), int(tails[j])
-                self._member(cast(Comm, comms[j]), cr[h:t], g_last[h:t])
+                self._member(self.comms[int(idx[j])], cr[h:t], g_last[h:t])
         # each communicator's whole membership: known, one node, clocks aligned
         lens = np.where(ok_c, cn, 0)
         starts = np.r_[0, np.cumsum(lens)[:-1]]
@@ -619,15 +622,18 @@ class Engine:
             self.ranks.mark_refined(nd[starts[refine]])
         la_min = np.minimum.reduceat(out["last_arrive"], heads)
         t_recv = self._chunk_recv
-        for j in np.flatnonzero(use).tolist():
-            c = cast(Comm, comms[j])
-            h, t = int(heads[j]), int(tails[j])
+        comms = self.comms
+        u = np.flatnonzero(use)
+        for i, h, t, la in zip(
+            idx[u].tolist(), heads[u].tolist(), tails[u].tolist(), la_min[u].tolist(), strict=True
+        ):
+            c = comms[i]
             k = (t - h) * c.n  # the OP records they stand for (the live view's rate)
             c.ops_seen += k
             c.note_done(t_recv, k)
             c.version += 1
             c.has_coll = True
-            c._completed(out[h:t], gaps[h:t, : c.n], int(la_min[j]))
+            c._completed(out[h:t], gaps[h:t, : c.n], la)
 
     @staticmethod
     def _shares_events(ops: np.ndarray) -> np.ndarray:
@@ -695,7 +701,7 @@ class Engine:
             out += self._count(f, th, now)
         for key in [k for k in self._active if k not in live]:
             del self._active[key]
-        for s in self._slow.judge(self.ranks, self.comms, th, now, ev.oldest_wait):
+        for s in self._slow.judge(self.ranks, self.comms, th, now, ev.oldest_wait, self._pool):
             out.append(self._slow_diag(s, now))
         return out
 

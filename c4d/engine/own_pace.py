@@ -81,8 +81,9 @@ class OwnPace:
             self.period = period_ns
         given = (ops["flags"] & COMPUTE_GIVEN) != 0
         inc = np.where(sync & ~given, gaps, -1).astype(np.int64)
-        if (sync & given).any():
-            inc[sync & given] = self._increments(ops[sync & given], cum[sync & given])
+        fwd = sync & given
+        if fwd.any():  # (a field, not the structured rows: those copy field by field)
+            inc[fwd] = self._increments(ops["rank"][fwd], cum[fwd])
         rows = np.flatnonzero(inc >= 0)
         if not len(rows):
             return
@@ -121,11 +122,11 @@ class OwnPace:
                     k[: len(old[1])] += old[1]
                 self.bins[q0 + i] = (s, k)
 
-    def _increments(self, ops: np.ndarray, cum: np.ndarray) -> np.ndarray:
+    def _increments(self, rank: np.ndarray, cum: np.ndarray) -> np.ndarray:
         """Each forwarded op's compute: its rank's running sum minus at its previous one
         (state.compute_before, in the order of the sums), -1 at a rank's first or where the sum
         went back (a stream that switched sources)."""
-        g = ops["rank"].astype(np.int64)
+        g = rank.astype(np.int64)
         c = cum.astype(np.int64)
         n = int(g.max()) + 1
         if n > len(self.level):
