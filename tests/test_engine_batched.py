@@ -63,7 +63,9 @@ def _run(job: Job, batched: bool, monkeypatch, drop_register: tuple[int, ...] = 
         state[f"{c.id:x}.counts"] = np.array(
             [c.version, c.incomplete, c.ops_seen, c.p2p_rows, len(c.p2p_done)]
         )
-        state[f"{c.id:x}.done_log"] = np.array([*c.done_log, (c.first_done_ns or 0, 0)])
+        rate = run.engine._pool.rate  # what the live view's rate reads: OP rows by master time
+        log = [(t, int(r[i == c.idx].sum())) for t, i, r in rate.log if (i == c.idx).any()]
+        state[f"{c.id:x}.rate"] = np.array([*log, (c.first_done_ns or 0, 0)])
     diags = [json.dumps(d.to_json(), sort_keys=True) for d in run.diagnoses]
     return diags, made, run.engine.take_split(), state
 

@@ -376,9 +376,11 @@ class Engine:
         if not spans:
             return
         ci, member = self._members(rows, spans)
-        for c, h, t in spans:
-            c.ops_seen += t - h
-            c.note_done(self._chunk_recv, t - h)
+        self._pool.rate.note(
+            self._chunk_recv,
+            np.array([c.idx for c, _, _ in spans], np.int64),
+            np.array([t - h for _, h, t in spans], np.int64),
+        )
         p2p = (rows["flags"] & P2P) != 0
         if not p2p.all():
             coll = ~p2p
@@ -520,8 +522,7 @@ class Engine:
         for c, part, ex in self._by_comm(ops, "OP", extra):
             n = len(part)
             self._member(c, part["comm_rank"].astype(np.int64), part["rank"].astype(np.int64))
-            c.ops_seen += n
-            c.note_done(self._chunk_recv, n)
+            self._pool.rate.note(self._chunk_recv, np.array([c.idx]), np.array([n]))
             p2p = (part["flags"] & P2P) != 0
             c.p2p_rows += int(p2p.sum())
             if p2p.any():
@@ -621,16 +622,14 @@ class Engine:
         if self.cfg.clock_gain > 0 and refine.any():
             self.ranks.mark_refined(nd[starts[refine]])
         la_min = np.minimum.reduceat(out["last_arrive"], heads)
-        t_recv = self._chunk_recv
         comms = self.comms
         u = np.flatnonzero(use)
+        # the OP records they stand for (the live view's rate): one per member
+        self._pool.rate.note(self._chunk_recv, idx[u], (tails - heads)[u] * cn[u])
         for i, h, t, la in zip(
             idx[u].tolist(), heads[u].tolist(), tails[u].tolist(), la_min[u].tolist(), strict=True
         ):
             c = comms[i]
-            k = (t - h) * c.n  # the OP records they stand for (the live view's rate)
-            c.ops_seen += k
-            c.note_done(t_recv, k)
             c.version += 1
             c.has_coll = True
             c._completed(out[h:t], gaps[h:t, : c.n], la)
@@ -795,6 +794,8 @@ class Engine:
                 if states.get(g) is not RankState.waiting:
                     states[g] = RankState.in_collective if everyone else RankState.waiting
         period_w = (now // th.period_ns) if th.period_ns else 0
+        # OP rows per communicator over the last RATE_WINDOW_NS of master time (the rate)
+        rows = self._pool.rate.since(self._now - RATE_WINDOW_NS, self._next_idx)
         for g, w in self._slow.slow_ranks.items():
             if w >= period_w - 2 and g in states:
                 states[g] = RankState.slow
@@ -812,12 +813,12 @@ class Engine:
             time_ns=now,
             rank_states=states,
             rank_nodes={g: R.node_name(g) for g in seen},
-            comms=tuple(self._comm_snapshot(c) for c in self.comms.values()),
+            comms=tuple(self._comm_snapshot(c, rows) for c in self.comms.values()),
             offsets_ms={g: round(R.offset(g) / 1e6, 3) for g in seen},
             active=tuple(self._active[k] for k in sorted(self._active, key=repr)),
         )
 
-    def _comm_snapshot(self, c: Comm) -> CommSnapshot:
+    def _comm_snapshot(self, c: Comm, rows_since: np.ndarray) -> CommSnapshot:
         R = self.ranks
         members = np.sort(c.grank[c.grank >= 0])
         # Megatron layout: TP groups are consecutive ranks, DP groups strided, PP is p2p
@@ -833,8 +834,7 @@ class Engine:
         ops = ops[-RECENT_OPS:]
         # ops finished per second over the last RATE_WINDOW_NS of master time (OP rows received:
         # one per member for a collective, two per p2p transfer), so a hang reads 0
-        t0 = self._now - RATE_WINDOW_NS
-        rows = sum(n for t, n in c.done_log if t > t0)
+        rows = int(rows_since[c.idx])
         first = c.first_done_ns if c.first_done_ns is not None else self._now
         span = max(min(RATE_WINDOW_NS, self._now - first), 1_000_000_000)
         per_op = 2 if kind == "PP" else max(c.n, 1)
