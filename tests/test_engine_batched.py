@@ -145,3 +145,25 @@ def test_communicators_on_one_host_clock_share_a_wave(monkeypatch):
     d2, made2, sp2, clk2 = _run(one_node, False, monkeypatch)
     assert d1 == d2 and sorted(made1) == sorted(made2)
     assert sp1.tobytes() == sp2.tobytes() and all(clk1[k].tobytes() == clk2[k].tobytes() for k in clk1)
+
+
+def test_packed_lexsort_orders_as_numpy_lexsort():
+    """state.lexsort packs integer keys into one int64 for a stable argsort: the same order as
+    np.lexsort for any dtype and range, np.lexsort itself where the ranges do not fit."""
+    from c4d.engine.state import lexsort
+
+    rng = np.random.default_rng(11)
+    packed = 0
+    for _ in range(300):
+        m = int(rng.integers(1, 400))
+        keys = []
+        for _k in range(int(rng.integers(1, 4))):
+            dt = [np.int64, np.int32, np.uint64, np.uint32, np.int16, np.uint8][int(rng.integers(6))]
+            info = np.iinfo(dt)
+            span = min(10 ** int(rng.integers(1, 19)), int(info.max) - int(info.min))
+            lo = int(rng.integers(0, 2**62)) % (int(info.max) - int(info.min) - span + 1) + int(info.min)
+            keys.append(np.array([lo + int(x) % (span + 1) for x in rng.integers(0, 2**62, m)], dtype=dt))
+        want = np.lexsort(tuple(keys))
+        assert (lexsort(tuple(keys)) == want).all()
+        packed += sum((int(k.max()) - int(k.min())).bit_length() for k in keys) <= 62
+    assert 50 < packed < 300  # both paths taken

@@ -41,6 +41,7 @@ from c4d.engine.state import (
     RankTable,
     compute_before,
     compute_gaps,
+    lexsort,
     reduce_comms,
     summaries_completed,
     take,
@@ -456,7 +457,7 @@ class Engine:
         sbase = np.array([c.sbase for c, _, _ in spans], np.int64)
         gslot = sbase[ci] + seq % W[ci]  # Pool slot index
         m = len(co)
-        o = np.lexsort((cr, seq, ci))
+        o = lexsort((cr, seq, ci))
         ci_o, seq_o, cr_o, gs_o = ci[o], seq[o], cr[o], gslot[o]
         head = np.r_[True, (ci_o[1:] != ci_o[:-1]) | (seq_o[1:] != seq_o[:-1])]
         heads = np.flatnonzero(head)
@@ -488,7 +489,7 @@ class Engine:
             arr = np.where(start > 0, start, co["issue_ns"].astype(np.int64))[o]
             end, gap = co["end_ns"].astype(np.int64)[o], comp[o]
             fast_rows = fast[run]
-            n_f, ci_f = nn[ci_o[fh]], ci_o[fh]
+            n_f, ci_f, seq_f = nn[ci_o[fh]], ci_o[fh], seq_o[fh]
             for n in np.unique(n_f).tolist():
                 sel = np.flatnonzero(fast_rows & (nn[ci_o] == n))
                 og = np.flatnonzero(n_f == n)
@@ -498,7 +499,7 @@ class Engine:
                 for a, b in itertools.pairwise(cuts):
                     q = og[a:b]
                     parts.setdefault(int(cs[a]), []).append(
-                        Complete(A[a:b], E[a:b], G[a:b], op[q], nbytes[q], seq_o[fh][q])
+                        Complete(A[a:b], E[a:b], G[a:b], op[q], nbytes[q], seq_f[q])
                     )
             ring = np.ones(m, bool)
             ring[o[fast_rows]] = False
@@ -642,7 +643,7 @@ class Engine:
         ing = np.flatnonzero((ops["flags"] & IN_GROUP) != 0)
         if len(ing):
             r, gid = ops["rank"][ing], ops["group_id"][ing]
-            o = np.lexsort((gid, r))
+            o = lexsort((gid, r))
             r, gid = r[o], gid[o]
             new = np.r_[True, (r[1:] != r[:-1]) | (gid[1:] != gid[:-1])]
             run = np.cumsum(new) - 1

@@ -139,6 +139,28 @@ cat = schema.join_records  # short names: the engine joins and cuts rows everywh
 take = schema.take_records
 
 
+def lexsort(keys: tuple[np.ndarray, ...]) -> np.ndarray:
+    """``np.lexsort(keys)`` (the last key sorts first) for integer keys: one stable argsort of
+    the keys packed into one int64 when their ranges fit in 62 bits. Records come in runs
+    (a rank's in order, a batch per sender), which a stable sort takes as they are: 4x faster
+    than np.lexsort on a chunk's collectives. Keys of wider ranges go to np.lexsort."""
+    m = len(keys[0])
+    if m < 2:
+        return np.zeros(m, np.int64)
+    packed = np.zeros(m, np.int64)
+    shift = 0
+    for k in keys:
+        lo, hi = int(k.min()), int(k.max())
+        bits = (hi - lo).bit_length()
+        if shift + bits > 62:
+            return np.lexsort(keys)
+        if bits:  # offsets from the minimum (an unsigned key's in its own type: no overflow)
+            d = k - k.min() if k.dtype.kind == "u" else k.astype(np.int64) - lo
+            packed |= d.astype(np.int64) << shift
+        shift += bits
+    return np.argsort(packed, kind="stable")
+
+
 def compute_gaps(
     ops: np.ndarray, last_end: np.ndarray, compute_ns: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -161,7 +183,7 @@ def compute_gaps(
     cum = np.zeros(m, np.int64)
     if not m:
         return gaps, cum
-    order = np.lexsort((arr, g))
+    order = lexsort((arr, g))
     gs, a, e, sy = g[order], arr[order], end[order], sync[order]
     first = np.ones(m, bool)
     first[1:] = gs[1:] != gs[:-1]
@@ -626,7 +648,7 @@ def compute_before(last_cum: np.ndarray, member: np.ndarray, seq: np.ndarray, cu
     not at the DP all-reduce that follows). Unknown (-1) at its first op. ``member`` indexes
     ``last_cum`` (a comm rank, or a Pool member index for many communicators at once), which
     is updated to each member's latest op."""
-    order = np.lexsort((seq, member))
+    order = lexsort((seq, member))
     m_o, cum_o = member[order], cum[order]
     first = np.r_[True, m_o[1:] != m_o[:-1]]
     prev = np.where(first, last_cum[m_o], np.r_[-1, cum_o[:-1]])
