@@ -1326,7 +1326,8 @@ class P2PPairs:
         h["comm"] = comm
         # whole-record copies (take): numpy copies a structured array's rows field by field
         allh = schema.join_records([self.half, h]) if len(self.half) else h
-        order = np.lexsort((allh["recv"], allh["seq"], self._key(allh["comm"], allh["src"], allh["dst"])))
+        # by link (comm, src, dst), seq, send before receive: each field packed by its own range
+        order = lexsort((allh["recv"], allh["seq"], allh["dst"], allh["src"], allh["comm"]))
         allh = take(allh, order)
         k = self._key(allh["comm"], allh["src"], allh["dst"])
         seq = allh["seq"]
