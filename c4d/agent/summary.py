@@ -209,7 +209,7 @@ class Summariser:
                 continue
             done = c.add_collectives(part, pc, self.ranks, 0.0)  # gain 0: no clock refinement here
             gaps = c.pending_gaps
-            c.pending, c.pending_gaps, c.recent, c.recent_n = [], [], [], 0
+            c.pending, c.pending_gaps = [], []
             if not len(done):
                 continue
             G = np.concatenate(gaps)

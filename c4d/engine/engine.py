@@ -32,7 +32,6 @@ from c4d.engine.state import (
     OP_SPLIT,
     P2P,
     RATE_WINDOW_NS,
-    RECENT_OPS,
     Comm,
     Complete,
     P2PDone,
@@ -832,7 +831,6 @@ class Engine:
         else:
             kind = "DP"
         ops = c.recent_ops()
-        ops = ops[-RECENT_OPS:]
         # ops finished per second over the last RATE_WINDOW_NS of master time (OP rows received:
         # one per member for a collective, two per p2p transfer), so a hang reads 0
         rows = int(rows_since[c.idx])
@@ -840,12 +838,12 @@ class Engine:
         span = max(min(RATE_WINDOW_NS, self._now - first), 1_000_000_000)
         per_op = 2 if kind == "PP" else max(c.n, 1)
         rate = rows / per_op / (span / 1e9)
-        p2p = np.concatenate(list(c.p2p_recent)) if kind == "PP" and c.p2p_recent else None
+        p2p = c.recent_transfers() if kind == "PP" else None
         if p2p is not None and len(p2p):
-            xfer = p2p[:, 0] / 1e3  # (transfer ns, bytes): Comm.p2p_recent
+            xfer = p2p["transfer"] / 1e3
             xm, xp = float(np.median(xfer)), float(np.percentile(xfer, 99))
             wm = wp = 0.0
-            bw = float(np.median(p2p[:, 1] / np.maximum(p2p[:, 0], 1)))
+            bw = float(np.median(p2p["bytes"] / np.maximum(p2p["transfer"], 1)))
         elif len(ops) >= 2:
             wait = ops["wait_max"] / 1e3
             xfer = ops["transfer"] / 1e3

@@ -171,6 +171,7 @@ class SlowJudge:
         gaps = np.concatenate(c.pending_gaps) if len(c.pending_gaps) > 1 else c.pending_gaps[0]
         win = ops["last_arrive"] // P
         keep = win > closed
+        c.took(ops[~keep] if keep.any() else ops, p2p=False)
         c.pending, c.pending_gaps = ([take(ops, keep)], [gaps[keep]]) if keep.any() else ([], [])
         c.pending_min_la = int(ops["last_arrive"][keep].min()) if keep.any() else NO_ROWS
         if c._pool is not None:
@@ -204,6 +205,7 @@ class SlowJudge:
         ops = cat(c.p2p_pending)
         win = ops["last_arrive"] // P
         keep = win > closed
+        c.took(ops[~keep] if keep.any() else ops, p2p=True)
         c.p2p_pending = [take(ops, keep)] if keep.any() else []
         c.p2p_pending_min_la = int(ops["last_arrive"][keep].min()) if keep.any() else NO_ROWS
         if c._pool is not None:

@@ -123,6 +123,11 @@ P2P_DONE = np.dtype(
 )
 
 
+# what the live view reads of a communicator's latest completed collectives and transfers
+RECENT = np.dtype(
+    [("seq", "<i8"), ("last", "<i4"), ("wait_max", "<i8"), ("transfer", "<i8"), ("busbw", "<f8")]
+)
+RECENT_XFER = np.dtype([("transfer", "<i8"), ("bytes", "<i8")])
 RATE_WINDOW_NS = 5_000_000_000  # the live view's ops/s is measured over this much master time
 RECENT_OPS = 256  # completed ops kept per communicator: what the live view summarises
 NO_ROWS = 1 << 62  # the earliest last arrival of no rows
@@ -717,14 +722,16 @@ class Comm:
         self.pending_min_la = NO_ROWS  # their earliest last_arrive (Pool.pmin too: the judge's)
         self.pending_gaps: list[np.ndarray] = []  # their members' compute before each op (ops x n, ns)
         self.pending_views = 0  # parts appended since the last join (_completed)
-        self.recent: list[np.ndarray] = []  # COMPLETED rows for the live view
-        self.recent_n = 0
+        # the live view's latest ops (recent_ops): the tail of those pending, after the last
+        # RECENT_OPS the slow judge took (kept: a copy per communicator per chunk was what the
+        # live view cost every ingest)
+        self.recent_taken = np.empty(0, RECENT)
         self.peer_rows: list[np.ndarray] = []
         self.peer_n = 0
         self.split: list[np.ndarray] | None = None  # OP_SPLIT rows, when the engine hands them out
         # live view: p2p transfers done and the latest measured ones (its rate: Pool.rate)
         self.p2p_rows = 0
-        self.p2p_recent: deque[np.ndarray] = deque(maxlen=64)  # (transfer ns, bytes) per measured transfer
+        self.p2p_taken = np.empty(0, RECENT_XFER)  # the last measured transfers the judge took
         if pool is not None:
             pool.attach(self)
 
@@ -759,9 +766,26 @@ class Comm:
         return np.flatnonzero(~self.gone)
 
     def recent_ops(self) -> np.ndarray:
-        if len(self.recent) > 1:
-            self.recent = [cat(self.recent)]
-        return self.recent[0] if self.recent else np.empty(0, COMPLETED)
+        """Its latest RECENT_OPS completed collectives (RECENT rows), oldest first."""
+        return _tail(self.pending, self.recent_taken, RECENT)
+
+    def recent_transfers(self) -> np.ndarray:
+        """Its latest RECENT_OPS measured p2p transfers (RECENT_XFER rows), oldest first."""
+        return _tail(self.p2p_pending, self.p2p_taken, RECENT_XFER)
+
+    def took(self, ops: np.ndarray, p2p: bool) -> None:
+        """The slow judge took these rows (the latest it took): the live view's, once no more
+        recent ones are pending."""
+        if p2p:
+            new = _fields(ops[-RECENT_OPS:], RECENT_XFER)
+            self.p2p_taken = (
+                np.concatenate([self.p2p_taken, new])[-RECENT_OPS:] if len(new) < RECENT_OPS else new
+            )
+        else:
+            new = _fields(ops[-RECENT_OPS:], RECENT)
+            self.recent_taken = (
+                np.concatenate([self.recent_taken, new])[-RECENT_OPS:] if len(new) < RECENT_OPS else new
+            )
 
     def peer_table(self) -> np.ndarray:
         if len(self.peer_rows) > 1:
@@ -924,19 +948,26 @@ class Comm:
             self.pending[-k:] = [cat(self.pending[-k:])]
             self.pending_gaps[-k:] = [np.concatenate(self.pending_gaps[-k:])]
             self.pending_views = 0
-        self.recent.append(out)
-        self.recent_n += len(out)
-        # the latest RECENT_OPS rows: older pieces go whole (no copy: a communicator of a
-        # tensor-parallel group completes ~100 ops a chunk, and joining them every few chunks
-        # was 2% of the master at 16,384 ranks through agents); many small pieces (a piece per
-        # op of a communicator that does an op every step was thousands of small arrays each:
-        # the soak's memory growth) are joined into one
-        recent = self.recent
-        while len(recent) > 1 and self.recent_n - len(recent[0]) >= RECENT_OPS:
-            self.recent_n -= len(recent.pop(0))
-        if len(recent) > 16:
-            r = cat(recent)[-RECENT_OPS:]
-            self.recent, self.recent_n = [r], len(r)
+
+
+def _fields(rows: np.ndarray, dt: np.dtype) -> np.ndarray:
+    out = np.empty(len(rows), dt)
+    for k in dt.names or ():
+        out[k] = rows[k]
+    return out
+
+
+def _tail(parts: list[np.ndarray], before: np.ndarray, dt: np.dtype) -> np.ndarray:
+    """The last RECENT_OPS rows (``dt``'s fields) of ``before`` then ``parts``."""
+    got, k = [], 0
+    for p in reversed(parts):
+        got.append(_fields(p[-RECENT_OPS:], dt))
+        k += len(got[-1])
+        if k >= RECENT_OPS:
+            break
+    if k < RECENT_OPS:
+        got.append(before)
+    return np.concatenate(got[::-1])[-RECENT_OPS:] if got else np.empty(0, dt)
 
 
 class Complete(NamedTuple):
@@ -1366,10 +1397,6 @@ class P2PPairs:
         heads = np.flatnonzero(np.r_[True, cidx[1:] != cidx[:-1]])  # sorted by comm already
         tails = np.r_[heads[1:], len(S)]
         la_min = np.minimum.reduceat(out["last_arrive"], heads).tolist()
-        # what the live view reads of a communicator's recent transfers (Comm.p2p_recent): a
-        # plain array's slice copies at once, a structured one's field by field (4% of the
-        # master's CPU at 16,384 ranks through agents)
-        tb = np.stack([out["transfer"], out["bytes"]], axis=1)
         for a, b, la, ci in zip(heads.tolist(), tails.tolist(), la_min, cidx[heads].tolist(), strict=True):
             c = comms[ci]
             rows = out[a:b]  # a view: the slow judge takes pending rows within a window or two
@@ -1378,7 +1405,6 @@ class P2PPairs:
                 c.p2p_pending_min_la = la
                 if c._pool is not None:
                     c._pool.p2pmin[ci] = la
-            c.p2p_recent.append(tb[a:b].copy())  # kept long: a view would keep the whole chunk's rows
             if c.split is not None:
                 c.split.append(_p2p_split(c, rows, gs[a:b], gr[a:b]))
 
