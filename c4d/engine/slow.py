@@ -33,7 +33,17 @@ from c4d.engine.calibration import localize
 from c4d.engine.config import EngineConfig, ResolvedThresholds
 from c4d.engine.own_pace import OwnPace
 from c4d.engine.peer import PeerVerdict, global_links, localize_slow, pace_setters
-from c4d.engine.state import COMPLETED, NO_ROWS, Comm, Pool, RankTable, _row_nanmedian, cat, take
+from c4d.engine.state import (
+    COMPLETED,
+    NO_ROWS,
+    RECENT_OPS,
+    Comm,
+    Pool,
+    RankTable,
+    _row_nanmedian,
+    cat,
+    take,
+)
 from c4d.engine.types import DiagKind, How, Localization, Target
 from c4d.schema import Op
 
@@ -171,7 +181,7 @@ class SlowJudge:
         gaps = np.concatenate(c.pending_gaps) if len(c.pending_gaps) > 1 else c.pending_gaps[0]
         win = ops["last_arrive"] // P
         keep = win > closed
-        c.took(ops[~keep] if keep.any() else ops, p2p=False)
+        c.took(take(ops, np.flatnonzero(~keep)[-RECENT_OPS:]) if keep.any() else ops, p2p=False)
         c.pending, c.pending_gaps = ([take(ops, keep)], [gaps[keep]]) if keep.any() else ([], [])
         c.pending_min_la = int(ops["last_arrive"][keep].min()) if keep.any() else NO_ROWS
         if c._pool is not None:
@@ -205,7 +215,7 @@ class SlowJudge:
         ops = cat(c.p2p_pending)
         win = ops["last_arrive"] // P
         keep = win > closed
-        c.took(ops[~keep] if keep.any() else ops, p2p=True)
+        c.took(take(ops, np.flatnonzero(~keep)[-RECENT_OPS:]) if keep.any() else ops, p2p=True)
         c.p2p_pending = [take(ops, keep)] if keep.any() else []
         c.p2p_pending_min_la = int(ops["last_arrive"][keep].min()) if keep.any() else NO_ROWS
         if c._pool is not None:
