@@ -1,0 +1,24 @@
+"""nccl-tests' bus bandwidth factors, looked up by op code, equal the formulas they come from."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from c4d import opstats
+from c4d.schema import Op
+
+
+def test_factor_table_equals_the_formulas_bit_for_bit():
+    n = np.arange(1, 4097)
+    for op in Op:
+        want = np.broadcast_to(np.asarray(opstats._FACTORS[op](n.astype(float)), float), n.shape)
+        got = opstats.busbw_factor(np.full(len(n), int(op), np.uint8), n)
+        assert np.array_equal(got, want), op.name
+    # an unknown op code is scaled by 1, a size below 1 counts as 1
+    assert opstats.busbw_factor(np.array([200, 0]), np.array([8, 0])).tolist() == [1.0, 0.0]
+
+
+def test_total_size_is_n_times_a_record_for_the_gathering_ops():
+    ops = np.array([int(o) for o in Op])
+    got = opstats.total_bytes(ops, np.full(len(ops), 100), np.full(len(ops), 8))
+    assert got.tolist() == [800.0 if o in opstats._TOTAL_IS_N_TIMES else 100.0 for o in Op]
