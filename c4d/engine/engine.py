@@ -194,6 +194,52 @@ class Engine:
             spans = [(c, cut[k], cut[k + 1]) for k, (c, _, _) in enumerate(spans)]
         return rows, extra, spans
 
+    def _comm_groups(
+        self, rows: np.ndarray, what: str, extra: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[Comm]]:
+        """What ``_comm_slices`` finds, rows not reordered: the valid rows in arrival order, the
+        matching ``extra``, each row's group and each group's communicator (groups in comm-id
+        order). A copy of a chunk's OP rows sorted by communicator (a gather of whole records in
+        no order the cache likes) was 4% of the master at 8,192 ranks through agents, and the
+        collective and p2p paths sort their own rows again."""
+        if extra is None:
+            extra = np.zeros(len(rows), np.int8)
+        sized = "comm_nranks" in (rows.dtype.names or ())
+        cr = rows["comm_rank"]
+        ok = (rows["comm_id"] != 0) & (cr >= 0)
+        if sized:
+            nr = rows["comm_nranks"]
+            ok &= (nr >= 1) & (nr <= MAX_NRANKS) & (cr < nr)
+        if not ok.all():
+            self._invalid(f"a bad comm id/rank/size in {what} records", int((~ok).sum()))
+            rows, extra = take(rows, ok), extra[ok]
+        if not len(rows):
+            return rows, extra, np.empty(0, np.int64), []
+        ids, first, ci = np.unique(rows["comm_id"], return_index=True, return_inverse=True)
+        ci = ci.ravel()
+        idx, n = self._lookup(ids)
+        if sized:
+            nr = rows["comm_nranks"].astype(np.int64)
+            for k in np.flatnonzero(idx < 0).tolist():  # new communicators (in comm-id order)
+                c = self._comm(int(ids[k]), int(nr[first[k]]))
+                idx[k], n[k] = (c.idx, c.n) if c is not None else (-1, -1)
+            changed = np.bincount(ci[nr != n[ci]], minlength=len(ids)) > 0  # a row of another size
+            good = (idx >= 0) & ~changed
+        else:
+            top = np.full(len(ids), -1, np.int64)
+            np.maximum.at(top, ci, rows["comm_rank"].astype(np.int64))
+            good = (idx >= 0) & (top < n)
+        if not good.all():
+            count = np.bincount(ci, minlength=len(ids))
+            for k in np.flatnonzero(~good).tolist():
+                self._invalid(f"an unknown communicator or a changed size in {what} records", int(count[k]))
+            keep = good[ci]
+            rows, extra = take(rows, keep), extra[keep]
+            ci = (np.cumsum(good) - 1)[ci[keep]]
+            idx = idx[good]
+        comms = self.comms
+        return rows, extra, ci, [comms[i] for i in idx.tolist()]
+
     def free_comms(self, cids) -> int:
         """Forget communicators (destroyed, or silent for long: c4d/validate.py, Edge.expire): their
         arrays, memberships, unpaired p2p halves and slow-window state. Returns how many were known."""
@@ -337,11 +383,11 @@ class Engine:
                 self._member(c, part["comm_rank"].astype(np.int64), part["rank"].astype(np.int64))
                 c.add_heartbeats(part)
             return
-        rows, _, spans = self._comm_slices(hb, "HEARTBEAT")
-        if not spans:
+        rows, _, ci, groups = self._comm_groups(hb, "HEARTBEAT")
+        if not groups:
             return
-        _ci, member = self._members(rows, spans)
-        for c, _h, _t in spans:
+        member = self._members(rows, ci, groups)
+        for c in groups:
             c.version += 1
         # Comm.add_heartbeats for every communicator: the latest row per member
         _, first_rev = np.unique(member[::-1], return_index=True)
@@ -372,60 +418,56 @@ class Engine:
         if not BATCHED:
             self._feed_ops_each(ops, extra)
             return
-        rows, ex, spans = self._comm_slices(ops, "OP", extra)
-        if not spans:
+        rows, ex, ci, groups = self._comm_groups(ops, "OP", extra)
+        if not groups:
             return
-        ci, member = self._members(rows, spans)
-        self._pool.rate.note(
-            self._chunk_recv,
-            np.array([c.idx for c, _, _ in spans], np.int64),
-            np.array([t - h for _, h, t in spans], np.int64),
-        )
+        member = self._members(rows, ci, groups)
+        gidx = np.array([c.idx for c in groups], np.int64)
+        self._pool.rate.note(self._chunk_recv, gidx, np.bincount(ci, minlength=len(groups)))
         p2p = (rows["flags"] & P2P) != 0
         if not p2p.all():
             coll = ~p2p
-            self._collectives(take(rows, coll), ci[coll], member[coll], ex[coll, 1], spans)
+            self._collectives(take(rows, coll), ci[coll], member[coll], ex[coll, 1], groups)
         if p2p.any():
             pi = np.flatnonzero(p2p)
-            nn = np.array([c.n for c, _, _ in spans])
+            nn = np.array([c.n for c in groups])
             peer = rows["peer"][pi]
             ok = (peer >= 0) & (peer < nn[ci[pi]])
-            valid = np.zeros(len(spans), bool)
+            valid = np.zeros(len(groups), bool)
             valid[ci[pi[ok]]] = True
             k, cnt = np.unique(ci[pi], return_counts=True)
             for k1, v in zip(k.tolist(), cnt.tolist(), strict=True):
-                c = spans[k1][0]
+                c = groups[k1]
                 c.p2p_rows += v
                 if valid[k1]:  # Comm.add_p2p for every communicator at once
                     c.version += 1
                     c.has_p2p = True
             pi = pi[ok]
             if len(pi):
-                pp, kp = take(rows, pi), ci[pi]
-                idx = np.array([c.idx for c, _, _ in spans], np.int64)[kp]
+                pp, idx = take(rows, pi), gidx[ci[pi]]
                 self._pool.p2p.update(P2PDone.key(idx, pp["comm_rank"], pp["op"], pp["peer"]), pp["seq"])
                 # one pass over every communicator's sends and receives
                 self._pairs.feed(pp, idx, ex[pi, 0] != 0, self.comms, self.ranks)
 
-    def _members(self, rows: np.ndarray, spans: list[tuple[Comm, int, int]]) -> tuple[np.ndarray, np.ndarray]:
-        """``_member`` for the rows of every communicator at once (rows as ``_comm_slices`` gives
-        them); returns each row's span and its member's Pool index."""
-        ci = np.repeat(np.arange(len(spans)), [t - h for _, h, t in spans])
-        mbase = np.array([c.mbase for c, _, _ in spans], np.int64)
+    def _members(self, rows: np.ndarray, ci: np.ndarray, groups: list[Comm]) -> np.ndarray:
+        """``_member`` for the rows of every communicator at once (as ``_comm_groups`` gives
+        them: ``ci`` each row's group); returns each row's member's Pool index."""
+        mbase = np.array([c.mbase for c in groups], np.int64)
         cr = rows["comm_rank"].astype(np.int64)
         member = mbase[ci] + cr
         g = rows["rank"].astype(np.int64)
         new = self._pool.member["grank"][member] != g
         if new.any():
-            for i in np.flatnonzero(new).tolist():
-                c = spans[ci[i]][0]
+            rows_new = np.flatnonzero(new)
+            for i in rows_new[np.argsort(ci[rows_new], kind="stable")].tolist():  # communicator order
+                c = groups[ci[i]]
                 a, b = int(cr[i]), int(g[i])
                 c.grank[a] = b
                 if (c.idx, a) not in self.ranks.comms_of[b]:
                     self.ranks.comms_of[b].append((c.idx, a))
             for k in np.unique(ci[new]).tolist():
-                spans[k][0].version += 1
-        return ci, member
+                groups[k].version += 1
+        return member
 
     def _collectives(
         self,
@@ -433,10 +475,10 @@ class Engine:
         ci: np.ndarray,
         member: np.ndarray,
         cum: np.ndarray,
-        spans: list[tuple[Comm, int, int]],
+        groups: list[Comm],
     ) -> None:
-        """Collective OP rows of every communicator of a chunk (``ci``: each row's span, rows in
-        span order, each span's in arrival order): what Comm.add_collectives does one
+        """Collective OP rows of every communicator of a chunk (``ci``: each row's group, rows
+        in arrival order): what Comm.add_collectives does one
         communicator at a time, at once. An op whose every member's row is in the chunk and
         whose ring slot nothing else of the chunk claims (the common case) is reduced straight
         from the rows; the others go through the communicator's ring (Comm.scatter)."""
@@ -445,15 +487,15 @@ class Engine:
         cr = co["comm_rank"].astype(np.int64)
         present = np.unique(ci).tolist()
         for k in present:
-            c = spans[k][0]
+            c = groups[k]
             c.version += 1
             c.has_coll = True
         P.member["grank"][member] = co["rank"]
         np.maximum.at(P.member["op_done"], member, seq + 1)
         comp = compute_before(P.member["last_cum"], member, seq, cum)
-        nn = np.array([c.n for c, _, _ in spans], np.int64)
-        W = np.array([c.W for c, _, _ in spans], np.int64)
-        sbase = np.array([c.sbase for c, _, _ in spans], np.int64)
+        nn = np.array([c.n for c in groups], np.int64)
+        W = np.array([c.W for c in groups], np.int64)
+        sbase = np.array([c.sbase for c in groups], np.int64)
         gslot = sbase[ci] + seq % W[ci]  # Pool slot index
         m = len(co)
         o = lexsort((cr, seq, ci))
@@ -477,7 +519,7 @@ class Engine:
             evicted = (tag_old[fast] >= 0) & ~P.slot["processed"][gs]
             if evicted.any():
                 for k, v in zip(*np.unique(ci_o[fh][evicted], return_counts=True), strict=True):
-                    spans[int(k)][0].incomplete += int(v)
+                    groups[int(k)].incomplete += int(v)
             last_row = np.maximum.reduceat(o, heads)[fast]  # the ring keeps the op kind of the last row
             P.slot["tag"][gs] = seq_o[fh]
             P.slot["processed"][gs] = True
@@ -506,12 +548,12 @@ class Engine:
             ring = np.ones(m, bool)
         if ring.any():
             for k in np.unique(ci[ring]).tolist():
-                c = spans[k][0]
+                c = groups[k]
                 sel = np.flatnonzero(ring & (ci == k))
                 slots = c.scatter(take(co, sel), seq[sel], cr[sel], comp[sel])
                 if len(slots):
                     parts.setdefault(k, []).append(Complete.of(c, slots))
-        done = [(spans[k][0], Complete.join(parts[k])) for k in sorted(parts)]
+        done = [(groups[k], Complete.join(parts[k])) for k in sorted(parts)]
         reduce_comms(done, self.ranks, self.cfg.clock_gain)  # exactly what add_collectives one by one gives
 
     def _feed_ops_each(self, ops: np.ndarray, extra: np.ndarray) -> None:
