@@ -58,8 +58,6 @@ COMPLETED = np.dtype(
         ("busbw", "<f8"),  # GB/s, nccl-tests formula
         ("last", "<i4"),  # comm rank that arrived last
         ("margin", "<i8"),  # L - next-to-last arrival
-        ("gap_last", "<i8"),  # the last arriver's compute since its previous op of C (-1 unknown)
-        ("gap_others", "<f8"),  # the others' median of it (NaN unknown)
         ("wait_med", "<i8"),
         ("wait_max", "<i8"),
         ("aligned", "?"),  # every member's clock offset was known when it was reduced
@@ -1093,13 +1091,6 @@ def reduce_group(comms: list[Comm], parts: list[Complete], ranks: RankTable, gai
             alg = np.where(transfer > 0, size / transfer, np.nan)
         sp["algbw_gbs"] = alg[:, None]
         sp["busbw_gbs"] = out["busbw"][:, None]
-    out["gap_last"] = G[rows, last]
-    if n >= 2:
-        Gf = np.where(G >= 0, G, np.nan).astype(float)
-        Gf[rows, last] = np.nan
-        out["gap_others"] = _row_nanmedian(Gf)
-    else:
-        out["gap_others"] = np.nan
     # Ops reduced before every member's clock offset was known are not compared across
     # ranks (the slow windows skip them).
     known = np.asarray(gr_ok & ranks.aligned(np.maximum(grank, 0).ravel()).reshape(C, n).all(axis=1))
@@ -1238,7 +1229,6 @@ def summaries_completed(s: np.ndarray, ranks: RankTable) -> tuple[np.ndarray, np
     (ops x OPSUM_MAX_MEMBERS, NaN beyond each op's members) of OPSUM rows, all communicators at
     once: times move onto the master's clock by the offset of the node (the last member's)."""
     m = len(s)
-    rows = np.arange(m)
     n = s["comm_nranks"].astype(np.int64)
     last = s["comm_rank"].astype(np.int64)
     op = s["op"]
@@ -1260,11 +1250,6 @@ def summaries_completed(s: np.ndarray, ranks: RankTable) -> tuple[np.ndarray, np
     out["wait_med"] = s["wait_med_ns"]
     out["wait_max"] = s["wait_max_ns"]
     G = np.ascontiguousarray(s["compute_ns"], dtype=np.float32)
-    gl = G[rows, last]
-    out["gap_last"] = np.where(np.isfinite(gl), gl, -1).astype(np.int64)
-    Gf = G.copy()  # sorted as float32 (the same order as float64, half the bytes), averaged in float64
-    Gf[rows, last] = np.nan
-    out["gap_others"] = np.where(n >= 2, _row_nanmedian(Gf), np.nan)
     out["ends_known"] = (s["flags"] & schema.OPSF_ENDS_KNOWN) != 0
     return out, G
 
