@@ -449,8 +449,8 @@ def _flag(code: np.ndarray, bad: np.ndarray, reason: str) -> None:
 def _rows_all(ok: np.ndarray) -> np.ndarray:
     """``ok.all(axis=1)`` for rows of 8 flags: one word each (a reduction along short rows is slow)."""
     if ok.shape[1] == 8 and ok.flags.c_contiguous:
-        return ok.view(np.uint64).ravel() == np.uint64(0x0101010101010101)
-    return ok.all(axis=1)
+        return np.equal(ok.view(np.uint64).ravel(), np.uint64(0x0101010101010101))
+    return np.asarray(ok.all(axis=1))
 
 
 def _time_ok(t: np.ndarray, lo: int, hi: int) -> np.ndarray:

@@ -6,6 +6,8 @@ rejected whole with a one-line reason (``BadBatch``), never guessed at.
 
 from __future__ import annotations
 
+import struct
+
 import numpy as np
 
 from c4d import schema
@@ -23,29 +25,32 @@ class BadBatch(ValueError):
         self.reason = reason
 
 
+_HEADER = struct.Struct("<IHHIi")  # schema.BATCH_HEADER: magic, version, record_size, n_records, rank
+assert _HEADER.size == schema.BATCH_HEADER.itemsize
+
+
 def decode(msg: bytes | memoryview) -> np.ndarray:
     """Return the batch's records as ``schema.HEADER`` rows (a copy-free view of ``msg``)."""
     n_bytes = len(msg)
-    if n_bytes < schema.BATCH_HEADER.itemsize:
+    if n_bytes < _HEADER.size:
         raise BadBatch(f"message of {n_bytes} bytes is shorter than a batch header", "short message")
-    hdr = np.frombuffer(msg, dtype=schema.BATCH_HEADER, count=1)[0]
-    if int(hdr["magic"]) != schema.BATCH_MAGIC:
-        raise BadBatch(f"bad magic 0x{int(hdr['magic']):08x}", "bad magic")
-    version = int(hdr["version"])
+    # the header read with struct: a numpy scalar per field cost more than the records' view
+    magic, version, record_size, n, _rank = _HEADER.unpack_from(msg)
+    if magic != schema.BATCH_MAGIC:
+        raise BadBatch(f"bad magic 0x{magic:08x}", "bad magic")
     if version > schema.SCHEMA_VERSION or version < 1:
         raise BadBatch(
             f"schema version {version} not supported (this master reads ≤ {schema.SCHEMA_VERSION})",
             "unsupported schema version",
         )
-    if int(hdr["record_size"]) != schema.RECORD_SIZE:
-        raise BadBatch(f"record size {int(hdr['record_size'])} != {schema.RECORD_SIZE}", "bad record size")
-    n = int(hdr["n_records"])
-    expect = schema.BATCH_HEADER.itemsize + n * schema.RECORD_SIZE
+    if record_size != schema.RECORD_SIZE:
+        raise BadBatch(f"record size {record_size} != {schema.RECORD_SIZE}", "bad record size")
+    expect = _HEADER.size + n * schema.RECORD_SIZE
     if n_bytes != expect:
         raise BadBatch(
             f"batch says {n} records ({expect} bytes) but the message has {n_bytes} bytes", "length mismatch"
         )
-    raw = np.frombuffer(msg, dtype=schema.HEADER, count=n, offset=schema.BATCH_HEADER.itemsize)
+    raw = np.frombuffer(msg, dtype=schema.HEADER, count=n, offset=_HEADER.size)
     return schema.upgrade(raw)
 
 

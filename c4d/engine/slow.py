@@ -306,9 +306,11 @@ class SlowJudge:
         found: dict[int, list[tuple[Comm, float, dict[str, Any], np.ndarray]]] = {}
         for i, o in sel.items():
             c = comms[i]
-            G = gaps[i].astype(np.float64)
             if c.n < 2 or len(o) < cfg.slow_min_ops:
                 continue
+            # float32 as kept (medians sort them so and average in float64: the same values,
+            # half the bytes to sort); differences with float64 medians are float64
+            G = gaps[i]
             med = _col_nanmedian(G)  # per member, over the window's ops
             others = _others_median(med)
             need = np.maximum(cfg.slow_arrival_min_ms * 1e6, cfg.slow_arrival_rel * np.nan_to_num(others))
