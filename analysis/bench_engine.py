@@ -13,6 +13,7 @@ the master's ingest path (c4d/ingest.py: edge validation, c4d/validate.py, then 
 pp 4: many more communicators per chunk). Prints records/s for each, measured in CPU time of
 this process (the machine may be shared);
 ``--json`` adds them as one JSON object on the last line, ``--quick`` runs 2 steps (CI smoke run).
+``--seconds S`` (with ``--synthetic``): S seconds of the job (default 1; longer runs, steadier figures).
 ``--steady`` (with ``--synthetic``) ingests the job's start-up batch (every REGISTER and COMM:
 creating thousands of communicators, once per job) before the clock starts: the rate a running
 job's records are taken at.
@@ -96,6 +97,9 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="2 steps: a smoke run of a few seconds")
     ap.add_argument("--synthetic", type=int, metavar="N", help="bench_master's job of N ranks instead")
     ap.add_argument("--json", action="store_true", help="the figures as one JSON object on the last line")
+    ap.add_argument(
+        "--seconds", type=float, default=1.0, help="with --synthetic: seconds of the job (default 1)"
+    )
     ap.add_argument("--steady", action="store_true",
                     help="with --synthetic: the job's start-up (registering every rank and communicator, "
                          "once per job) not timed")  # fmt: skip
@@ -114,7 +118,7 @@ def main() -> int:
     )  # fmt: skip
     t = time.perf_counter()
     if args.synthetic:
-        batches = _synthetic(args.synthetic, 0.2 if args.quick else 1.0)
+        batches = _synthetic(args.synthetic, 0.2 if args.quick else args.seconds)
     else:
         _model, batches = factories.build(job)
     n = sum(len(b) for _, b in batches)
@@ -160,6 +164,10 @@ def _baseline(args) -> dict[str, float]:
            "--steps", str(args.steps), "--ranks-per-node", str(args.ranks_per_node)]  # fmt: skip
     if args.synthetic:
         cmd += ["--synthetic", str(args.synthetic)]
+        if args.seconds != 1.0:
+            if "--seconds" not in Path(cmd[1]).read_text():
+                raise SystemExit(f"bench_engine: --baseline {args.baseline}: its bench has no --seconds")
+            cmd += ["--seconds", str(args.seconds)]
     if args.quick:
         cmd.append("--quick")
     if args.steady:
@@ -168,7 +176,20 @@ def _baseline(args) -> dict[str, float]:
         cmd.append("--steady")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["PYTHONPATH"] = str(args.baseline)
-    res = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True)
+    # An editable install of c4d (pip install -e, as the README's test command does) puts a
+    # finder before sys.path that would import this checkout's c4d in the other's bench: the
+    # baseline runs with such finders removed, and says which c4d it measured.
+    run = (
+        "import runpy, sys\n"
+        "sys.meta_path[:] = [f for f in sys.meta_path if 'editable' not in type(f).__module__.lower()]\n"
+        f"sys.argv = {cmd[1:]!r}\n"
+        f"try:\n    runpy.run_path({cmd[1]!r}, run_name='__main__')\n"
+        "finally:\n    import c4d\n    print('c4d from', c4d.__file__, file=sys.stderr)\n"
+    )
+    res = subprocess.run([sys.executable, "-c", run], capture_output=True, text=True, env=env, check=True)
+    where = res.stderr.strip().splitlines()[-1] if res.stderr.strip() else ""
+    if str(args.baseline.resolve()) not in where:
+        raise SystemExit(f"bench_engine: --baseline {args.baseline} measured another c4d ({where})")
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
