@@ -122,6 +122,49 @@ def test_a_freed_communicators_pool_ranges_go_fresh_to_the_next_of_its_size():
     assert len(new.recent_ops()) == 2
 
 
+def test_a_chunk_with_more_ops_than_ring_slots_matches_one_at_a_time(monkeypatch):
+    """A chunk holding more of a communicator's ops than its ring has slots (W = 1,024 for two
+    ranks: ops 1,024 apart share one, two of them incomplete) takes the counted path of
+    engine._rows_per_slot and completes exactly what Comm.add_collectives completes (the ring
+    keeps the newest op of a slot); a chunk within the ring takes the shortcut."""
+    took: list[bool] = []
+    orig = engine_mod._rows_per_slot
+
+    def spy(ci_o, seq_o, gslot, o, heads, size, W):
+        out = orig(ci_o, seq_o, gslot, o, heads, size, W)
+        took.append(out is not size)
+        return out
+
+    made: list[bytes] = []
+    orig_completed = Comm._completed
+
+    def record(self, out, gaps):
+        made.append(out.tobytes())
+        orig_completed(self, out, gaps)
+
+    monkeypatch.setattr(engine_mod, "_rows_per_slot", spy)
+    monkeypatch.setattr(Comm, "_completed", record)
+    got = {}
+    for batched in (True, False):
+        made.clear()
+        monkeypatch.setattr(engine_mod, "BATCHED", batched)
+        eng = Engine(EngineConfig())
+        hello = np.concatenate([records.register(0, "n0"), records.register(1, "n0")])
+        eng.feed(hello.view(schema.HEADER), 0)
+        rows = _two_ranks(0xA, 2_500)  # one chunk: 2,500 ops, two of them missing rank 1
+        rows = rows[~((rows["rank"] == 1) & np.isin(rows.view(schema.OP)["seq"], [5, 1_500]))]
+        eng.feed(rows, 0)
+        eng.tick(1_000_000_000)
+        eng.feed(_two_ranks(0xA, 100, start_seq=2_500), 1_000_000_000)  # within the ring
+        eng.tick(2_000_000_000)
+        c = next(iter(eng.comms.values()))
+        got[batched] = (c.op_done.tolist(), c.incomplete, c.ops_seen, c.tag.tobytes(),
+                        c.processed.tobytes(), c.recent_ops().tobytes(), b"".join(made))  # fmt: skip
+    assert took == [True, False]
+    assert got[True] == got[False]
+    assert got[True][0] == [2_600, 2_600]
+
+
 def test_communicators_on_one_host_clock_share_a_wave(monkeypatch):
     """A job on one node (or an import whose hosts are unknown: every rank on "?") has nothing
     to refine: each communicator's step is zero, so none orders against another and a chunk

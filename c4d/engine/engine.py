@@ -68,6 +68,28 @@ HB_FIELDS = (  # (Pool member array, HEARTBEAT field) copied as they are (Comm.a
 BATCHED = True
 
 
+def _rows_per_slot(
+    ci_o: np.ndarray,
+    seq_o: np.ndarray,
+    gslot: np.ndarray,
+    o: np.ndarray,
+    heads: np.ndarray,
+    size: np.ndarray,
+    W: np.ndarray,
+) -> np.ndarray:
+    """For each op of a chunk (rows sorted by communicator, seq: ``o``; ``heads``: each op's
+    first row), the chunk's rows whose ring slot is the op's. Its own ``size`` rows when its
+    communicator's seqs in the chunk span less than its ring (slot = seq mod W: no two ops
+    share one), the usual case; else counted (a sort of every row's slot)."""
+    hc, hs = ci_o[heads], seq_o[heads]
+    first = np.flatnonzero(np.r_[True, hc[1:] != hc[:-1]])
+    last = np.r_[first[1:], len(heads)] - 1
+    if ((hs[last] - hs[first]) < W[hc[first]]).all():
+        return size
+    _, inv, uc = np.unique(gslot, return_inverse=True, return_counts=True)
+    return uc[inv.ravel()][o][heads]
+
+
 class Engine:
     def __init__(self, cfg: EngineConfig | None = None, split: bool = False) -> None:
         """``split``: keep every completed op's per-rank wait / transfer split (``OP_SPLIT`` rows)
@@ -485,7 +507,7 @@ class Engine:
         P = self._pool
         seq = co["seq"].astype(np.int64)
         cr = co["comm_rank"].astype(np.int64)
-        present = np.unique(ci).tolist()
+        present = np.flatnonzero(np.bincount(ci, minlength=len(groups))).tolist()
         for k in present:
             c = groups[k]
             c.version += 1
@@ -508,8 +530,7 @@ class Engine:
         complete = (size == nn[ci_o[heads]]) & np.logical_and.reduceat(
             cr_o == np.arange(m) - heads[run], heads
         )
-        _, inv, uc = np.unique(gslot, return_inverse=True, return_counts=True)
-        per_slot = uc[inv.ravel()][o][heads]
+        per_slot = _rows_per_slot(ci_o, seq_o, gslot, o, heads, size, W)
         tag_old = P.slot["tag"][gs_o[heads]]
         fast = complete & (per_slot == size) & (seq_o[heads] > tag_old)
         parts: dict[int, list[Complete]] = {}
