@@ -6,6 +6,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from c4d import schema
@@ -83,3 +84,21 @@ def test_batch_header_fields(probe):
 def test_every_kind_has_a_dtype_of_record_size():
     for kind, dt in schema.DTYPES.items():
         assert dt.itemsize == schema.RECORD_SIZE, kind
+
+
+def test_unique_runs_is_np_unique():
+    """schema.unique_runs (only each run's first value sorted) gives np.unique's values, first
+    indices and flat inverse, with runs and without (its plain path)."""
+    rng = np.random.default_rng(5)
+    paths = set()
+    for _ in range(400):
+        m, k = int(rng.integers(0, 300)), int(rng.integers(1, 20))
+        vals = rng.integers(0, 2**63, k, dtype=np.int64).astype(np.uint64)
+        a = vals[rng.integers(0, k, m)]
+        if rng.random() < 0.7:
+            a = np.repeat(a, rng.integers(1, 8, m))
+        u, first, inv = np.unique(a, return_index=True, return_inverse=True)
+        got = schema.unique_runs(a)
+        assert (got[0] == u).all() and (got[1] == first).all() and (got[2] == inv.ravel()).all()
+        paths.add(len(a) > 1 and 2 * int((a[1:] != a[:-1]).sum() + 1) > len(a))
+    assert paths == {True, False}

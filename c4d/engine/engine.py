@@ -237,8 +237,7 @@ class Engine:
             rows, extra = take(rows, ok), extra[ok]
         if not len(rows):
             return rows, extra, np.empty(0, np.int64), []
-        ids, first, ci = np.unique(rows["comm_id"], return_index=True, return_inverse=True)
-        ci = ci.ravel()
+        ids, first, ci = schema.unique_runs(rows["comm_id"])
         idx, n = self._lookup(ids)
         if sized:
             nr = rows["comm_nranks"].astype(np.int64)
