@@ -166,6 +166,32 @@ def test_the_edges_steady_state_path_admits_what_the_per_communicator_path_admit
                                                          slow.comms[k].gone.tolist())  # fmt: skip
 
 
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(records(), min_size=1, max_size=8), st.sampled_from([1, 3, 7, 16]))
+def test_the_edge_checks_a_batch_in_blocks_as_it_would_whole(batches, block):
+    """validate.BLOCK (rows checked at a time, for the cache) changes no verdict: a batch of
+    many blocks, in place (one kind nearly all of it) or copied per kind, admits the same rows
+    for the same reasons as one block."""
+    import c4d.validate as V
+
+    raw = np.concatenate(batches)
+    if len(batches) % 2:  # nearly all one kind: the in-place path
+        raw = np.concatenate([raw, np.repeat(POOL[POOL["kind"] == schema.Kind.OP][:1], 4 * len(raw))])
+    whole, blocked = Edge(), Edge()
+    start = H.as_header(H.registers(WORLD, T), H.comm_init(range(WORLD), H.WORLD_COMM, WORLD, T))
+    for e in (whole, blocked):
+        e.admit(start, T)
+    saved = V.BLOCK
+    try:
+        a = whole.admit(raw.copy(), T)
+        V.BLOCK = block
+        z = blocked.admit(raw.copy(), T)
+    finally:
+        V.BLOCK = saved
+    assert a.tobytes() == z.tobytes()
+    assert whole.rejected == blocked.rejected and whole.accepted == blocked.accepted
+
+
 BAD_BATCHES = {
     "short message": lambda good: good[:10],
     "bad magic": lambda good: b"XXXX" + good[4:],
