@@ -146,9 +146,10 @@ class Received:
         pos = np.minimum(np.searchsorted(ids, cid), len(ids) - 1)
         return np.where(ids[pos] == cid, idx[pos], -1)
 
-    def _pair_keys(self, cid: np.ndarray, g: np.ndarray) -> np.ndarray:
-        """Key of each (communicator, rank) pair; -1 for a communicator not known yet."""
-        idx = self._index(cid)
+    def _pair_keys(self, cid: np.ndarray, g: np.ndarray, idx: np.ndarray | None = None) -> np.ndarray:
+        """Key of each (communicator, rank) pair; -1 for a communicator not known yet (``idx``:
+        the communicators' dense indices, when the caller has them)."""
+        idx = self._index(cid) if idx is None else idx
         return np.where(idx >= 0, (idx << 32) | g, -1)
 
     def add(self, raw: np.ndarray, recv_ns: int) -> None:
@@ -204,7 +205,7 @@ class Received:
         if unsized.any():  # the size the first of its rows says
             u, first = np.unique(i[unsized], return_index=True)
             cc["nranks"][u] = v["comm_nranks"][at][unsized][first]
-        self._members(cid, g, of_rank=False)
+        self._members(cid, g, of_rank=False, idx=i)
         per = np.bincount(g)
         r_ids = np.flatnonzero(per)
         self._seen(r_ids)
@@ -237,11 +238,11 @@ class Received:
                 self._cc["nranks"][i] = np.where(have != 0, have, nr[sized][first])
             self._members(cid, g[on], of_rank=True)
 
-    def _members(self, cid: np.ndarray, g: np.ndarray, of_rank: bool) -> None:
+    def _members(self, cid: np.ndarray, g: np.ndarray, of_rank: bool, idx: np.ndarray | None = None) -> None:
         """Rank g[i] is a member of communicator cid[i], once per distinct pair (``of_rank``:
         the rank's own list of communicators too, as heartbeats and COMM records say)."""
         known = self._known[of_rank]
-        fresh = ~_in_sorted(self._pair_keys(cid, g), known)
+        fresh = ~_in_sorted(self._pair_keys(cid, g, idx), known)
         if not fresh.any():
             return
         cid, g = cid[fresh], g[fresh]
@@ -279,8 +280,16 @@ class Received:
 
 
 def _in_sorted(keys: np.ndarray, known: np.ndarray) -> np.ndarray:
-    """Whether each key is in the sorted array ``known`` (-1 never is)."""
+    """Whether each key is in the sorted array ``known`` (-1 never is). Keys that come in runs
+    (a rank's records of one communicator) are searched once per run."""
     if not len(known):
         return np.zeros(len(keys), bool)
+    if len(keys) > 64:
+        head = np.empty(len(keys), bool)
+        head[0] = True
+        np.not_equal(keys[1:], keys[:-1], out=head[1:])
+        h = np.flatnonzero(head)
+        if 2 * len(h) <= len(keys):
+            return _in_sorted(keys[h], known)[np.cumsum(head) - 1]
     pos = np.minimum(np.searchsorted(known, keys), len(known) - 1)
     return (known[pos] == keys) & (keys >= 0)

@@ -117,3 +117,17 @@ def test_whole_batches_give_what_record_by_record_gave():
             assert _state(new) == _state(ref)
     assert _state(new) == _state(ref)
     assert any(c.max_seq >= 0 for c in new.comms.values()) and any(i.final for i in new.ranks.values())
+
+
+def test_membership_search_of_keys_in_runs_is_np_isin():
+    """received._in_sorted searches a run of equal keys once: the same answers as np.isin (a
+    key of -1, a communicator not known yet, is never in)."""
+    from c4d.received import _in_sorted
+
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        known = np.unique(rng.integers(0, 200, int(rng.integers(0, 50))))
+        keys = rng.integers(-1, 200, int(rng.integers(0, 300)))
+        if rng.random() < 0.6:
+            keys = np.repeat(keys, rng.integers(1, 6, len(keys)))
+        assert (_in_sorted(keys, known) == (np.isin(keys, known) & (keys >= 0))).all()
