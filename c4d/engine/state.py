@@ -1411,8 +1411,8 @@ class P2PPairs:
                 # joined as Comm._completed joins collectives: a view keeps the chunk's rows
                 # alive, and the judge's one join of a window's parts (64 at 8,192 ranks for
                 # each of 2,048 pipeline links) was a tenth of the tick a window closes on
-                k = min(c.p2p_views, len(c.p2p_pending))
-                c.p2p_pending[-k:] = [cat(c.p2p_pending[-k:])]
+                last = min(c.p2p_views, len(c.p2p_pending))
+                c.p2p_pending[-last:] = [cat(c.p2p_pending[-last:])]
                 c.p2p_views = 0
             if la < c.p2p_pending_min_la:
                 c.p2p_pending_min_la = la
