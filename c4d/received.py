@@ -284,12 +284,9 @@ def _in_sorted(keys: np.ndarray, known: np.ndarray) -> np.ndarray:
     (a rank's records of one communicator) are searched once per run."""
     if not len(known):
         return np.zeros(len(keys), bool)
-    if len(keys) > 64:
-        head = np.empty(len(keys), bool)
-        head[0] = True
-        np.not_equal(keys[1:], keys[:-1], out=head[1:])
-        h = np.flatnonzero(head)
-        if 2 * len(h) <= len(keys):
-            return _in_sorted(keys[h], known)[np.cumsum(head) - 1]
+    r = schema.runs(keys) if len(keys) > 64 else None
+    if r is not None:
+        h, run = r
+        return _in_sorted(keys[h], known)[run]
     pos = np.minimum(np.searchsorted(known, keys), len(known) - 1)
     return (known[pos] == keys) & (keys >= 0)

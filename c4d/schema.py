@@ -328,23 +328,32 @@ def join_records(parts: Sequence[np.ndarray], dtype: np.dtype | None = None) -> 
     return np.concatenate([np.ascontiguousarray(p).view(v) for p in parts]).view(dt)
 
 
-def unique_runs(a: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``np.unique(a, return_index=True, return_inverse=True)`` (inverse flat) for values that
-    come in runs, as a rank's records name communicators (a batch of 131,072 raw OP rows holds
-    ~26,000 runs): only each run's first value is sorted."""
+def runs(a: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """Where each run of equal values of ``a`` starts and which run each value is in, when the
+    runs are worth it (at most half as many as the values: a rank's records name communicators
+    in runs, ~26,000 in 131,072 raw OP rows); None when they are not."""
     n = len(a)
     if n < 2:
-        u, first, inv = np.unique(a, return_index=True, return_inverse=True)
-        return u, first, inv.ravel()
+        return None
     head = np.empty(n, bool)
     head[0] = True
     np.not_equal(a[1:], a[:-1], out=head[1:])
     h = np.flatnonzero(head)
-    if 2 * len(h) > n:  # few runs: sorting the heads saves less than finding them cost
+    if 2 * len(h) > n:  # few runs: working on the heads saves less than finding them cost
+        return None
+    return h, np.cumsum(head) - 1
+
+
+def unique_runs(a: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``np.unique(a, return_index=True, return_inverse=True)`` (inverse flat) for values that
+    come in runs: only each run's first value is sorted."""
+    r = runs(a)
+    if r is None:
         u, first, inv = np.unique(a, return_index=True, return_inverse=True)
         return u, first, inv.ravel()
+    h, run = r
     u, first_h, inv_h = np.unique(a[h], return_index=True, return_inverse=True)
-    return u, h[first_h], inv_h.ravel()[np.cumsum(head) - 1]
+    return u, h[first_h], inv_h.ravel()[run]
 
 
 def take_records(rows: np.ndarray, idx: np.ndarray) -> np.ndarray:

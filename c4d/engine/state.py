@@ -795,15 +795,9 @@ class Comm:
         """The slow judge took these rows (the latest it took): the live view's, once no more
         recent ones are pending."""
         if p2p:
-            new = _fields(ops[-RECENT_OPS:], RECENT_XFER)
-            self.p2p_taken = (
-                np.concatenate([self.p2p_taken, new])[-RECENT_OPS:] if len(new) < RECENT_OPS else new
-            )
+            self.p2p_taken = _tail([ops], self.p2p_taken, RECENT_XFER)
         else:
-            new = _fields(ops[-RECENT_OPS:], RECENT)
-            self.recent_taken = (
-                np.concatenate([self.recent_taken, new])[-RECENT_OPS:] if len(new) < RECENT_OPS else new
-            )
+            self.recent_taken = _tail([ops], self.recent_taken, RECENT)
 
     def peer_table(self) -> np.ndarray:
         if len(self.peer_rows) > 1:
@@ -958,14 +952,19 @@ class Comm:
         self.pending_gaps.append(gaps)
         self.pending_views += 1
         if self.pending_views > PENDING_PARTS:
-            # the latest parts joined into rows of its own: a part is a view of the whole
-            # chunk's rows, which stay alive until every communicator judged them (twice the
-            # window's rows at the judge's peak, 1.1 GiB more at 16,384 ranks through agents);
-            # the parts joined before are not copied again
-            k = min(self.pending_views, len(self.pending))
-            self.pending[-k:] = [cat(self.pending[-k:])]
-            self.pending_gaps[-k:] = [np.concatenate(self.pending_gaps[-k:])]
+            _join_latest(self.pending, self.pending_views, cat)
+            _join_latest(self.pending_gaps, self.pending_views, np.concatenate)
             self.pending_views = 0
+
+
+def _join_latest(parts: list[np.ndarray], views: int, join) -> None:
+    """The latest ``views`` parts (those appended since the last join) joined into one, in
+    place. A part is a view of a whole chunk's rows, which stay alive until every communicator
+    judged them (twice the window's rows at the judge's peak, 1.1 GiB more at 16,384 ranks
+    through agents), and the tick a window closes on would join one part per chunk (64 per
+    pipeline link at 8,192 ranks); the parts joined before are not copied again."""
+    k = min(views, len(parts))
+    parts[-k:] = [join(parts[-k:])]
 
 
 def _fields(rows: np.ndarray, dt: np.dtype) -> np.ndarray:
@@ -1408,11 +1407,7 @@ class P2PPairs:
             c.p2p_pending.append(rows)
             c.p2p_views += 1
             if c.p2p_views > PENDING_PARTS:
-                # joined as Comm._completed joins collectives: a view keeps the chunk's rows
-                # alive, and the judge's one join of a window's parts (64 at 8,192 ranks for
-                # each of 2,048 pipeline links) was a tenth of the tick a window closes on
-                last = min(c.p2p_views, len(c.p2p_pending))
-                c.p2p_pending[-last:] = [cat(c.p2p_pending[-last:])]
+                _join_latest(c.p2p_pending, c.p2p_views, cat)
                 c.p2p_views = 0
             if la < c.p2p_pending_min_la:
                 c.p2p_pending_min_la = la
