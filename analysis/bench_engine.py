@@ -17,6 +17,9 @@ this process (the machine may be shared);
 ``--steady`` (with ``--synthetic``) ingests the job's start-up batch (every REGISTER and COMM:
 creating thousands of communicators, once per job) before the clock starts: the rate a running
 job's records are taken at.
+``--repeats N`` (default 5) runs each variant N times, interleaved, and reports the median.
+The synthetic job's rows come in the order the master receives them (each sender's batch
+together, as bench_master sends them).
 ``--baseline DIR`` measures another checkout (DIR/analysis/bench_engine.py with the same
 options, in a subprocess: DIR's c4d) before and after this one, and prints its figures beside
 ours ("was ..."): side by side in one run, on the same load of the machine.
@@ -27,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -78,7 +82,9 @@ def drive(
 
 
 def _synthetic(ranks: int, seconds: float) -> list[tuple[int, np.ndarray]]:
-    """(job time, batch) of analysis/master_load.py's job: one batch per 50 ms window."""
+    """(job time, batch) of analysis/master_load.py's job: one batch per 50 ms window, its rows
+    in the order the master receives them (bench_master sends them so: Load.messages): each
+    sender's rows together, in the order it sent them."""
     sys.path.insert(0, str(_ROOT / "analysis"))
     from master_load import Load, Shape
 
@@ -86,7 +92,7 @@ def _synthetic(ranks: int, seconds: float) -> list[tuple[int, np.ndarray]]:
     load = Load(shape, factories.T0)
     out = [(0, load.hello())]
     for k in range(0, int(seconds * shape.rate), 25):
-        out.append(((k + 25) * shape.period_ns, load.window(k, k + 25)[0]))
+        out.append(((k + 25) * shape.period_ns, load.by_sender(k, k + 25)))
     return out
 
 
@@ -106,12 +112,17 @@ def main() -> int:
     ap.add_argument(
         "--baseline", metavar="DIR", type=Path, help="another checkout to measure beside this one"
     )
+    ap.add_argument("--repeats", type=int, default=5,
+                    help="runs of each variant, interleaved; the median is reported (a run of the "
+                         "1,024-rank job is 0.3 s of CPU: one alone varies by 20%%)")  # fmt: skip
     args = ap.parse_args()
     if args.baseline and not (args.baseline / "analysis" / "bench_engine.py").is_file():
         print(f"bench_engine: --baseline {args.baseline}: no analysis/bench_engine.py there", file=sys.stderr)
         return 1
     if args.quick:
-        args.steps = 2
+        args.steps, args.repeats = 2, 1
+    if args.repeats < 1:
+        ap.error("--repeats must be at least 1")
     job = factories.Job(
         tp=8, pp=4, dp=8, ranks_per_node=args.ranks_per_node, steps=args.steps, skew_ms=50.0,
         hang_timeout_us=10_000_000, hang_times=18, period_s=1, hb_ms=1000, flush_ms=10,
@@ -137,12 +148,20 @@ def main() -> int:
     if args.baseline:
         was.append(_baseline(args))
     out: dict[str, float] = {}
-    for label, co, edge, key in variants:
-        dt, n, feeds = drive(batches, 200_000_000, co, edge, steady=bool(args.steady and args.synthetic))
+    runs: dict[str, list[float]] = {key: [] for *_, key in variants}
+    for _ in range(args.repeats):  # interleaved: a noisy moment hits every variant alike
+        for _label, co, edge, key in variants:
+            dt, n, feeds = drive(batches, 200_000_000, co, edge, steady=bool(args.steady and args.synthetic))
+            runs[key].append(dt)
+    for label, _co, _edge, key in variants:
+        dts = sorted(runs[key])
+        dt = statistics.median(dts)
         rate, per = n / dt, n / feeds
         out[key] = round(rate)
+        spread = f", {n / dts[-1]:,.0f}-{n / dts[0]:,.0f} over {len(dts)} runs" if len(dts) > 1 else ""
         print(
-            f"{label:>28}: {rate:>10,.0f} records/s  ({feeds} feeds, {per:.0f} records/feed, {dt:.2f} s CPU)"
+            f"{label:>28}: {rate:>10,.0f} records/s  ({feeds} feeds, {per:.0f} records/feed, "
+            f"{dt:.2f} s CPU{spread})"
         )
     if args.baseline:
         was.append(_baseline(args))
