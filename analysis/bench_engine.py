@@ -92,7 +92,7 @@ def _synthetic(ranks: int, seconds: float) -> list[tuple[int, np.ndarray]]:
     load = Load(shape, factories.T0)
     out = [(0, load.hello())]
     for k in range(0, int(seconds * shape.rate), 25):
-        out.append(((k + 25) * shape.period_ns, load.by_sender(k, k + 25)))
+        out.append(((k + 25) * shape.period_ns, load.by_sender(k, k + 25)[0]))
     return out
 
 

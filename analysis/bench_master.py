@@ -243,7 +243,7 @@ def agent_rate(seconds: float) -> dict:
     rounds = int(seconds * shape.rate)
     wins = []
     for k in range(0, rounds, 50):
-        raw = load.by_sender(k, min(k + 50, rounds))  # as the agent receives them: per rank
+        raw, _who = load.by_sender(k, min(k + 50, rounds))  # as the agent receives them: per rank
         wins.append(raw[load.node[raw["rank"]] == 0])
     edge, summ = Edge(), Summariser()
     t = time.time_ns()

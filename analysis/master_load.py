@@ -109,22 +109,19 @@ class Load:
             return np.empty(0, schema.HEADER), np.empty(0, np.int64)
         return np.concatenate(rows).view(schema.HEADER), np.concatenate(who)
 
-    def by_sender(self, k0: int, k1: int) -> np.ndarray:
-        """Rounds [k0, k1) as the master receives them: each sender's rows together, in order."""
-        return self._by_sender(k0, k1)[0]
+    def by_sender(self, k0: int, k1: int) -> tuple[np.ndarray, np.ndarray]:
+        """``window`` as the master receives it: each sender's rows together, in order."""
+        raw, who = self.window(k0, k1)
+        order = np.argsort(who, kind="stable")
+        return raw[order], who[order]
 
     def messages(self, k0: int, k1: int) -> list[bytes]:
         """Rounds [k0, k1) as ZeroMQ messages: one batch per sender (rank or node agent)."""
         from c4d import wire
 
-        raw, who = self._by_sender(k0, k1)
+        raw, who = self.by_sender(k0, k1)
         cuts = np.flatnonzero(who[1:] != who[:-1]) + 1
         return [wire.encode(part) for part in np.split(raw, cuts)]
-
-    def _by_sender(self, k0: int, k1: int) -> tuple[np.ndarray, np.ndarray]:
-        raw, who = self.window(k0, k1)
-        order = np.argsort(who, kind="stable")
-        return raw[order], who[order]
 
     def _sender(self, part: np.ndarray) -> np.ndarray:
         g = part["rank"].astype(np.int64)
