@@ -132,7 +132,22 @@ def _unprivileged() -> list[str]:
     return [setpriv, *DROP]
 
 
-def test_without_root_where_ptrace_allows(tmp_path):
+@pytest.fixture
+def readable_c4d():
+    """A copy of the c4d package uid 65534 can import: the checkout may lie where only root
+    reads (a clone in `mktemp -d`, mode 0700), and so does pytest's tmp_path."""
+    import tempfile
+
+    d = Path(tempfile.mkdtemp(prefix="c4d-unpriv-"))
+    d.chmod(0o755)
+    shutil.copytree(ROOT / "c4d", d / "c4d", ignore=shutil.ignore_patterns("__pycache__", "_native"))
+    for sub in [d, *d.rglob("*")]:
+        sub.chmod(0o755 if sub.is_dir() else 0o644)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def test_without_root_where_ptrace_allows(readable_c4d):
     """uid 65534 without capabilities dumps its own uid's process (no Yama here; under Yama
     ptrace_scope=1 the PR_SET_PTRACER declarations of launcher.py and the shim allow it)."""
     drop = _unprivileged()
@@ -141,7 +156,7 @@ def test_without_root_where_ptrace_allows(tmp_path):
     target = subprocess.Popen([*drop, "/bin/sleep", "600"])
     try:
         wait_for(lambda: Path(f"/proc/{target.pid}/exe").exists(), 10, "the target")
-        probe = f"import sys; sys.path.insert(0, {str(ROOT)!r})\nfrom c4d.run import stacks\n"
+        probe = f"import sys; sys.path.insert(0, {str(readable_c4d)!r})\nfrom c4d.run import stacks\n"
         probe += f"d = stacks.dump({target.pid}); print(d.error); print(d.native)"
         env = {"PATH": "/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1"}
         cmd = [*drop, "/usr/bin/python3", "-c", probe]
@@ -154,14 +169,14 @@ def test_without_root_where_ptrace_allows(tmp_path):
         target.wait()
 
 
-def test_an_unprivileged_user_is_told_why_not(py_target):
+def test_an_unprivileged_user_is_told_why_not(py_target, readable_c4d):
     """uid 65534 without capabilities, asking for a root process: the kernel refuses ptrace,
     and stacks.dump says so in one line with the fix."""
     drop = _unprivileged()
     probe = textwrap.dedent(
         f"""
         import ctypes, os, sys
-        sys.path.insert(0, {str(ROOT)!r})
+        sys.path.insert(0, {str(readable_c4d)!r})
         from c4d.run import stacks
         libc = ctypes.CDLL(None, use_errno=True)
         rc = libc.ptrace(16, {py_target.pid}, 0, 0)  # PTRACE_ATTACH: what every stack tool does first
