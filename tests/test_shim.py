@@ -361,8 +361,9 @@ def _stress(tmp_path: Path, name: str, sources: list[str]) -> str:
 
 
 def test_lock_free_queues_under_stress(tmp_path):
-    """queue.h's ring and free list, many threads, ThreadSanitizer when the compiler has it."""
-    assert _stress(tmp_path, "queue_stress", []).count(" ok\n") == 2
+    """queue.h's rings and free list (one index or a batch at a time), many threads,
+    ThreadSanitizer when the compiler has it."""
+    assert _stress(tmp_path, "queue_stress", []).count(" ok\n") == 4
 
 
 def test_kept_event_pairs_under_stress(tmp_path):
@@ -370,6 +371,15 @@ def test_kept_event_pairs_under_stress(tmp_path):
     (no GPU here): no event held by two ops at once, none lost, none stranded after a burst
     or kept across a fork; ThreadSanitizer when the compiler has it."""
     out = _stress(tmp_path, "event_pairs_stress", ["event_pool.cc", "op_pool.cc", "log.cc"])
+    assert out.count(" ok\n") == 3, out
+
+
+def test_thread_lanes_under_stress(tmp_path):
+    """op_pool.h's thread lanes with the shim's own pool sources: waves of threads (more in all
+    than lanes, one wave with more at once), one agent; every op out once, no event held twice,
+    lanes reused and reclaimed, every slot and event back once; ThreadSanitizer when the
+    compiler has it."""
+    out = _stress(tmp_path, "lanes_stress", ["event_pool.cc", "op_pool.cc", "log.cc"])
     assert out.count(" ok\n") == 3, out
 
 

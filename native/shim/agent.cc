@@ -6,12 +6,13 @@
  *  ncclAllReduce(...)                    hooks.cc         started at the first communicator init
  *   1 original looked up once (dlsym RTLD_NEXT)           ZeroMQ PUSH → C4D_MASTER_ADDR; REGISTER first
  *   2 recording? mode == kActive, outermost (TLS guard)   loop (every 5 ms while ops are in flight, 50 ms idle):
- *   3 op_begin                        recorder.cc          a drain the ready ring → pending list (FIFO);
+ *   3 op_begin                        recorder.cc          a drain the ready rings → pending list (FIFO);
  *       clock_gettime(REALTIME)          (vDSO)               COMM entries become COMM records at once
  *       comm slot, seq      comm_table.cc (lock-free)      b timing_tick: an anchor event per device ~1/s
- *       op slot ← free stack      op_pool.h (CAS)          c poll pending ops with cudaEventQuery:
- *       2 events ← pool; cudaEventRecord(start)                start fired → arrived; RETURNED and end
- *       ready ring ← slot          (Vyukov MPMC)                fired → done → c4d_op_record into the batch
+ *       op slot + 2 events ← the thread's lane (op_pool.h: c poll pending ops with cudaEventQuery:
+ *         freed by the agent, else a stash; plain stores)     start fired → arrived; RETURNED and end
+ *       cudaEventRecord(start); lane's ready ring ← slot        fired → done → c4d_op_record into the batch;
+ *         (no lane: shared free lists, Vyukov MPMC ring)        the slot back to its thread's lane
  *   4 real ncclAllReduce                                   c' profiler transfers done → PEER records (profiler.h)
  *                                                          c" hang timeout set by the code → STAGE (run_support.h)
  *   5 op_end: cudaEventRecord(end); return time,           d every C4D_HEARTBEAT_MS: a process heartbeat and
@@ -25,7 +26,7 @@
  * Shared between the two sides: op slots (released to the agent by the ring, fields
  * after submit published by `state`), event reference counts, comm slot counters. The
  * agent holds no lock the hot path takes. Memory is fixed at start: op slots
- * (C4D_QUEUE_CAPACITY), events (C4D_EVENT_POOL per device), one batch buffer; the
+ * (C4D_QUEUE_CAPACITY) and kLanes thread lanes (2 MiB at the default capacity), events (C4D_EVENT_POOL per device), one batch buffer; the
  * profiler plugin's pools (C4D_PEER_TRACK) at its first init.
  */
 #include "agent.h"
@@ -404,7 +405,7 @@ void finish_op(uint32_t i) {
   r.flags = uint8_t(s.flags | s.late_flags | x.agent_flags | ((x.start_ns && x.end_ns) ? C4D_OPF_DEVICE_TIMING : 0));
   append(&r);
   if (g_cfg.stats_output) note_stats(p, s);
-  if (!keep_pair(i)) g_ops.release(i);
+  free_op_slot(i);
 }
 
 enum Probe { kWait, kFired, kFailed };
@@ -490,24 +491,43 @@ bool advance(OpSlot& s, uint64_t* blocked, uint32_t* n_blocked) {
   return true;
 }
 
-/* Ready ring → pending list; lifecycle entries are written out at once. */
-bool drain() {
+/* One submitted slot → pending list; a lifecycle entry is written out at once. */
+void take_ready(uint32_t i) {
   Agent& a = g_agent;
+  OpSlot& s = g_ops.at(i);
+  if (s.kind == kSlotComm) {
+    comm_entry(s);
+    g_ops.release(i);
+    return;
+  }
+  ++a.ops_seen;
+  s.issue_ns = stamp_to_ns(s.issue_ns);  // the app wrote it before submit and never again
+  g_ops.agent_of(s) = AgentOp{};
+  peer_note_op(s);
+  a.pending[a.n_pending++] = i;  // never overflows: pending holds at most every slot
+}
+
+/* Ready rings → pending list. The lanes' counts are read before the shared ring, which a
+ * thread's lifecycle entries take: a comm's creation, submitted before its first op, comes
+ * out first. Lanes of exited threads give their free slots back to the shared lists. */
+bool drain() {
+  constexpr uint32_t kLaneCount = kLanes;
+  uint32_t ready[kLaneCount];
+  const uint32_t lanes = g_ops.lanes_used();
+  for (uint32_t l = 0; l < lanes; ++l) ready[l] = g_ops.lane(uint8_t(l)).ready.ready();
   bool any = false;
   uint32_t i;
   while (g_ops.next_ready(&i)) {
     any = true;
-    OpSlot& s = g_ops.at(i);
-    if (s.kind == kSlotComm) {
-      comm_entry(s);
-      g_ops.release(i);
-      continue;
+    take_ready(i);
+  }
+  for (uint32_t l = 0; l < lanes; ++l) {
+    Lane& ln = g_ops.lane(uint8_t(l));
+    for (uint32_t n = ready[l]; n > 0 && ln.ready.pop(&i); --n) {
+      any = true;
+      take_ready(i);
     }
-    ++a.ops_seen;
-    s.issue_ns = stamp_to_ns(s.issue_ns);  // the app wrote it before submit and never again
-    g_ops.agent_of(s) = AgentOp{};
-    peer_note_op(s);
-    a.pending[a.n_pending++] = i;  // never overflows: pending holds at most every slot
+    g_ops.reclaim(uint8_t(l), free_lane_slot);
   }
   return any;
 }

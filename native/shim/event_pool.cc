@@ -98,14 +98,88 @@ bool keep_pair(uint32_t slot) {
   const OpSlot& s = g_ops.at(slot);
   EventPool* p = event_pool_for(s.device);
   if (!p) return false;
-  if (p->kept_ready() && s.ev_start != kNone && s.ev_end != kNone && s.ev_start != s.ev_end && p->sole(s.ev_start) &&
-      p->sole(s.ev_end)) {
+  if (p->keepable(s.ev_start, s.ev_end)) {
     p->keep(slot);
     return true;
   }
   p->release(s.ev_start);
   p->release(s.ev_end);
   return false;
+}
+
+namespace {
+/* The lane's stash, empty, refilled: slots from the op pool's free list, each with a pair
+ * of `pool`'s events while they last (one operation on each shared list). */
+void refill(Lane& ln, EventPool* pool, int device) {
+  const uint32_t n = g_ops.take_many(ln.stash, kStash);
+  ln.stash_at = 0;
+  ln.stash_end = n;
+  uint32_t ev[2 * kStash], ne = 0;
+  if (pool && n) {
+    ne = pool->take_many(ev, 2 * n);
+    if (ne & 1) pool->release(ev[--ne]);
+  }
+  for (uint32_t k = 0; k < n; ++k) {
+    OpSlot& s = g_ops.at(ln.stash[k]);
+    s.device = device;
+    s.kept_a = 2 * k < ne ? ev[2 * k] : kNone;
+    s.kept_b = 2 * k < ne ? ev[2 * k + 1] : kNone;
+  }
+}
+}  // namespace
+
+uint32_t take_own_slot(uint8_t l, EventPool* pool, int device, uint32_t* a, uint32_t* b) {
+  Lane& ln = g_ops.lane(l);
+  uint32_t i = g_ops.take_own(l);
+  if (i == kNone) {
+    if (ln.stash_at == ln.stash_end) refill(ln, pool, device);
+    if (ln.stash_at == ln.stash_end) return kNone;
+    i = ln.stash[ln.stash_at++];
+  }
+  const OpSlot& s = g_ops.at(i);
+  *a = s.kept_a;
+  *b = s.kept_b;
+  if (*a != kNone && (!pool || s.device != device)) {  // not of use here: back to its pool
+    EventPool* p = event_pool_for(s.device);
+    p->release(*a);
+    p->release(*b);
+    *a = *b = kNone;
+  }
+  return i;
+}
+
+void free_op_slot(uint32_t slot) {
+  OpSlot& s = g_ops.at(slot);
+  if (s.lane == kNoLane) {
+    if (!keep_pair(slot)) g_ops.release(slot);
+    return;
+  }
+  EventPool* p = event_pool_for(s.device);
+  const bool pair = p && p->keepable(s.ev_start, s.ev_end);
+  if (p && !pair) {
+    p->release(s.ev_start);
+    p->release(s.ev_end);
+  }
+  s.kept_a = pair ? s.ev_start : kNone;
+  s.kept_b = pair ? s.ev_end : kNone;
+  s.state.store(0, std::memory_order_relaxed);
+  if (g_ops.give_back(slot)) return;  // release: the lane's owner sees the fields above
+  if (pair)
+    p->keep(slot);
+  else
+    g_ops.release(slot);
+}
+
+void free_lane_slot(uint32_t slot) {
+  OpSlot& s = g_ops.at(slot);
+  EventPool* p = event_pool_for(s.device);
+  if (p && s.kept_a != kNone) {
+    s.ev_start = s.kept_a;
+    s.ev_end = s.kept_b;
+    p->keep(slot);
+  } else {
+    g_ops.release(slot);
+  }
 }
 
 uint32_t take_any_slot() {

@@ -51,7 +51,11 @@ class EventPool {
   /* Any thread: two events, one reference each, from the free list, else a kept slot's
    * pair (the slot back to the op pool). False (nothing held) when the pool is empty. */
   bool take_pair(uint32_t* a, uint32_t* b);
+  /* Up to `max` events at once, one reference each; how many. */
+  uint32_t take_many(uint32_t* out, uint32_t max) { return free_.pop_many(out, max); }
   bool kept_ready() const { return kept_.ready(); }
+  /* The freer of an op slot (the agent): can its pair stay with it? */
+  bool keepable(uint32_t a, uint32_t b) const { return kept_ready() && a != kNone && b != kNone && a != b && sole(a) && sole(b); }
   /* Whoever holds the only reference (an op's own pair, no group shares it). */
   bool sole(uint32_t i) const { return refs_[i].load(std::memory_order_relaxed) == 1; }
   cudaEvent_t event(uint32_t i) const { return events_[i]; }
@@ -82,6 +86,19 @@ EventPool* event_pool_ensure(int device, uint32_t n);
 /* Freer of an op slot (the agent): its events kept with it (true: the slot is free), or
  * one reference each dropped (false: the caller frees the slot). */
 bool keep_pair(uint32_t slot);
+
+/* An op slot for an op of the thread that owns lane `l` (op_pool.h), on `device` (`pool`
+ * its events, nullptr: none wanted): one the agent freed into the lane, else from the
+ * lane's stash, refilled from the shared lists kStash slots (and pairs) at a time. A pair
+ * that came with it in *a, *b (kNone: none). kNone when the shared lists are empty. */
+uint32_t take_own_slot(uint8_t l, EventPool* pool, int device, uint32_t* a, uint32_t* b);
+
+/* The agent frees an op slot: back to its taker's lane (op_pool.h) with its own pair when
+ * no other op shares it, else as keep_pair / OpPool::release. */
+void free_op_slot(uint32_t slot);
+
+/* The agent reclaims a lane's free slot (its thread exited) onto the shared lists. */
+void free_lane_slot(uint32_t slot);
 
 /* An op slot for an op that brings no pair: the op pool's free list, else one that kept a
  * pair (the pair back to its pool). kNone when every slot is in use. */

@@ -53,6 +53,7 @@ void emit(uint8_t event, const CommSlot* s, ncclComm_t handle, ncclResult_t r, u
   }
   OpSlot& o = g_ops.at(i);
   o.kind = kSlotComm;
+  o.lane = kNoLane;  // freed to the shared list: lifecycle entries take the shared path
   o.op = event;
   o.comm = s ? comm_index(s) : kNone;
   o.result = r;

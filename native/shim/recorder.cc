@@ -79,13 +79,23 @@ OpTicket op_begin(ThreadState* t, const OpDesc& d) {
   const bool grouped = t->group_depth > 0;
   const int device = c->device.load(std::memory_order_relaxed);
   EventPool* pool = grouped ? nullptr : event_pool_for(device);
+  // Grouped ops take and free their slots on the shared lists (their pairs come at the
+  // group's end); a thread's other ops use its lane (op_pool.h) when it has one.
+  const uint8_t lane = grouped ? kNoLane : g_ops.lane_of(&t->lane);
+  // Numbered first: a locked add, cheapest before this op's stores to its slot are pending.
+  const uint64_t seq = grouped ? UINT64_MAX : take_seq(c, d.op, d.flags, d.peer);  // grouped: at the group's end
   uint32_t a = kNone, b = kNone;  // a kept pair that came with the slot
-  uint32_t i = pool ? pool->take_kept(&a, &b) : kNone;
-  if (i == kNone) i = take_any_slot();
+  uint32_t i = lane != kNoLane ? take_own_slot(lane, pool, device, &a, &b) : kNone;
+  if (i == kNone) {
+    i = pool ? pool->take_kept(&a, &b) : kNone;
+    if (i == kNone) i = take_any_slot();
+  }
   if (i == kNone) {
     // Dropped, but numbered all the same: the other ranks number this op too.
-    if (grouped) number_group(t);
-    take_seq(c, d.op, d.flags, d.peer);
+    if (grouped) {
+      number_group(t);
+      take_seq(c, d.op, d.flags, d.peer);
+    }
     count(g_counters.dropped_full);
     return k;
   }
@@ -98,7 +108,7 @@ OpTicket op_begin(ThreadState* t, const OpDesc& d) {
   s.comm = comm_index(c);
   s.peer = d.peer;
   s.device = device;
-  s.seq = grouped ? UINT64_MAX : take_seq(c, d.op, d.flags, d.peer);  // grouped: at the group's end
+  s.seq = seq;
   s.issue_ns = issue_ns;
   s.count = d.count;
   s.bytes = d.count * c4d_dtype_size(d.dtype);
@@ -106,6 +116,7 @@ OpTicket op_begin(ThreadState* t, const OpDesc& d) {
   s.group_id = 0;
   s.ev_start = s.ev_end = kNone;
   s.late_flags = 0;
+  s.lane = lane;
   s.result = ncclSuccess;
   s.return_ns = 0;
   k.slot = i;
@@ -139,7 +150,7 @@ OpTicket op_begin(ThreadState* t, const OpDesc& d) {
     }
   }
   s.state.store(kLaunched, std::memory_order_relaxed);
-  if (!g_ops.submit(i)) return drop(k);
+  if (!(lane != kNoLane ? g_ops.submit_own(lane, i) : g_ops.submit(i))) return drop(k);
   return k;
 }
 
@@ -312,6 +323,7 @@ ncclResult_t group_end(ThreadState* t, ncclResult_t (*real)()) {
       pairs[q].pool->set_refs(pairs[q].b, pairs[q].refs);
     }
   // Hand the group over before NCCL launches it: a launch that blocks is still seen.
+  const uint8_t lane = g_ops.lane_of(&t->lane);
   uint32_t first = kNone, last = kNone;  // submitted slots, still chained, for the walk after the call
   for (uint32_t j = 0, i = head; j < n; ++j) {
     OpSlot& s = g_ops.at(i);
@@ -323,7 +335,7 @@ ncclResult_t group_end(ThreadState* t, ncclResult_t (*real)()) {
       if (pr.a == kNone) s.late_flags |= pr.error ? C4D_OPF_EVENT_ERROR : C4D_OPF_NO_EVENT;
     }
     s.state.store(kLaunched, std::memory_order_relaxed);
-    if (g_ops.submit(i)) {  // release: the agent sees the fields above
+    if (lane != kNoLane ? g_ops.submit_own(lane, i) : g_ops.submit(i)) {  // release: the agent sees the fields above
       if (first == kNone) first = i;
       last = i;
     } else {
@@ -387,6 +399,7 @@ void recorder_reset_after_fork() {
   t_state.group_depth = 0;
   t_state.group_n = t_state.group_numbered = 0;
   t_state.deferred_n = 0;
+  t_state.lane = 0;  // OpPool::reset freed every lane
 }
 
 }  // namespace c4d

@@ -36,6 +36,7 @@ struct ThreadState {
   uint32_t group_head, group_tail;  // op slots, issue order, linked by OpSlot::next
   uint32_t deferred_n;      // ops of this thread NCCL is still launching (ncclInProgress)
   uint32_t deferred_head, deferred_tail;  // their slots, issue order, linked by OpSlot::next
+  uint8_t lane;             // OpPool::lane_of's memo: 0 not claimed yet
 };
 
 ThreadState* thread_state();

@@ -6,6 +6,8 @@
  * duplicated (payload sums, the free list ends full) and, with one consumer as in the
  * shim (the agent), that a push into the ring never fails. With several consumers
  * Vyukov's ring may refuse a push while a consumer is mid-pop; producers then retry.
+ * Again with producers taking their indices in batches (IndexStack::pop_many, as a thread's
+ * lane refills its stash). And SpscRing: one producer, one consumer, every value in order.
  * Exit status 0 = pass.
  */
 #include <pthread.h>
@@ -28,10 +30,22 @@ uint64_t g_payload[kSlots];  // written by the taker, read by the consumer
 std::atomic<uint64_t> g_consumed, g_sum, g_refused;
 std::atomic<int> g_producers_left;
 
+bool g_batches = false;  // producers take up to 4 indices at once
+
 void* producer(void* arg) {
   uint64_t id = uint64_t(reinterpret_cast<uintptr_t>(arg));
+  uint32_t held[4], n_held = 0, at = 0;
   for (uint32_t n = 0; n < kPerProducer;) {
-    uint32_t i = g_free.pop();
+    uint32_t i;
+    if (g_batches) {
+      if (at == n_held) {
+        n_held = g_free.pop_many(held, 1 + n % 4);
+        at = 0;
+      }
+      i = at < n_held ? held[at++] : c4d::kNone;
+    } else {
+      i = g_free.pop();
+    }
     if (i == c4d::kNone) {  // pool empty: a real hook drops; here wait for a slot
       sched_yield();
       continue;
@@ -43,6 +57,7 @@ void* producer(void* arg) {
     }
     ++n;
   }
+  while (at < n_held) g_free.push(held[at++]);  // a batch's rest goes back
   g_producers_left.fetch_sub(1);
   return nullptr;
 }
@@ -78,9 +93,41 @@ bool run(int consumers) {
   uint64_t want_sum = uint64_t(kProducers) * (uint64_t(kPerProducer) * (kPerProducer - 1) / 2);
   bool ok = g_consumed.load() == uint64_t(kProducers) * kPerProducer && g_sum.load() == want_sum && left == 0 &&
             back == kSlots && (consumers > 1 || g_refused.load() == 0);
-  printf("consumers=%d consumed=%llu sum_ok=%d left=%u free_back=%u refused=%llu %s\n", consumers,
+  printf("%sconsumers=%d consumed=%llu sum_ok=%d left=%u free_back=%u refused=%llu %s\n", g_batches ? "batches " : "", consumers,
          (unsigned long long)g_consumed.load(), g_sum.load() == want_sum, left, back,
          (unsigned long long)g_refused.load(), ok ? "ok" : "FAILED");
+  return ok;
+}
+
+constexpr uint32_t kSpscValues = 1000000;
+uint32_t g_spsc_cells[64];  // small: full and empty often
+c4d::SpscRing g_spsc;
+
+void* spsc_producer(void*) {
+  for (uint32_t v = 0; v < kSpscValues;)
+    if (g_spsc.push(v)) ++v;
+    else sched_yield();
+  return nullptr;
+}
+
+/* One producer, one consumer: every value, in order, once. */
+bool run_spsc() {
+  g_spsc.init(g_spsc_cells, 64);
+  pthread_t t;
+  pthread_create(&t, nullptr, spsc_producer, nullptr);
+  uint32_t want = 0, v;
+  bool order = true;
+  while (want < kSpscValues) {
+    if (!g_spsc.pop(&v)) {
+      sched_yield();
+      continue;
+    }
+    order = order && v == want;
+    ++want;
+  }
+  pthread_join(t, nullptr);
+  bool ok = order && !g_spsc.pop(&v) && g_spsc.ready() == 0;
+  printf("spsc values=%u in_order=%d %s\n", want, order, ok ? "ok" : "FAILED");
   return ok;
 }
 
@@ -90,5 +137,8 @@ int main() {
   if (!g_free.init(kSlots, true) || !g_ready.init(kSlots)) return 2;
   bool ok = run(1);  // the shim's shape: many app threads, one agent
   ok = run(3) && ok;
+  g_batches = true;
+  ok = run(1) && ok;
+  ok = run_spsc() && ok;
   return ok ? 0 : 1;
 }
