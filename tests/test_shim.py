@@ -330,6 +330,9 @@ def test_exports_exactly_the_hooks_and_the_c_api(libc4d):
     dyn = subprocess.run(["readelf", "-d", str(libc4d)], capture_output=True, text=True, check=True).stdout
     needed = set(re.findall(r"\(NEEDED\)\s+Shared library: \[(.+?)\]", dyn))
     assert not {n for n in needed if re.match(r"lib(stdc\+\+|gcc_s|zmq|cuda|nccl)", n)}, needed
+    # Never unmapped (a dlclose of it as NCCL's profiler plugin would leave its agent thread
+    # and its thread-exit key destructor pointing at nothing).
+    assert "NODELETE" in dyn
 
 
 def _stress(tmp_path: Path, name: str, sources: list[str]) -> str:
