@@ -34,6 +34,7 @@ from c4d.engine.state import (
     RATE_WINDOW_NS,
     Comm,
     Complete,
+    OpCols,
     P2PDone,
     P2PPairs,
     Pool,
@@ -217,20 +218,20 @@ class Engine:
         return rows, extra, spans
 
     def _comm_groups(
-        self, rows: np.ndarray, what: str, extra: np.ndarray | None = None
+        self, rows: np.ndarray, what: str, extra: np.ndarray | None = None, cols: OpCols | None = None
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[Comm]]:
         """What ``_comm_slices`` finds, rows not reordered: the valid rows in arrival order, the
         matching ``extra``, each row's group and each group's communicator (groups in comm-id
         order). A copy of a chunk's OP rows sorted by communicator (a gather of whole records in
         no order the cache likes) was 4% of the master at 8,192 ranks through agents, and the
-        collective and p2p paths sort their own rows again."""
+        collective and p2p paths sort their own rows again. ``cols``: OP rows' columns."""
         if extra is None:
             extra = np.zeros(len(rows), np.int8)
         sized = "comm_nranks" in (rows.dtype.names or ())
-        cr = rows["comm_rank"]
+        cr = rows["comm_rank"] if cols is None else cols.comm_rank
         ok = (rows["comm_id"] != 0) & (cr >= 0)
         if sized:
-            nr = rows["comm_nranks"]
+            nr = rows["comm_nranks"] if cols is None else cols.nranks
             ok &= (nr >= 1) & (nr <= MAX_NRANKS) & (cr < nr)
         if not ok.all():
             self._invalid(f"a bad comm id/rank/size in {what} records", int((~ok).sum()))
@@ -240,7 +241,7 @@ class Engine:
         ids, first, ci = schema.unique_runs(rows["comm_id"])
         idx, n = self._lookup(ids)
         if sized:
-            nr = rows["comm_nranks"].astype(np.int64)
+            nr = rows["comm_nranks"].astype(np.int64) if cols is None or not ok.all() else cols.nranks
             for k in np.flatnonzero(idx < 0).tolist():  # new communicators (in comm-id order)
                 c = self._comm(int(ids[k]), int(nr[first[k]]))
                 idx[k], n[k] = (c.idx, c.n) if c is not None else (-1, -1)
@@ -433,22 +434,25 @@ class Engine:
             ops = take(ops, ok)
             if not len(ops):  # (an empty chunk of ops once crashed _gaps: issue 14)
                 return
-        gaps, cum = self._gaps(ops)
-        self._slow.own.feed(ops, gaps, cum, self.ranks, self.thresholds().period_ns)
-        extra = np.stack([self._shares_events(ops), cum], axis=1)
+        cols = OpCols.of(ops)
+        gaps, cum = self._gaps(ops, cols)
+        self._slow.own.feed(ops, gaps, cum, self.ranks, self.thresholds().period_ns, cols)
+        extra = np.stack([self._shares_events(ops, cols), cum], axis=1)
         if not BATCHED:
             self._feed_ops_each(ops, extra)
             return
-        rows, ex, ci, groups = self._comm_groups(ops, "OP", extra)
+        rows, ex, ci, groups = self._comm_groups(ops, "OP", extra, cols)
         if not groups:
             return
-        member = self._members(rows, ci, groups)
+        if rows is not ops:  # rows dropped: the columns of those kept
+            cols = OpCols.of(rows)
+        member = self._members(rows, ci, groups, cols)
         gidx = np.array([c.idx for c in groups], np.int64)
         self._pool.rate.note(self._chunk_recv, gidx, np.bincount(ci, minlength=len(groups)))
-        p2p = (rows["flags"] & P2P) != 0
+        p2p = (cols.flags & P2P) != 0
         if not p2p.all():
-            coll = ~p2p
-            self._collectives(take(rows, coll), ci[coll], member[coll], ex[coll, 1], groups)
+            coll = np.flatnonzero(~p2p)
+            self._collectives(rows, coll, ci[coll], member[coll], ex[coll, 1], groups, cols.take(coll))
         if p2p.any():
             pi = np.flatnonzero(p2p)
             nn = np.array([c.n for c in groups])
@@ -470,13 +474,16 @@ class Engine:
                 # one pass over every communicator's sends and receives
                 self._pairs.feed(pp, idx, ex[pi, 0] != 0, self.comms, self.ranks)
 
-    def _members(self, rows: np.ndarray, ci: np.ndarray, groups: list[Comm]) -> np.ndarray:
+    def _members(
+        self, rows: np.ndarray, ci: np.ndarray, groups: list[Comm], cols: OpCols | None = None
+    ) -> np.ndarray:
         """``_member`` for the rows of every communicator at once (as ``_comm_groups`` gives
-        them: ``ci`` each row's group); returns each row's member's Pool index."""
+        them: ``ci`` each row's group); returns each row's member's Pool index. ``cols``: the
+        rows' columns when they are OP rows."""
         mbase = np.array([c.mbase for c in groups], np.int64)
-        cr = rows["comm_rank"].astype(np.int64)
+        cr = rows["comm_rank"].astype(np.int64) if cols is None else cols.comm_rank
         member = mbase[ci] + cr
-        g = rows["rank"].astype(np.int64)
+        g = rows["rank"].astype(np.int64) if cols is None else cols.rank
         new = self._pool.member["grank"][member] != g
         if new.any():
             rows_new = np.flatnonzero(new)
@@ -492,33 +499,36 @@ class Engine:
 
     def _collectives(
         self,
-        co: np.ndarray,
+        rows: np.ndarray,
+        coll: np.ndarray,
         ci: np.ndarray,
         member: np.ndarray,
         cum: np.ndarray,
         groups: list[Comm],
+        cols: OpCols,
     ) -> None:
-        """Collective OP rows of every communicator of a chunk (``ci``: each row's group, rows
-        in arrival order): what Comm.add_collectives does one
+        """Collective OP rows of every communicator of a chunk (``rows[coll]``, not copied: a
+        whole-record copy of nearly every row of a chunk was 2% of the engine; ``cols`` their
+        columns, ``ci`` each one's group, rows in arrival order): what Comm.add_collectives does one
         communicator at a time, at once. An op whose every member's row is in the chunk and
         whose ring slot nothing else of the chunk claims (the common case) is reduced straight
         from the rows; the others go through the communicator's ring (Comm.scatter)."""
         P = self._pool
-        seq = co["seq"].astype(np.int64)
-        cr = co["comm_rank"].astype(np.int64)
+        seq = rows["seq"][coll].astype(np.int64)
+        cr = cols.comm_rank
         present = np.flatnonzero(np.bincount(ci, minlength=len(groups))).tolist()
         for k in present:
             c = groups[k]
             c.version += 1
             c.has_coll = True
-        P.member["grank"][member] = co["rank"]
+        P.member["grank"][member] = cols.rank
         np.maximum.at(P.member["op_done"], member, seq + 1)
         comp = compute_before(P.member["last_cum"], member, seq, cum)
         nn = np.array([c.n for c in groups], np.int64)
         W = np.array([c.W for c in groups], np.int64)
         sbase = np.array([c.sbase for c in groups], np.int64)
         gslot = sbase[ci] + seq % W[ci]  # Pool slot index
-        m = len(co)
+        m = len(coll)
         o = lexsort((cr, seq, ci))
         ci_o, seq_o, cr_o, gs_o = ci[o], seq[o], cr[o], gslot[o]
         head = np.r_[True, (ci_o[1:] != ci_o[:-1]) | (seq_o[1:] != seq_o[:-1])]
@@ -543,12 +553,11 @@ class Engine:
             last_row = np.maximum.reduceat(o, heads)[fast]  # the ring keeps the op kind of the last row
             P.slot["tag"][gs] = seq_o[fh]
             P.slot["processed"][gs] = True
-            op = co["op"][last_row]
+            op = rows["op"][coll[last_row]]
             P.slot["opk"][gs] = op
-            nbytes = co["bytes"][last_row].astype(np.int64)
-            start = co["start_ns"].astype(np.int64)
-            arr = np.where(start > 0, start, co["issue_ns"].astype(np.int64))[o]
-            end, gap = co["end_ns"].astype(np.int64)[o], comp[o]
+            nbytes = rows["bytes"][coll[last_row]].astype(np.int64)
+            arr = cols.arr[o]
+            end, gap = rows["end_ns"][coll].astype(np.int64)[o], comp[o]
             fast_rows = fast[run]
             n_f, ci_f, seq_f = nn[ci_o[fh]], ci_o[fh], seq_o[fh]
             for n in np.unique(n_f).tolist():
@@ -570,7 +579,7 @@ class Engine:
             for k in np.unique(ci[ring]).tolist():
                 c = groups[k]
                 sel = np.flatnonzero(ring & (ci == k))
-                slots = c.scatter(take(co, sel), seq[sel], cr[sel], comp[sel])
+                slots = c.scatter(take(rows, coll[sel]), seq[sel], cr[sel], comp[sel])
                 if len(slots):
                     parts.setdefault(k, []).append(Complete.of(c, slots))
         done = [(groups[k], Complete.join(parts[k])) for k in sorted(parts)]
@@ -697,13 +706,13 @@ class Engine:
             c._completed(out[h:t], gaps[h:t, : c.n], la)
 
     @staticmethod
-    def _shares_events(ops: np.ndarray) -> np.ndarray:
+    def _shares_events(ops: np.ndarray, cols: OpCols) -> np.ndarray:
         """Per op: 1 when another op of this chunk came from the same ncclGroup of the same rank
         (they share the group's events, so its times span the whole group), else 0."""
         out = np.zeros(len(ops), np.int64)
-        ing = np.flatnonzero((ops["flags"] & IN_GROUP) != 0)
+        ing = np.flatnonzero((cols.flags & IN_GROUP) != 0)
         if len(ing):
-            r, gid = ops["rank"][ing], ops["group_id"][ing]
+            r, gid = cols.rank[ing], ops["group_id"][ing]
             o = lexsort((gid, r))
             r, gid = r[o], gid[o]
             new = np.r_[True, (r[1:] != r[:-1]) | (gid[1:] != gid[:-1])]
@@ -712,19 +721,19 @@ class Engine:
             out[ing[o]] = cnt[run] > 1
         return out
 
-    def _gaps(self, ops: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _gaps(self, ops: np.ndarray, cols: OpCols) -> tuple[np.ndarray, np.ndarray]:
         """Per op: its compute gap and the rank's compute so far (state.compute_gaps). An agent's
         forwarded OP records carry the compute so far (the agent saw the rank's summarised ops,
         the master did not): those are taken as given."""
         R = self.ranks
-        given = (ops["flags"] & COMPUTE_GIVEN) != 0
+        given = (cols.flags & COMPUTE_GIVEN) != 0
         if not given.any():
-            return compute_gaps(ops, R.last_end, R.compute_ns)
+            return compute_gaps(ops, R.last_end, R.compute_ns, cols)
         gaps = np.full(len(ops), -1, np.int64)
         cum = ops["compute_ns"].astype(np.int64)
         if not given.all():
             own = np.flatnonzero(~given)
-            gaps[own], cum[own] = compute_gaps(ops[own], R.last_end, R.compute_ns)
+            gaps[own], cum[own] = compute_gaps(ops[own], R.last_end, R.compute_ns, cols.take(own))
         return gaps, cum
 
     def flush(self) -> None:

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from c4d.engine.config import EngineConfig
-from c4d.engine.state import RankTable, compute_before
+from c4d.engine.state import OpCols, RankTable, compute_before
 from c4d.schema import OpFlag
 
 COMPUTE_GIVEN = int(OpFlag.COMPUTE_GIVEN)
@@ -67,31 +67,38 @@ class OwnPace:
         self.low: dict[int, int] = {}  # rank -> the last window it was above the line in
 
     def feed(
-        self, ops: np.ndarray, gaps: np.ndarray, cum: np.ndarray, ranks: RankTable, period_ns: int
+        self,
+        ops: np.ndarray,
+        gaps: np.ndarray,
+        cum: np.ndarray,
+        ranks: RankTable,
+        period_ns: int,
+        cols: OpCols | None = None,
     ) -> None:
         """Bin each synchronizing op's compute gap in the window of its aligned arrival. An
         agent's forwarded op carries its rank's running sum instead (``given``): its compute is
         the increase since the rank's previous forwarded op. Ranks whose clock is not aligned
         yet are left out (their windows would be off by their clock's offset)."""
-        sync = ops["comm_nranks"] >= 2
+        if cols is None:
+            cols = OpCols.of(ops)
+        sync = cols.nranks >= 2
         if not sync.any() or period_ns <= 0:
             return
         if period_ns != self.period:  # thresholds changed (a job registered): start again
             self.bins.clear()
             self.period = period_ns
-        given = (ops["flags"] & COMPUTE_GIVEN) != 0
+        given = (cols.flags & COMPUTE_GIVEN) != 0
         inc = np.where(sync & ~given, gaps, -1).astype(np.int64)
         fwd = sync & given
         if fwd.any():  # (a field, not the structured rows: those copy field by field)
-            inc[fwd] = self._increments(ops["rank"][fwd], cum[fwd])
+            inc[fwd] = self._increments(cols.rank[fwd], cum[fwd])
         rows = np.flatnonzero(inc >= 0)
         if not len(rows):
             return
-        g = ops["rank"][rows].astype(np.int64)
+        g = cols.rank[rows]
         ok = ranks.aligned(g)
         rows, g = rows[ok], g[ok]
-        start = ops["start_ns"][rows].astype(np.int64)
-        arr = np.where(start > 0, start, ops["issue_ns"][rows].astype(np.int64))
+        arr = cols.arr[rows]
         q = (arr - ranks.offsets(g)) // (period_ns // PARTS)  # the quarter of a window
         late = q // PARTS <= self.judged_to
         self.late += int(late.sum())
