@@ -102,3 +102,21 @@ def test_unique_runs_is_np_unique():
         assert (got[0] == u).all() and (got[1] == first).all() and (got[2] == inv.ravel()).all()
         paths.add(len(a) > 1 and 2 * int((a[1:] != a[:-1]).sum() + 1) > len(a))
     assert paths == {True, False}
+
+
+def test_join_records_is_concatenate_for_any_parts():
+    """join_records gives np.concatenate's rows, writable, for many small parts (a batch per
+    sender), a part that is a strided view, empty parts and a different dtype of the same size."""
+    rng = np.random.default_rng(5)
+    rows = np.zeros(200, schema.OP)
+    for f in ("seq", "issue_ns", "end_ns", "comm_id"):
+        rows[f] = rng.integers(0, 1 << 62, len(rows), dtype=np.uint64)
+    rows["rank"] = rng.integers(0, 4096, len(rows))
+    parts = [rows[i : i + 7] for i in range(0, 200, 7)]
+    for ps in (parts, [rows[:0], *parts, rows[:0]], [rows[::3], rows[1:50]], [rows[5:6], rows[::-1]]):
+        got = schema.join_records(ps)
+        want = np.concatenate(ps)
+        assert got.dtype == schema.OP and got.flags.writeable
+        assert got.tobytes() == want.tobytes()
+        as_header = schema.join_records(ps, schema.HEADER)
+        assert as_header.dtype == schema.HEADER and as_header.tobytes() == want.tobytes()
