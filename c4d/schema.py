@@ -305,9 +305,11 @@ def upgrade(raw: np.ndarray) -> np.ndarray:
     return raw
 
 
-def by_kind(raw: np.ndarray) -> dict[Kind, np.ndarray]:
-    """Split ``HEADER``-typed rows into typed arrays, one per known kind (unknown kinds are skipped)."""
-    kinds = raw["kind"]
+def by_kind(raw: np.ndarray, kinds: np.ndarray | None = None) -> dict[Kind, np.ndarray]:
+    """Split ``HEADER``-typed rows into typed arrays, one per known kind (unknown kinds are
+    skipped). ``kinds``: their ``kind`` field when the caller has read it."""
+    if kinds is None:
+        kinds = raw["kind"]
     present = np.bincount(kinds, minlength=256) if len(raw) else np.zeros(256, np.int64)
     v = raw.view(np.dtype((np.void, raw.dtype.itemsize)))  # whole records: see take_records
     out: dict[Kind, np.ndarray] = {}
@@ -325,7 +327,7 @@ def join_records(parts: Sequence[np.ndarray], dtype: np.dtype | None = None) -> 
     if len(parts) == 1:
         return parts[0] if parts[0].dtype == dt else np.ascontiguousarray(parts[0]).view(dt)
     try:  # the parts' bytes in one C loop: 4.5x faster for 4,096 parts (a batch per sender)
-        return np.frombuffer(bytearray().join(parts), dt)
+        return np.frombuffer(bytearray().join(parts), dt)  # type: ignore[arg-type]  # (ndarrays are buffers)
     except (BufferError, TypeError):  # a part that is not contiguous (no plain buffer)
         v = np.dtype((np.void, dt.itemsize))
         return np.concatenate([np.ascontiguousarray(p).view(v) for p in parts]).view(dt)

@@ -336,12 +336,14 @@ class Engine:
 
     def _ingest(self, raw: np.ndarray, recv: np.ndarray) -> None:
         self.stats["records"] += len(raw)
-        kind = raw["kind"]
+        kind = np.ascontiguousarray(raw["kind"])  # header fields read once (docs/engine.md)
+        rank = raw["rank"].astype(np.int64)
+        version = raw["version"]
         ok = (
-            (raw["rank"] >= 0)
-            & (raw["rank"] < MAX_RANK)
-            & (raw["version"] >= 1)
-            & (raw["version"] <= schema.SCHEMA_VERSION)
+            (rank >= 0)
+            & (rank < MAX_RANK)
+            & (version >= 1)
+            & (version <= schema.SCHEMA_VERSION)
             & (kind >= Kind.REGISTER)
             & (kind <= Kind.OPSUM)
             & (kind != Kind.TICK)
@@ -350,18 +352,18 @@ class Engine:
             bad = ~ok & (kind != Kind.TICK)
             if bad.any():
                 self._invalid("an unknown kind, a bad rank or a newer schema version", int(bad.sum()))
-            raw, recv = take(raw, ok), recv[ok]
+            raw, recv, kind, rank = take(raw, ok), recv[ok], kind[ok], rank[ok]
             if not len(raw):
                 return
         R = self.ranks
-        g = raw["rank"].astype(np.int64)
+        g = rank
         R.ensure(int(g.max()))
         R.seen[g] = True
         np.maximum.at(R.last_recv, g, recv)
         t = raw["time_ns"].astype(np.int64)
         pos = t > 0
         clock.note_records(R, g[pos], t[pos])
-        parts = schema.by_kind(raw)
+        parts = schema.by_kind(raw, kind)
         self._chunk_recv = int(recv[-1])
         if len(parts[Kind.REGISTER]):
             R.register(parts[Kind.REGISTER])
@@ -370,11 +372,11 @@ class Engine:
         if len(parts[Kind.HEARTBEAT]):
             self._feed_heartbeats(parts[Kind.HEARTBEAT])
         if len(parts[Kind.OP]):
-            self._feed_ops(parts[Kind.OP])
+            self._feed_ops(parts[Kind.OP], rank[kind == Kind.OP])
         if len(parts[Kind.OPSUM]):
-            self._feed_opsum(parts[Kind.OPSUM], recv[raw["kind"] == Kind.OPSUM])
+            self._feed_opsum(parts[Kind.OPSUM], recv[kind == Kind.OPSUM])
         if len(parts[Kind.STAGE]):
-            self.stages.feed(parts[Kind.STAGE], recv[raw["kind"] == Kind.STAGE])
+            self.stages.feed(parts[Kind.STAGE], recv[kind == Kind.STAGE])
         if len(parts[Kind.PEER]):
             for c, rows, _ in self._by_comm(parts[Kind.PEER], "PEER"):
                 ok = (rows["peer"] >= 0) & (rows["peer"] < c.n)
@@ -427,14 +429,15 @@ class Engine:
         ps = rows["pend_seq"]
         M["pend_seq"][member] = np.where(ps == schema.UINT64_MAX, -1, ps.astype(np.int64))
 
-    def _feed_ops(self, ops: np.ndarray) -> None:
+    def _feed_ops(self, ops: np.ndarray, rank: np.ndarray) -> None:
+        """``rank``: the rows' rank field, as ``_ingest`` read it."""
         ok = ops["op"] < len(Op)
         if not ok.all():
             self._invalid("an unknown op kind", int((~ok).sum()))
-            ops = take(ops, ok)
+            ops, rank = take(ops, ok), rank[ok]
             if not len(ops):  # (an empty chunk of ops once crashed _gaps: issue 14)
                 return
-        cols = OpCols.of(ops)
+        cols = OpCols.of(ops, rank)
         gaps, cum = self._gaps(ops, cols)
         self._slow.own.feed(ops, gaps, cum, self.ranks, self.thresholds().period_ns, cols)
         extra = np.stack([self._shares_events(ops, cols), cum], axis=1)

@@ -177,12 +177,13 @@ class OpCols(NamedTuple):
     arr: np.ndarray  # arrival: the start event, else the issue time (int64)
 
     @classmethod
-    def of(cls, ops: np.ndarray) -> OpCols:
+    def of(cls, ops: np.ndarray, rank: np.ndarray | None = None) -> OpCols:
+        """``rank``: the rows' rank field as int64 when the caller has read it."""
         start = ops["start_ns"].astype(np.int64)
         arr = np.where(start > 0, start, ops["issue_ns"].astype(np.int64))
         i64 = np.int64
-        return cls(ops["rank"].astype(i64), ops["flags"], ops["comm_nranks"].astype(i64),
-                   ops["comm_rank"].astype(i64), arr)  # fmt: skip
+        g = ops["rank"].astype(i64) if rank is None else rank
+        return cls(g, ops["flags"], ops["comm_nranks"].astype(i64), ops["comm_rank"].astype(i64), arr)
 
     def take(self, idx: np.ndarray) -> OpCols:
         return OpCols(*(a[idx] for a in self))
