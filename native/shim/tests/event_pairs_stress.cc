@@ -22,14 +22,9 @@
 #include <atomic>
 #include <initializer_list>
 
-#include "cuda_rt.h"
+#include "counting_cuda.h"
 #include "event_pool.h"
 #include "op_pool.h"
-
-namespace c4d {
-CudaRt g_cuda;
-int cuda_current_device() { return 0; }
-}  // namespace c4d
 
 namespace {
 
@@ -42,13 +37,6 @@ constexpr uint32_t kEvents = 16;  // 8 pairs a device: the pool runs empty often
 constexpr uint32_t kSlots = 64;
 constexpr uint32_t kPerProducer = 40000;
 constexpr int kProducers = 3;
-
-std::atomic<int> g_made{0};
-int fake_create(cudaEvent_t* e, unsigned) {
-  *e = reinterpret_cast<cudaEvent_t>(uintptr_t(g_made.fetch_add(1) + 1));
-  return C4D_CUDA_SUCCESS;
-}
-int fake_device(int) { return C4D_CUDA_SUCCESS; }
 
 std::atomic<uint32_t> g_held[2][kEvents];  // ops holding each event now
 std::atomic<uint64_t> g_double{0}, g_no_pair{0}, g_ops_done{0};
@@ -186,9 +174,7 @@ int fail(const char* what) {
 }  // namespace
 
 int main() {
-  c4d::g_cuda.ok = true;
-  c4d::g_cuda.eventCreateWithFlags = fake_create;
-  c4d::g_cuda.setDevice = fake_device;
+  counting_cuda::install();
   if (!g_ops.init(kSlots)) return fail("op pool");  // first, as in the shim: pools size their kept lists by it
   if (!c4d::event_pool_ensure(0, kEvents) || !c4d::event_pool_ensure(1, kEvents)) return fail("pools");
 

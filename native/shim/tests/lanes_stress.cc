@@ -24,14 +24,9 @@
 
 #include <atomic>
 
-#include "cuda_rt.h"
+#include "counting_cuda.h"
 #include "event_pool.h"
 #include "op_pool.h"
-
-namespace c4d {
-CudaRt g_cuda;
-int cuda_current_device() { return 0; }
-}  // namespace c4d
 
 namespace {
 
@@ -47,13 +42,6 @@ constexpr int kWaves = 4;
 constexpr int kWaveThreads = 6;                     // 24 threads over the waves: lanes are reused
 constexpr int kCrowd = int(c4d::kLanes) + 4;        // the last wave: more threads than lanes
 constexpr int kMaxThreads = kWaves * kWaveThreads + kCrowd;
-
-std::atomic<int> g_made{0};
-int fake_create(cudaEvent_t* e, unsigned) {
-  *e = reinterpret_cast<cudaEvent_t>(uintptr_t(g_made.fetch_add(1) + 1));
-  return C4D_CUDA_SUCCESS;
-}
-int fake_device(int) { return C4D_CUDA_SUCCESS; }
 
 std::atomic<uint32_t> g_held[2][kEvents];  // ops holding each event now
 std::atomic<uint8_t> g_seen[kMaxThreads][kPerThread];  // each op's way out
@@ -172,9 +160,7 @@ int fail(const char* what) {
 }  // namespace
 
 int main() {
-  c4d::g_cuda.ok = true;
-  c4d::g_cuda.eventCreateWithFlags = fake_create;
-  c4d::g_cuda.setDevice = fake_device;
+  counting_cuda::install();
   if (!g_ops.init(kSlots)) return fail("op pool");
   if (!c4d::event_pool_ensure(0, kEvents) || !c4d::event_pool_ensure(1, kEvents)) return fail("pools");
 
