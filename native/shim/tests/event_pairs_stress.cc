@@ -22,9 +22,7 @@
 #include <atomic>
 #include <initializer_list>
 
-#include "counting_cuda.h"
-#include "event_pool.h"
-#include "op_pool.h"
+#include "pool_harness.h"
 
 namespace {
 
@@ -32,6 +30,7 @@ using c4d::EventPool;
 using c4d::g_ops;
 using c4d::kNone;
 using c4d::OpSlot;
+using counting_cuda::fail;
 
 constexpr uint32_t kEvents = 16;  // 8 pairs a device: the pool runs empty often
 constexpr uint32_t kSlots = 64;
@@ -166,17 +165,10 @@ bool conserved(const char* when) {
   return true;
 }
 
-int fail(const char* what) {
-  printf("FAIL: %s\n", what);
-  return 1;
-}
-
 }  // namespace
 
 int main() {
-  counting_cuda::install();
-  if (!g_ops.init(kSlots)) return fail("op pool");  // first, as in the shim: pools size their kept lists by it
-  if (!c4d::event_pool_ensure(0, kEvents) || !c4d::event_pool_ensure(1, kEvents)) return fail("pools");
+  if (!counting_cuda::start(kSlots, kEvents)) return 1;
 
   pthread_t th[kProducers + 1];
   for (int k = 0; k < kProducers; ++k) pthread_create(&th[k], nullptr, producer, reinterpret_cast<void*>(uintptr_t(k + 1)));

@@ -24,9 +24,7 @@
 
 #include <atomic>
 
-#include "counting_cuda.h"
-#include "event_pool.h"
-#include "op_pool.h"
+#include "pool_harness.h"
 
 namespace {
 
@@ -34,6 +32,7 @@ using c4d::EventPool;
 using c4d::g_ops;
 using c4d::kNone;
 using c4d::OpSlot;
+using counting_cuda::fail;
 
 constexpr uint32_t kEvents = 64;  // 32 pairs a device: the pool runs empty now and then
 constexpr uint32_t kSlots = 256;
@@ -152,17 +151,10 @@ void wave(int first, int n) {
   pthread_barrier_destroy(&g_claimed);
 }
 
-int fail(const char* what) {
-  printf("FAIL: %s\n", what);
-  return 1;
-}
-
 }  // namespace
 
 int main() {
-  counting_cuda::install();
-  if (!g_ops.init(kSlots)) return fail("op pool");
-  if (!c4d::event_pool_ensure(0, kEvents) || !c4d::event_pool_ensure(1, kEvents)) return fail("pools");
+  if (!counting_cuda::start(kSlots, kEvents)) return 1;
 
   pthread_t ag;
   pthread_create(&ag, nullptr, agent, nullptr);
