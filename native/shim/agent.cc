@@ -26,8 +26,9 @@
  * Shared between the two sides: op slots (released to the agent by the ring, fields
  * after submit published by `state`), event reference counts, comm slot counters. The
  * agent holds no lock the hot path takes. Memory is fixed at start: op slots
- * (C4D_QUEUE_CAPACITY) and kLanes thread lanes (2 MiB at the default capacity), events (C4D_EVENT_POOL per device), one batch buffer; the
- * profiler plugin's pools (C4D_PEER_TRACK) at its first init.
+ * (C4D_QUEUE_CAPACITY) and kLanes thread lanes (2 MiB at the default capacity), events
+ * (C4D_EVENT_POOL per device), one batch buffer; the profiler plugin's pools
+ * (C4D_PEER_TRACK) at its first init.
  */
 #include "agent.h"
 
@@ -511,8 +512,7 @@ void take_ready(uint32_t i) {
  * thread's lifecycle entries take: a comm's creation, submitted before its first op, comes
  * out first. Lanes of exited threads give their free slots back to the shared lists. */
 bool drain() {
-  constexpr uint32_t kLaneCount = kLanes;
-  uint32_t ready[kLaneCount];
+  uint32_t ready[kLanes];
   const uint32_t lanes = g_ops.lanes_used();
   for (uint32_t l = 0; l < lanes; ++l) ready[l] = g_ops.lane(uint8_t(l)).ready.ready();
   bool any = false;
@@ -527,7 +527,7 @@ bool drain() {
       any = true;
       take_ready(i);
     }
-    g_ops.reclaim(uint8_t(l), free_lane_slot);
+    g_ops.reclaim(uint8_t(l), free_to_shared);
   }
   return any;
 }

@@ -163,14 +163,10 @@ void free_op_slot(uint32_t slot) {
   s.kept_a = pair ? s.ev_start : kNone;
   s.kept_b = pair ? s.ev_end : kNone;
   s.state.store(0, std::memory_order_relaxed);
-  if (g_ops.give_back(slot)) return;  // release: the lane's owner sees the fields above
-  if (pair)
-    p->keep(slot);
-  else
-    g_ops.release(slot);
+  if (!g_ops.give_back(slot)) free_to_shared(slot);  // release: the lane's owner sees the fields above
 }
 
-void free_lane_slot(uint32_t slot) {
+void free_to_shared(uint32_t slot) {
   OpSlot& s = g_ops.at(slot);
   EventPool* p = event_pool_for(s.device);
   if (p && s.kept_a != kNone) {

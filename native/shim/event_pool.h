@@ -55,7 +55,9 @@ class EventPool {
   uint32_t take_many(uint32_t* out, uint32_t max) { return free_.pop_many(out, max); }
   bool kept_ready() const { return kept_.ready(); }
   /* The freer of an op slot (the agent): can its pair stay with it? */
-  bool keepable(uint32_t a, uint32_t b) const { return kept_ready() && a != kNone && b != kNone && a != b && sole(a) && sole(b); }
+  bool keepable(uint32_t a, uint32_t b) const {
+    return kept_ready() && a != kNone && b != kNone && a != b && sole(a) && sole(b);
+  }
   /* Whoever holds the only reference (an op's own pair, no group shares it). */
   bool sole(uint32_t i) const { return refs_[i].load(std::memory_order_relaxed) == 1; }
   cudaEvent_t event(uint32_t i) const { return events_[i]; }
@@ -97,8 +99,9 @@ uint32_t take_own_slot(uint8_t l, EventPool* pool, int device, uint32_t* a, uint
  * no other op shares it, else as keep_pair / OpPool::release. */
 void free_op_slot(uint32_t slot);
 
-/* The agent reclaims a lane's free slot (its thread exited) onto the shared lists. */
-void free_lane_slot(uint32_t slot);
+/* The agent frees a slot whose pair (or kNone) is in kept_a/kept_b onto the shared lists:
+ * one its lane would not take, or a lane's whose thread exited. */
+void free_to_shared(uint32_t slot);
 
 /* An op slot for an op that brings no pair: the op pool's free list, else one that kept a
  * pair (the pair back to its pool). kNone when every slot is in use. */

@@ -111,10 +111,12 @@ class OpPool {
   void reset();                  // fork child / re-init: every slot free
   /* Any thread. kNone when exhausted. */
   uint32_t take() { return free_.pop(); }
-  /* The taker hands a filled slot to the agent. The ring has room for every slot and
-   * has one consumer, so this does not fail; if it ever did, the caller drops the op
-   * (releases the slot) rather than wait. */
-  bool submit(uint32_t i) { return ready_.push(i); }
+  /* The taker hands a filled slot to the agent: through its lane (kNoLane: none), else the
+   * shared ring, which has room for every slot and one consumer, so this does not fail; if
+   * it ever did, the caller drops the op (releases the slot) rather than wait. */
+  bool submit(uint32_t i, uint8_t lane = kNoLane) {
+    return (lane < kLanes && lanes_[lane].ready.push(i)) || ready_.push(i);
+  }
   /* Agent only (the ring's single consumer: with several, Vyukov's ring can refuse a
    * push while a slow consumer is mid-pop). The next submitted slot, FIFO. */
   bool next_ready(uint32_t* i) { return ready_.pop(i); }
@@ -140,8 +142,6 @@ class OpPool {
   }
   /* Up to `max` free slots at once (one operation on the shared list); how many. */
   uint32_t take_many(uint32_t* out, uint32_t max) { return free_.pop_many(out, max); }
-  /* Taker with a lane; the shared ring when the lane's is full. */
-  bool submit_own(uint8_t l, uint32_t i) { return lanes_[l].ready.push(i) || ready_.push(i); }
   /* Agent: the slot back to its taker's lane while that thread lives, else false. */
   bool give_back(uint32_t i) {
     const uint8_t l = slots_[i].lane;

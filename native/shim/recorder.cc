@@ -150,7 +150,7 @@ OpTicket op_begin(ThreadState* t, const OpDesc& d) {
     }
   }
   s.state.store(kLaunched, std::memory_order_relaxed);
-  if (!(lane != kNoLane ? g_ops.submit_own(lane, i) : g_ops.submit(i))) return drop(k);
+  if (!g_ops.submit(i, lane)) return drop(k);
   return k;
 }
 
@@ -335,7 +335,7 @@ ncclResult_t group_end(ThreadState* t, ncclResult_t (*real)()) {
       if (pr.a == kNone) s.late_flags |= pr.error ? C4D_OPF_EVENT_ERROR : C4D_OPF_NO_EVENT;
     }
     s.state.store(kLaunched, std::memory_order_relaxed);
-    if (lane != kNoLane ? g_ops.submit_own(lane, i) : g_ops.submit(i)) {  // release: the agent sees the fields above
+    if (g_ops.submit(i, lane)) {  // release: the agent sees the fields above
       if (first == kNone) first = i;
       last = i;
     } else {

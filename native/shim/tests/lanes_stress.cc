@@ -93,7 +93,7 @@ void* producer(void* arg) {
     s.ev_end = b;
     s.lane = lane;
     g_tag[i] = (uint64_t(id) << 32) | n;
-    if (!(lane != c4d::kNoLane ? g_ops.submit_own(lane, i) : g_ops.submit(i))) {
+    if (!g_ops.submit(i, lane)) {
       printf("a submit was refused\n");
       abort();
     }
@@ -128,7 +128,7 @@ bool drain() {
       finish(i);
       any = true;
     }
-    g_ops.reclaim(uint8_t(l), c4d::free_lane_slot);
+    g_ops.reclaim(uint8_t(l), c4d::free_to_shared);
   }
   return any;
 }
