@@ -236,12 +236,13 @@ class Engine:
         if not ok.all():
             self._invalid(f"a bad comm id/rank/size in {what} records", int((~ok).sum()))
             rows, extra = take(rows, ok), extra[ok]
+            cols = None if cols is None else cols.take(ok)
         if not len(rows):
             return rows, extra, np.empty(0, np.int64), []
         ids, first, ci = schema.unique_runs(rows["comm_id"])
         idx, n = self._lookup(ids)
         if sized:
-            nr = rows["comm_nranks"].astype(np.int64) if cols is None or not ok.all() else cols.nranks
+            nr = rows["comm_nranks"].astype(np.int64) if cols is None else cols.nranks
             for k in np.flatnonzero(idx < 0).tolist():  # new communicators (in comm-id order)
                 c = self._comm(int(ids[k]), int(nr[first[k]]))
                 idx[k], n[k] = (c.idx, c.n) if c is not None else (-1, -1)
@@ -439,7 +440,7 @@ class Engine:
                 return
         cols = OpCols.of(ops, rank)
         gaps, cum = self._gaps(ops, cols)
-        self._slow.own.feed(ops, gaps, cum, self.ranks, self.thresholds().period_ns, cols)
+        self._slow.own.feed(cols, gaps, cum, self.ranks, self.thresholds().period_ns)
         extra = np.stack([self._shares_events(ops, cols), cum], axis=1)
         if not BATCHED:
             self._feed_ops_each(ops, extra)

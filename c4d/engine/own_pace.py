@@ -66,21 +66,12 @@ class OwnPace:
         self.baseline: dict[int, deque[float]] = {}  # rank -> means of its clean windows (ns)
         self.low: dict[int, int] = {}  # rank -> the last window it was above the line in
 
-    def feed(
-        self,
-        ops: np.ndarray,
-        gaps: np.ndarray,
-        cum: np.ndarray,
-        ranks: RankTable,
-        period_ns: int,
-        cols: OpCols | None = None,
-    ) -> None:
+    def feed(self, cols: OpCols, gaps: np.ndarray, cum: np.ndarray, ranks: RankTable, period_ns: int) -> None:
         """Bin each synchronizing op's compute gap in the window of its aligned arrival. An
         agent's forwarded op carries its rank's running sum instead (``given``): its compute is
         the increase since the rank's previous forwarded op. Ranks whose clock is not aligned
-        yet are left out (their windows would be off by their clock's offset)."""
-        if cols is None:
-            cols = OpCols.of(ops)
+        yet are left out (their windows would be off by their clock's offset). ``cols``: the
+        chunk's OP rows' columns (state.OpCols)."""
         sync = cols.nranks >= 2
         if not sync.any() or period_ns <= 0:
             return
