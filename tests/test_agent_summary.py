@@ -123,3 +123,42 @@ def test_a_member_registered_late_loses_no_op():
         (q, g) for q in range(3) for g in (0, 1)
     ]
     assert sorted(sums["seq"].tolist()) == [3, 4, 5]
+
+
+def test_summaries_grouped_or_interleaved_keep_the_same_rows():
+    """The master takes summaries that come as agents send them (each communicator's rows one
+    run in seq order) without a sort (Engine._feed_opsum), others sorted: both keep the same
+    rows for every communicator and the same members' progress."""
+    from c4d.engine.engine import _grouped
+    from tests import hostile as H
+
+    t, cids = H.now_ns(), (0x72, 0x71, 0x73)
+    reg = H.registers(4, t, node_of=lambda r: b"node-0")
+    s = Summariser()
+    hello = s.feed(H.as_header(reg, *(H.comm_init(range(4), c, 4, t) for c in cids)))
+    sums = s.feed(H.as_header(*(H.allreduces(4, range(8), t, c) for c in cids)))
+    sums = sums[sums["kind"] == schema.Kind.OPSUM]
+    v = sums.view(schema.OPSUM)
+    at = np.searchsorted(np.array(cids, np.uint64), v["comm_id"], sorter=np.argsort(cids))
+    grouped = sums[np.lexsort((v["seq"], np.argsort(cids)[at]))]  # runs in the order 0x72, 0x71, 0x73
+    rr = sums[np.lexsort((v["comm_id"], v["seq"]))]  # round robin: a sort needed
+    v = grouped.view(schema.OPSUM)
+    assert v["comm_id"][0] == 0x72 and _grouped(v["comm_id"], v["seq"]) is not None
+    assert _grouped(rr.view(schema.OPSUM)["comm_id"], rr.view(schema.OPSUM)["seq"]) is None
+
+    def kept(chunk):
+        ing = Ingest(analyze.make_engine(), Edge(Limits.from_env()))
+        ing.feed(hello, t)
+        ing.engine.flush()  # the communicators known: the chunk after is their summaries alone
+        ing.feed(chunk, t)
+        ing.engine.flush()
+        assert not ing.failures and not ing.edge.rejected
+        eng = ing.engine
+        rows = {c.id: schema.join_records(c.pending) for c in eng.comms.values()}
+        return rows, eng._pool.member["op_done"].copy()
+
+    (a, done_a), (b, done_b) = kept(grouped), kept(rr)
+    assert sorted(a) == sorted(b) == sorted(cids)
+    for cid in cids:
+        assert len(a[cid]) == 8 and a[cid].tobytes() == b[cid].tobytes(), hex(cid)
+    assert (done_a == done_b).all() and (done_a[done_a > 0] == 8).all()

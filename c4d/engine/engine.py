@@ -629,10 +629,16 @@ class Engine:
             rows, recv = take(rows, ok), recv[ok]
         if not len(rows):
             return
-        order = np.lexsort((rows["seq"], rows["comm_id"]))
-        rows, recv = take(rows, order), recv[order]
         cid = rows["comm_id"]
-        heads = np.flatnonzero(np.r_[True, cid[1:] != cid[:-1]])
+        grouped = _grouped(cid, rows["seq"])
+        heads = grouped if grouped is not None else np.zeros(1, np.int64)
+        idx, cn = self._lookup(cid[heads])
+        if grouped is None or (idx < 0).any():  # new communicators are made in comm-id order
+            order = np.lexsort((rows["seq"], cid))
+            rows, recv = take(rows, order), recv[order]
+            cid = rows["comm_id"]
+            heads = np.flatnonzero(np.r_[True, cid[1:] != cid[:-1]])
+            idx, cn = self._lookup(cid[heads])
         tails = np.r_[heads[1:], len(rows)]
         out, gaps = summaries_completed(rows, self.ranks)
         # Every communicator's checks at once over its members' ranges of the Pool (a chunk of
@@ -640,7 +646,6 @@ class Engine:
         # per group was most of this path); a member change goes through _member first.
         nr = rows["comm_nranks"].astype(np.int64)
         ids = cid[heads]
-        idx, cn = self._lookup(ids)
         for k in np.flatnonzero(idx < 0).tolist():  # new communicators (in comm-id order)
             c = self._comm(int(ids[k]), int(nr[heads[k]]))
             idx[k], cn[k] = (c.idx, c.n) if c is not None else (-1, -1)
@@ -941,3 +946,20 @@ class Engine:
             busbw_gbs=round(bw, 4),
             p2p_done=c.p2p_rows // 2,
         )
+
+
+def _grouped(cid: np.ndarray, seq: np.ndarray) -> np.ndarray | None:
+    """Where each communicator's rows start, when every communicator's rows are one run in seq
+    order, as a node agent sends its summaries (one agent's message per node-local
+    communicator, in seq order); None when they are not and a sort must group them. Only the
+    order of the communicators' runs then differs from a sort's, which no step reads."""
+    head = np.empty(len(cid), bool)
+    head[0] = True
+    np.not_equal(cid[1:], cid[:-1], out=head[1:])
+    if not (head[1:] | (seq[1:] >= seq[:-1])).all():
+        return None
+    heads = np.flatnonzero(head)
+    ids = cid[heads]
+    if len(ids) > 1 and len(np.unique(ids)) != len(ids):
+        return None
+    return heads
