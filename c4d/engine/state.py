@@ -1384,7 +1384,8 @@ class P2PPairs:
         done = ops["end_ns"] > 0
         if not done.any():
             return
-        ops, comm, shared = take(ops, done), comm[done], shared[done]
+        if not done.all():
+            ops, comm, shared = take(ops, done), comm[done], shared[done]
         h = np.zeros(len(ops), P2P_HALF)
         me = ops["comm_rank"].astype(np.int32)
         peer = ops["peer"].astype(np.int32)
