@@ -50,7 +50,8 @@ CHUNK_ROUNDS = 25  # rounds per window a sender sends at once (50 ms at 500 roun
 
 # -- the sender process ----------------------------------------------------------------
 def _sender(endpoint: str, shape: Shape, agents: bool, rounds: int, paced: bool, t0_ns: int,
-            hang: tuple[int, int] | None, ready, sent, lag) -> None:  # fmt: skip
+            hang: tuple[int, int] | None, ready, sent, lag, start=None) -> None:  # fmt: skip
+    """Send the job's records; paced, from ``t0_ns`` or later (the time chosen in ``start``)."""
     import zmq
 
     ctx = zmq.Context()
@@ -58,9 +59,19 @@ def _sender(endpoint: str, shape: Shape, agents: bool, rounds: int, paced: bool,
     s.setsockopt(zmq.SNDHWM, 100000)
     s.setsockopt(zmq.METADATA, b"X-C4D-Job:bench")  # as a node agent and the shim name their job
     s.connect(endpoint)
-    load = Load(shape, t0_ns, agents=agents, hang=hang)
     step = CHUNK_ROUNDS * (2 if agents else 1)  # an agent flushes every 100 ms, a shim every 50 ms
     wins = [(k, min(k + step, rounds)) for k in range(0, rounds, step)]
+    if paced:
+        # the job's clock starts once every message is built (sending is all the sender does
+        # then): a window built first (by a load of its own: an agents' load keeps heartbeat
+        # state) says how long that takes. A fixed lead was 1.6 s short at 8,192 ranks through
+        # agents, and the late start was counted as the master's.
+        c0 = time.perf_counter()
+        Load(shape, t0_ns, agents=agents, hang=hang).messages(*wins[0])
+        build_s = (time.perf_counter() - c0) * len(wins)
+        t0_ns = max(t0_ns, time.time_ns() + int((1.0 + 1.5 * build_s) * 1e9))
+        start.value = t0_ns
+    load = Load(shape, t0_ns, agents=agents, hang=hang)
     pre = [load.messages(a, b) for a, b in wins]  # built before the clock starts: sending is all it does
     h = load.hello()
     hello = [h[i : i + 8192] for i in range(0, len(h), 8192)]  # under the master's message limit
@@ -173,13 +184,14 @@ def paced(shape: Shape, agents: bool, seconds: float, hang_at_s: float) -> dict:
     k_h = int(hang_at_s * shape.rate)
     culprit = shape.world - 3  # a rank of the last node: its TP group waits for it
     ctx = mp.get_context("fork")
-    ready, sent, lag = ctx.Event(), ctx.Value("q", 0), ctx.Value("d", 0.0)
-    # the job's clock starts once the sender has built every message (it reports how late it was)
-    t0 = time.time_ns() + int((1.0 + 0.5 * seconds) * 1e9)
-    p = ctx.Process(target=_sender, args=(m.endpoint, shape, agents, rounds, True, t0, (k_h, culprit),
-                                          ready, sent, lag), daemon=True)  # fmt: skip
+    ready, sent, lag, start = ctx.Event(), ctx.Value("q", 0), ctx.Value("d", 0.0), ctx.Value("q", 0)
+    # the job's clock starts once the sender has built every message (it chooses when, and
+    # reports how late it sent)
+    p = ctx.Process(target=_sender, args=(m.endpoint, shape, agents, rounds, True, time.time_ns(),
+                                          (k_h, culprit), ready, sent, lag, start), daemon=True)  # fmt: skip
     p.start()
     ready.wait(600)
+    t0 = start.value
     backlog = []
     seen_ms = None
     seen_d = None
