@@ -739,9 +739,7 @@ def p2p_links_many(
     first = np.r_[0, np.cumsum(n)[:-1]]  # each run's offset among the selected rows
     idx = o[np.repeat(starts[runs] - first, n) + np.arange(int(n.sum()))]  # rows of p, runs in order
     bws = nbytes[idx] / p["transfer"][idx]
-    rid = np.repeat(np.arange(len(runs)), n)
-    sb = bws[np.lexsort((bws, rid))]
-    med = (sb[first + (n - 1) // 2] + sb[first + n // 2]) / 2  # np.median of each run
+    med = _run_medians(bws, first, n)
     nan = np.add.reduceat(np.isnan(bws), first) > 0
     med = np.where(nan, np.nan, med)
     last = idx[first + n - 1]
@@ -753,6 +751,22 @@ def p2p_links_many(
             *(x.tolist() for x in cols), first.tolist(), n.tolist(), strict=True
         )
     ]
+
+
+def _run_medians(v: np.ndarray, first: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """np.median of each run ``v[first[i] : first[i] + n[i]]`` (NaN runs are the caller's): the
+    runs as rows of one matrix padded with +inf, each row sorted. A window's links are runs of
+    ~a hundred to a few thousand transfers: one sort of every value by (run, value) was most of
+    the judge's p2p step (0.22 s at 8,192 ranks through agents), rows sorted one by one 0.03 s."""
+    k, width = len(n), int(n.max())
+    if k * width > 4 * len(v) + 4096:  # one long run among short ones: the padding would dwarf them
+        sb = v[np.lexsort((v, np.repeat(np.arange(k), n)))]
+        return (sb[first + (n - 1) // 2] + sb[first + n // 2]) / 2
+    m = np.full((k, width), np.inf)
+    m[np.repeat(np.arange(k), n), np.arange(len(v)) - np.repeat(first, n)] = v
+    m.sort(axis=1)
+    r = np.arange(k)
+    return (m[r, (n - 1) // 2] + m[r, n // 2]) / 2
 
 
 def _main(units: list[_Unit]) -> tuple[list[_Unit], dict[int, list[_Unit]]]:
