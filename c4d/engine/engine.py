@@ -630,10 +630,10 @@ class Engine:
         if not len(rows):
             return
         cid = rows["comm_id"]
-        grouped = _grouped(cid, rows["seq"])
-        heads = grouped if grouped is not None else np.zeros(1, np.int64)
-        idx, cn = self._lookup(cid[heads])
-        if grouped is None or (idx < 0).any():  # new communicators are made in comm-id order
+        heads = _grouped(cid, rows["seq"])
+        if heads is not None:
+            idx, cn = self._lookup(cid[heads])
+        if heads is None or (idx < 0).any():  # new communicators are made in comm-id order
             order = np.lexsort((rows["seq"], cid))
             rows, recv = take(rows, order), recv[order]
             cid = rows["comm_id"]
