@@ -51,6 +51,7 @@ from typing import Any
 import numpy as np
 
 from c4d import names, schema
+from c4d.columns import Columns
 from c4d.ratelog import RateLimitedLog
 from c4d.schema import Kind, Op, OpFlag
 
@@ -92,10 +93,6 @@ _CODE = {r: i for i, r in enumerate(REASONS)}
 MAX_SEQ = 1 << 53  # seq numbers and op counters: exact in float64, 285 years at 1 MHz
 MAX_COUNT = 1 << 50  # elements or bytes of one op
 MAX_DEVICE = 4096
-# rows checked at a time: a check reads a dozen fields, each strided through whole 128-byte
-# records; a block of 8,192 (1 MiB) stays in a core's L2 for all of them, a 131,072-row batch
-# (16 MiB) came from memory for each (a raw OP batch's checks 12.5 -> 6.5 ms)
-BLOCK = 8192
 MAX_RESULT = 64  # ncclResult_t: 9 values today (nccl_abi.h), room for new ones
 NO_OP = 255  # heartbeat pend_op: none
 # TICK is the master's own
@@ -205,18 +202,17 @@ class Edge:
         if not n:
             return raw
         code = np.zeros(n, np.uint8)
-        kind = raw["kind"]
+        cols = Columns.of(raw)  # every field below read from contiguous columns, not the 128-byte rows
+        kind = cols["kind"]
         lo, hi = self._window(recv_ns)
-        for a in range(0, n, BLOCK):
-            r, c = raw[a : a + BLOCK], code[a : a + BLOCK]
-            _flag(c, ~_IS_WIRE[r["kind"]], "bad kind")
-            ver = r["version"]
-            _flag(c, (ver < 1) | (ver > schema.SCHEMA_VERSION), "bad version")
-            _flag(c, ~_time_ok(r["time_ns"], lo, hi), "bad time")
+        _flag(code, ~_IS_WIRE[kind], "bad kind")
+        ver = cols["version"]
+        _flag(code, (ver < 1) | (ver > schema.SCHEMA_VERSION), "bad version")
+        _flag(code, ~_time_ok(cols["time_ns"], lo, hi), "bad time")
 
         reg = np.flatnonzero((code == 0) & (kind == _REGISTER))
         world_row = self._world_rows(raw, code, reg)
-        rank = raw["rank"].astype(np.int64)
+        rank = cols["rank"].astype(np.int64)
         _flag(code, world_row == 0, "no registration yet")
         _flag(code, (rank < 0) | (rank >= world_row), "bad rank")
 
@@ -229,10 +225,10 @@ class Edge:
             if 4 * len(idx) >= 3 * n:
                 # nearly all the batch: every row checked as this kind where it lies (the others'
                 # verdicts, read from bytes of another layout, are dropped), no copy
-                code[idx] = _blocked(check, raw.view(dt), world_row, lo, hi)[idx]
-            else:  # whole-record copies: a structured copy goes field by field
-                code[idx] = _blocked(check, schema.take_records(raw, idx).view(dt), world_row[idx], lo, hi)
-        self._admit_comms(raw, code, world_row, int(recv_ns))
+                code[idx] = check(cols.as_kind(dt), world_row, lo, hi)[idx]
+            else:
+                code[idx] = check(cols.take(idx).as_kind(dt), world_row[idx], lo, hi)
+        self._admit_comms(raw, cols, code, world_row, int(recv_ns))
 
         keep = code == 0
         counts = np.bincount(code, minlength=len(REASONS))
@@ -326,9 +322,10 @@ class Edge:
                 continue
             self.node_names.add(name)
 
-    def _admit_comms(self, raw: np.ndarray, code: np.ndarray, world_row: np.ndarray, recv_ns: int) -> None:
-        found = [_comm_rows(raw[a : a + BLOCK], code[a : a + BLOCK], a) for a in range(0, len(raw), BLOCK)]
-        cand, cid, k, cr, nr = (np.concatenate(x) for x in zip(*found, strict=True))
+    def _admit_comms(
+        self, raw: np.ndarray, cols: Columns, code: np.ndarray, world_row: np.ndarray, recv_ns: int
+    ) -> None:
+        cand, cid, k, cr, nr = _comm_rows(cols, code)
         if not len(cand):
             return
         peer_row, is_comm = k == _PEER, k == _COMM
@@ -438,39 +435,30 @@ class Edge:
 
 
 # -- domain checks, one function per kind: rows in, reason code per row out ---------------
-def _comm_rows(raw: np.ndarray, code: np.ndarray, at: int) -> tuple[np.ndarray, ...]:
-    """The rows of a block that name a communicator and have no reason yet (process heartbeats,
-    comm id 0, name none): their index (+ ``at``), comm id, kind, comm rank and comm size (-1
-    for PEER records, which carry none). The fields sit at other offsets per kind."""
-    kind = raw["kind"]
-    cid_all = raw.view(schema.OP)["comm_id"]  # comm_id is the first body field of all four kinds
+def _comm_rows(cols: Columns, code: np.ndarray) -> tuple[np.ndarray, ...]:
+    """The rows that name a communicator and have no reason yet (process heartbeats, comm id 0,
+    name none): their index, comm id, kind, comm rank and comm size (-1 for PEER records, which
+    carry none). The fields sit at other offsets per kind."""
+    kind = cols["kind"]
+    cid_all = cols.as_kind(schema.OP)["comm_id"]  # comm_id is the first body field of all four kinds
     cand = np.flatnonzero((code == 0) & _IS_WITH_COMM[kind] & (cid_all != 0))
     k = kind[cand]
     nr = np.full(len(cand), -1, np.int64)
     cr = np.empty(len(cand), np.int64)
     for kk, dt, _check in _CHECKS:
         m = k == kk
-        if m.all():  # (a block of one kind)
-            cr[:] = raw.view(dt)["comm_rank"][cand]
+        if m.all():  # (a batch of one kind)
+            v = cols.as_kind(dt)
+            cr[:] = v["comm_rank"][cand]
             if kk != _PEER:
-                nr[:] = raw.view(dt)["comm_nranks"][cand]
+                nr[:] = v["comm_nranks"][cand]
             break
         if m.any():
-            v, rows = raw.view(dt), cand[m]
+            v, rows = cols.as_kind(dt), cand[m]
             cr[m] = v["comm_rank"][rows]
             if kk != _PEER:
                 nr[m] = v["comm_nranks"][rows]
-    return cand + at, cid_all[cand], k, cr, nr
-
-
-def _blocked(check, a: np.ndarray, world: np.ndarray, lo: int, hi: int) -> np.ndarray:
-    """``check(a, world, lo, hi)`` a BLOCK of rows at a time."""
-    if len(a) <= BLOCK:
-        return check(a, world, lo, hi)
-    out = np.empty(len(a), np.uint8)
-    for i in range(0, len(a), BLOCK):
-        out[i : i + BLOCK] = check(a[i : i + BLOCK], world[i : i + BLOCK], lo, hi)
-    return out
+    return cand, cid_all[cand], k, cr, nr
 
 
 def _flag(code: np.ndarray, bad: np.ndarray, reason: str) -> None:
