@@ -307,3 +307,28 @@ def test_a_forged_world_size_still_meets_the_absolute_member_cap():
     assert ing.edge.world == Limits().max_ranks
     assert ing.edge.slots <= 100 and len(eng.comms) <= 100
     assert ing.edge.rejected == {"communicator budget": 5000 - (100 - WORLD)}
+
+
+def test_communicators_named_across_batches_keep_the_order_and_times_of_one_move_each():
+    """The edge moves the communicators a batch names to the end of its least-recently-named
+    order when the order is read (Edge.comms), not at every batch: the order and the times are
+    those of moving each one at every batch, by its first appearance in it; eviction (which
+    reads them) takes the least recently named."""
+    rng = np.random.default_rng(7)
+    t = H.now_ns()
+    edge = Edge()
+    K = 12
+    cids = [0x5000 + k for k in range(K)]
+    edge.admit(H.as_header(H.registers(WORLD, t), *(H.comm_init(range(WORLD), c, WORLD, t) for c in cids)), t)
+    want: dict[int, int] = {c: t for c in cids}  # insertion order = the order a move per batch gives
+    for b in range(40):
+        now = t + (b + 1) * 1_000_000
+        named = [cids[k] for k in rng.permutation(K)[: int(rng.integers(1, K))]]
+        ops = [H.allreduces(WORLD, [b], t, cid=c) for c in named]
+        assert len(edge.admit(H.as_header(*ops), now)) == WORLD * len(named)
+        for c in named:
+            want.pop(c)
+            want[c] = now
+        if b % 7 == 3:  # the order read now and then, and at the end
+            assert [(k, c.last_ns) for k, c in edge.comms.items()] == list(want.items()), b
+    assert [(k, c.last_ns) for k, c in edge.comms.items()] == list(want.items())
