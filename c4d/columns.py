@@ -50,7 +50,7 @@ class Columns:
         return Columns(self.words[:, idx], self.dtype)
 
     def __getitem__(self, name: str) -> np.ndarray:
-        ft, off = self.dtype.fields[name][:2]
+        ft, off = self.dtype.fields[name][:2]  # type: ignore[index]  # (a record dtype has fields)
         key = (off, ft.str if not ft.shape else str(ft))
         got = self._cache.get(key)
         if got is None:

@@ -539,14 +539,14 @@ def _register_bad(r: np.ndarray, max_ranks: int) -> np.ndarray:
     return ~ok
 
 
-def _comm_fields(code: np.ndarray, a: np.ndarray, world: np.ndarray) -> None:
+def _comm_fields(code: np.ndarray, a: Columns, world: np.ndarray) -> None:
     nr = a["comm_nranks"].astype(np.int64)
     _flag(code, a["comm_id"] == 0, "bad comm id")
     _flag(code, (nr < 1) | (nr > world), "bad comm size")
     _flag(code, (a["comm_rank"] < 0) | (a["comm_rank"] >= nr), "bad comm rank")
 
 
-def _check_op(a: np.ndarray, world: np.ndarray, lo: int, hi: int) -> np.ndarray:
+def _check_op(a: Columns, world: np.ndarray, lo: int, hi: int) -> np.ndarray:
     code = np.zeros(len(a), np.uint8)
     op = a["op"]
     _flag(code, op >= len(Op), "bad op")
@@ -574,7 +574,7 @@ def _check_op(a: np.ndarray, world: np.ndarray, lo: int, hi: int) -> np.ndarray:
     return code
 
 
-def _check_heartbeat(a: np.ndarray, world: np.ndarray, lo: int, hi: int) -> np.ndarray:
+def _check_heartbeat(a: Columns, world: np.ndarray, lo: int, hi: int) -> np.ndarray:
     code = np.zeros(len(a), np.uint8)
     proc = a["comm_id"] == 0  # the process: comm_rank = rank, comm_nranks = world size (-1 unknown)
     comm = np.zeros(len(a), np.uint8)
@@ -598,7 +598,7 @@ def _check_heartbeat(a: np.ndarray, world: np.ndarray, lo: int, hi: int) -> np.n
     return code
 
 
-def _check_comm(a: np.ndarray, world: np.ndarray, lo: int, hi: int) -> np.ndarray:
+def _check_comm(a: Columns, world: np.ndarray, lo: int, hi: int) -> np.ndarray:
     code = np.zeros(len(a), np.uint8)
     _comm_fields(code, a, world)
     ev = a["event"]
@@ -608,7 +608,7 @@ def _check_comm(a: np.ndarray, world: np.ndarray, lo: int, hi: int) -> np.ndarra
     return code
 
 
-def _check_peer(a: np.ndarray, world: np.ndarray, lo: int, hi: int) -> np.ndarray:
+def _check_peer(a: Columns, world: np.ndarray, lo: int, hi: int) -> np.ndarray:
     code = np.zeros(len(a), np.uint8)
     _flag(code, a["comm_id"] == 0, "bad comm id")
     bad = (a["comm_rank"] < 0) | (a["comm_rank"] >= world) | (a["peer"] < 0) | (a["peer"] >= world)
@@ -619,7 +619,7 @@ def _check_peer(a: np.ndarray, world: np.ndarray, lo: int, hi: int) -> np.ndarra
     return code
 
 
-def _check_stage(a: np.ndarray, world: np.ndarray, lo: int, hi: int) -> np.ndarray:
+def _check_stage(a: Columns, world: np.ndarray, lo: int, hi: int) -> np.ndarray:
     """c4d.hang_timeout: -1 disables, 0 ends the stage, else a timeout in µs; generations count up."""
     code = np.zeros(len(a), np.uint8)
     us = a["hang_timeout_us"]
@@ -627,7 +627,7 @@ def _check_stage(a: np.ndarray, world: np.ndarray, lo: int, hi: int) -> np.ndarr
     return code
 
 
-def _check_opsum(a: np.ndarray, world: np.ndarray, lo: int, hi: int) -> np.ndarray:
+def _check_opsum(a: Columns, world: np.ndarray, lo: int, hi: int) -> np.ndarray:
     """A node agent's summary of one node-local collective (c4d/agent): as untrusted as a rank's
     records. Its members are at most OPSUM_MAX_MEMBERS; durations are bounded like record ages;
     the unused compute slots are NaN."""
