@@ -524,3 +524,23 @@ def test_row_median_of_integers_equals_numpy():
         if rng.random() < 0.3:
             a = -a
         assert np.array_equal(_row_median(a.astype(np.int64)), np.median(a.astype(np.int64), axis=1))
+
+
+def test_p2p_link_bounds_fold_sorted_keys_as_any_order():
+    """P2PPairs._note folds a chunk's causality values into the per-link minima by runs when the
+    keys come sorted (as feed passes them): the same bounds as the order-free path (a shuffled
+    copy of the same chunks), over epochs that roll and links that appear on the way."""
+    from c4d.engine.state import P2PPairs
+
+    rng = np.random.default_rng(4)
+    runs, any_order = P2PPairs(), P2PPairs()
+    for chunk in range(30):
+        key = np.sort(rng.integers(0, 40 + chunk * 3, int(rng.integers(2, 200)))).astype(np.int64)
+        val = rng.integers(-(10**6), 10**6, len(key))
+        epoch = chunk // 4
+        runs._note(key, val, epoch)
+        o = rng.permutation(len(key))
+        any_order._note(key[o], val[o], epoch)
+        for f in ("bkey", "bcur", "bprev", "bep"):
+            assert getattr(runs, f).tolist() == getattr(any_order, f).tolist(), (chunk, f)
+    assert len(runs.bkey) > 40 and (runs.bprev != np.iinfo(np.int64).max).any()

@@ -1459,11 +1459,20 @@ class P2PPairs:
                 c.split.append(_p2p_split(c, rows, gs[a:b], gr[a:b]))
 
     def _note(self, key: np.ndarray, val: np.ndarray, epoch: int) -> None:
-        """Fold this chunk's end_r - arrival_s into the per-link minima."""
-        uk, inv = np.unique(key, return_inverse=True)
-        mn = np.full(len(uk), np.iinfo(np.int64).max, np.int64)
-        np.minimum.at(mn, inv.ravel(), val.astype(np.int64))
-        new = ~np.isin(uk, self.bkey)
+        """Fold this chunk's end_r - arrival_s into the per-link minima. ``key`` comes sorted
+        (feed pairs the halves in link order): each link's minimum is one of its run's, and the
+        links already known are found by a search of the sorted keys (np.unique, np.minimum.at
+        and np.isin were 2.5% of the master at 16,384 ranks through agents)."""
+        val = val.astype(np.int64)
+        if len(key) > 1 and (key[1:] >= key[:-1]).all():
+            heads = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
+            uk, mn = key[heads], np.minimum.reduceat(val, heads)
+        else:
+            uk, inv = np.unique(key, return_inverse=True)
+            mn = np.full(len(uk), np.iinfo(np.int64).max, np.int64)
+            np.minimum.at(mn, inv.ravel(), val)
+        at = np.minimum(np.searchsorted(self.bkey, uk), max(len(self.bkey) - 1, 0))
+        new = self.bkey[at] != uk if len(self.bkey) else np.ones(len(uk), bool)
         if new.any():
             big = np.iinfo(np.int64).max
             allk = np.concatenate([self.bkey, uk[new]])
