@@ -227,7 +227,7 @@ def test_p2p_transfer_is_measured_only_where_the_lone_side_provably_arrived_last
     """Pipeline stages as simtrain runs them: stage 0 sends activations and receives gradients
     in one group (shared events), stage 1 receives and sends alone. Stage 1's clock is off by
     ``skew_us``, which no estimate knows: causality bounds decide who arrived last."""
-    from c4d.engine.state import P2PPairs, RankTable
+    from c4d.engine.state import OpCols, P2PPairs, RankTable
     from c4d.schema import Op
 
     ranks = RankTable()
@@ -247,7 +247,7 @@ def test_p2p_transfer_is_measured_only_where_the_lone_side_provably_arrived_last
         rows += [_p2p_op(1, 1, 0, Op.Send, k, t + 5000, t + 5100, k + 100, skew_us)]
         shared += [True, True, False, False]
     ops = np.concatenate(rows)
-    pairs.feed(ops, np.zeros(len(ops), np.int64), np.array(shared), [comm], ranks)
+    pairs.feed(OpCols.of(ops), np.zeros(len(ops), np.int64), np.array(shared), [comm], ranks)
     done = np.concatenate(comm.p2p_pending)
     # gradients 1 -> 0: the lone sender arrived last, its own duration is the transfer
     grads = done[(done["src"] == 1) & (done["dst"] == 0)]

@@ -229,7 +229,8 @@ class Engine:
             extra = np.zeros(len(rows), np.int8)
         sized = "comm_nranks" in (rows.dtype.names or ())
         cr = rows["comm_rank"] if cols is None else cols.comm_rank
-        ok = (rows["comm_id"] != 0) & (cr >= 0)
+        cid = rows["comm_id"] if cols is None else cols.cid
+        ok = (cid != 0) & (cr >= 0)
         if sized:
             nr = rows["comm_nranks"] if cols is None else cols.nranks
             ok &= (nr >= 1) & (nr <= MAX_NRANKS) & (cr < nr)
@@ -239,7 +240,7 @@ class Engine:
             cols = None if cols is None else cols.take(ok)
         if not len(rows):
             return rows, extra, np.empty(0, np.int64), []
-        ids, first, ci = schema.unique_runs(rows["comm_id"])
+        ids, first, ci = schema.unique_runs(rows["comm_id"] if cols is None else cols.cid)
         idx, n = self._lookup(ids)
         if sized:
             nr = rows["comm_nranks"].astype(np.int64) if cols is None else cols.nranks
@@ -432,13 +433,13 @@ class Engine:
 
     def _feed_ops(self, ops: np.ndarray, rank: np.ndarray) -> None:
         """``rank``: the rows' rank field, as ``_ingest`` read it."""
-        ok = ops["op"] < len(Op)
+        cols = OpCols.of(ops, rank)
+        ok = cols.op < len(Op)
         if not ok.all():
             self._invalid("an unknown op kind", int((~ok).sum()))
-            ops, rank = take(ops, ok), rank[ok]
+            ops, cols = take(ops, ok), cols.take(ok)
             if not len(ops):  # (an empty chunk of ops once crashed _gaps: issue 14)
                 return
-        cols = OpCols.of(ops, rank)
         gaps, cum = self._gaps(ops, cols)
         self._slow.own.feed(cols, gaps, cum, self.ranks, self.thresholds().period_ns)
         extra = np.stack([self._shares_events(ops, cols), cum], axis=1)
@@ -449,7 +450,7 @@ class Engine:
         if not groups:
             return
         if rows is not ops:  # rows dropped: the columns of those kept
-            cols = OpCols.of(rows)
+            cols = OpCols.of(rows)  # (rare: a bad or unknown communicator)
         member = self._members(rows, ci, groups, cols)
         gidx = np.array([c.idx for c in groups], np.int64)
         self._pool.rate.note(self._chunk_recv, gidx, np.bincount(ci, minlength=len(groups)))
@@ -460,7 +461,7 @@ class Engine:
         if p2p.any():
             pi = np.flatnonzero(p2p)
             nn = np.array([c.n for c in groups])
-            peer = rows["peer"][pi]
+            peer = cols.peer[pi]
             ok = (peer >= 0) & (peer < nn[ci[pi]])
             valid = np.zeros(len(groups), bool)
             valid[ci[pi[ok]]] = True
@@ -473,8 +474,8 @@ class Engine:
                     c.has_p2p = True
             pi = pi[ok]
             if len(pi):
-                pp, idx = take(rows, pi), gidx[ci[pi]]
-                self._pool.p2p.update(P2PDone.key(idx, pp["comm_rank"], pp["op"], pp["peer"]), pp["seq"])
+                pp, idx = cols.take(pi), gidx[ci[pi]]
+                self._pool.p2p.update(P2PDone.key(idx, pp.comm_rank, pp.op, pp.peer), pp.seq)
                 # one pass over every communicator's sends and receives
                 self._pairs.feed(pp, idx, ex[pi, 0] != 0, self.comms, self.ranks)
 
@@ -518,7 +519,7 @@ class Engine:
         whose ring slot nothing else of the chunk claims (the common case) is reduced straight
         from the rows; the others go through the communicator's ring (Comm.scatter)."""
         P = self._pool
-        seq = rows["seq"][coll].astype(np.int64)
+        seq = cols.seq
         cr = cols.comm_rank
         present = np.flatnonzero(np.bincount(ci, minlength=len(groups))).tolist()
         for k in present:
@@ -557,11 +558,11 @@ class Engine:
             last_row = np.maximum.reduceat(o, heads)[fast]  # the ring keeps the op kind of the last row
             P.slot["tag"][gs] = seq_o[fh]
             P.slot["processed"][gs] = True
-            op = rows["op"][coll[last_row]]
+            op = cols.op[last_row]
             P.slot["opk"][gs] = op
-            nbytes = rows["bytes"][coll[last_row]].astype(np.int64)
+            nbytes = cols.nbytes[last_row]
             arr = cols.arr[o]
-            end, gap = rows["end_ns"][coll].astype(np.int64)[o], comp[o]
+            end, gap = cols.end[o], comp[o]
             fast_rows = fast[run]
             n_f, ci_f, seq_f = nn[ci_o[fh]], ci_o[fh], seq_o[fh]
             for n in np.unique(n_f).tolist():
@@ -611,8 +612,8 @@ class Engine:
             if (~p2p).any():
                 c.add_collectives(part[~p2p], ex[~p2p, 1], self.ranks, gain)
         if p2p_rows:  # one pass over every communicator's sends and receives
-            self._pairs.feed(np.concatenate(p2p_rows), np.concatenate(p2p_comm), np.concatenate(p2p_shared),
-                             self.comms, self.ranks)  # fmt: skip
+            pc = OpCols.of(np.concatenate(p2p_rows))
+            self._pairs.feed(pc, np.concatenate(p2p_comm), np.concatenate(p2p_shared), self.comms, self.ranks)
 
     def _feed_opsum(self, rows: np.ndarray, recv: np.ndarray) -> None:
         """Node agents' summaries of node-local collectives: reduced for every communicator at
@@ -739,7 +740,7 @@ class Engine:
         if not given.any():
             return compute_gaps(ops, R.last_end, R.compute_ns, cols)
         gaps = np.full(len(ops), -1, np.int64)
-        cum = ops["compute_ns"].astype(np.int64)
+        cum = cols.compute.copy()
         if not given.all():
             own = np.flatnonzero(~given)
             gaps[own], cum[own] = compute_gaps(ops[own], R.last_end, R.compute_ns, cols.take(own))

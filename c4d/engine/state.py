@@ -32,6 +32,7 @@ from typing import NamedTuple
 import numpy as np
 
 from c4d import schema
+from c4d.columns import Columns
 from c4d.opstats import busbw_factor, total_bytes
 from c4d.schema import Op, OpFlag
 
@@ -165,25 +166,38 @@ def lexsort(keys: tuple[np.ndarray, ...]) -> np.ndarray:
 
 
 class OpCols(NamedTuple):
-    """OP fields that several steps of a chunk read, each read once: a field of 128-byte rows
-    is a pass over every cache line of them (0.2-0.4 ms per 131,072 rows, ten times a
-    contiguous column), and the gaps, own pace, group sharing, membership and collectives
-    steps read these again and again."""
+    """OP fields that several steps of a chunk read, read once, as contiguous columns: the
+    rows' words transposed in one pass (c4d.columns). A field of 128-byte rows read where it
+    lies is a pass over every cache line of them (~0.9 ms per 131,072 rows, a dozen of them
+    per chunk), and the gaps, own pace, group sharing, membership, collectives and p2p steps
+    read these again and again."""
 
     rank: np.ndarray  # int64
     flags: np.ndarray
     nranks: np.ndarray  # comm_nranks, int64
     comm_rank: np.ndarray  # int64
     arr: np.ndarray  # arrival: the start event, else the issue time (int64)
+    cid: np.ndarray  # comm_id (uint64)
+    seq: np.ndarray  # int64
+    op: np.ndarray  # uint8
+    nbytes: np.ndarray  # bytes, int64
+    end: np.ndarray  # end_ns, int64
+    peer: np.ndarray  # int64
+    compute: np.ndarray  # compute_ns, int64
 
     @classmethod
     def of(cls, ops: np.ndarray, rank: np.ndarray | None = None) -> OpCols:
         """``rank``: the rows' rank field as int64 when the caller has read it."""
-        start = ops["start_ns"].astype(np.int64)
-        arr = np.where(start > 0, start, ops["issue_ns"].astype(np.int64))
+        c = Columns.of(ops)
         i64 = np.int64
-        g = ops["rank"].astype(i64) if rank is None else rank
-        return cls(g, ops["flags"], ops["comm_nranks"].astype(i64), ops["comm_rank"].astype(i64), arr)
+        start = c["start_ns"].view(i64)  # (a view: the same bits as astype from uint64)
+        arr = np.where(start > 0, start, c["issue_ns"].view(i64))
+        g = c["rank"].astype(i64) if rank is None else rank
+        return cls(
+            g, c["flags"], c["comm_nranks"].astype(i64), c["comm_rank"].astype(i64), arr, c["comm_id"],
+            c["seq"].view(i64), c["op"], c["bytes"].view(i64), c["end_ns"].view(i64),
+            c["peer"].astype(i64), c["compute_ns"],
+        )  # fmt: skip
 
     def take(self, idx: np.ndarray) -> OpCols:
         return OpCols(*(a[idx] for a in self))
@@ -206,7 +220,7 @@ def compute_gaps(
         cols = OpCols.of(ops)
     arr, g = cols.arr, cols.rank
     sync = cols.nranks >= 2
-    end = np.where(sync, ops["end_ns"].astype(np.int64), 0)
+    end = np.where(sync, cols.end, 0)
     m = len(ops)
     gaps = np.full(m, -1, np.int64)
     cum = np.zeros(m, np.int64)
@@ -1377,29 +1391,26 @@ class P2PPairs:
         return (comm.astype(np.int64) << 42) | (src.astype(np.int64) << 21) | dst.astype(np.int64)
 
     def feed(
-        self, ops, comm: np.ndarray, shared: np.ndarray, comms: dict[int, Comm], ranks: RankTable
+        self, ops: OpCols, comm: np.ndarray, shared: np.ndarray, comms: dict[int, Comm], ranks: RankTable
     ) -> None:
-        """p2p OP rows of one chunk, with each row's communicator index and whether it
-        shares its group's events (Engine._shares_events)."""
-        done = ops["end_ns"] > 0
+        """p2p OP rows of one chunk (their columns), with each row's communicator index and
+        whether it shares its group's events (Engine._shares_events)."""
+        done = ops.end > 0
         if not done.any():
             return
         if not done.all():
-            ops, comm, shared = take(ops, done), comm[done], shared[done]
-        h = np.zeros(len(ops), P2P_HALF)
-        me = ops["comm_rank"].astype(np.int32)
-        peer = ops["peer"].astype(np.int32)
-        is_recv = ops["op"] == RECV
-        h["src"] = np.where(is_recv, peer, me)
-        h["dst"] = np.where(is_recv, me, peer)
-        h["seq"] = ops["seq"].astype(np.int64)
+            ops, comm, shared = ops.take(done), comm[done], shared[done]
+        h = np.zeros(len(ops.end), P2P_HALF)
+        is_recv = ops.op == RECV
+        h["src"] = np.where(is_recv, ops.peer, ops.comm_rank)
+        h["dst"] = np.where(is_recv, ops.comm_rank, ops.peer)
+        h["seq"] = ops.seq
         h["recv"] = is_recv
         h["grouped"] = shared
-        h["bytes"] = ops["bytes"].astype(np.int64)
-        start = ops["start_ns"].astype(np.int64)
-        h["arr"] = np.where(start > 0, start, ops["issue_ns"].astype(np.int64))
-        h["end"] = ops["end_ns"].astype(np.int64)
-        h["g"] = ops["rank"].astype(np.int64)
+        h["bytes"] = ops.nbytes
+        h["arr"] = ops.arr
+        h["end"] = ops.end
+        h["g"] = ops.rank
         h["comm"] = comm
         # whole-record copies (take): numpy copies a structured array's rows field by field
         allh = schema.join_records([self.half, h]) if len(self.half) else h
