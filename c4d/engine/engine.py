@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from c4d import schema
+from c4d.columns import Columns
 from c4d.engine import clock, hang
 from c4d.engine.config import EngineConfig, ResolvedThresholds
 from c4d.engine.slow import SlowFinding, SlowJudge
@@ -615,19 +616,21 @@ class Engine:
             pc = OpCols.of(np.concatenate(p2p_rows))
             self._pairs.feed(pc, np.concatenate(p2p_comm), np.concatenate(p2p_shared), self.comms, self.ranks)
 
-    def _feed_opsum(self, rows: np.ndarray, recv: np.ndarray) -> None:
+    def _feed_opsum(self, opsum: np.ndarray, recv: np.ndarray) -> None:
         """Node agents' summaries of node-local collectives: reduced for every communicator at
         once (state.summaries_completed), then checked and kept for every communicator at once. A
         summary of a communicator whose members the master knows on more than one node (or not
         all yet) claims one host clock it does not have: dropped. A summary is a report from
         every member (each sent the agent its OP record): the agent forwards few heartbeats of
-        ranks that progress (c4d/agent/heartbeats.py)."""
+        ranks that progress (c4d/agent/heartbeats.py). Every field is read from columns
+        (c4d.columns: the rows transposed once)."""
+        rows = Columns.of(opsum)
         n = rows["comm_nranks"]
         ok = (rows["comm_id"] != 0) & (n >= 1) & (n <= schema.OPSUM_MAX_MEMBERS)
         ok &= (rows["comm_rank"] >= 0) & (rows["comm_rank"] < n)
         if not ok.all():
             self._invalid("a bad comm id/rank/size in OPSUM records", int((~ok).sum()))
-            rows, recv = take(rows, ok), recv[ok]
+            rows, recv = rows.take(ok), recv[ok]
         if not len(rows):
             return
         cid = rows["comm_id"]
@@ -636,7 +639,7 @@ class Engine:
             idx, cn = self._lookup(cid[heads])
         if heads is None or (idx < 0).any():  # new communicators are made in comm-id order
             order = np.lexsort((rows["seq"], cid))
-            rows, recv = take(rows, order), recv[order]
+            rows, recv = rows.take(order), recv[order]
             cid = rows["comm_id"]
             heads = np.flatnonzero(np.r_[True, cid[1:] != cid[:-1]])
             idx, cn = self._lookup(cid[heads])

@@ -1298,7 +1298,7 @@ def _seg_col_median(R: np.ndarray, seg: np.ndarray, C: int) -> np.ndarray:
     return (lo + hi) / 2
 
 
-def summaries_completed(s: np.ndarray, ranks: RankTable) -> tuple[np.ndarray, np.ndarray]:
+def summaries_completed(s: Columns, ranks: RankTable) -> tuple[np.ndarray, np.ndarray]:
     """COMPLETED rows (``aligned`` left to ``Engine._feed_opsum``) and the members' compute
     (ops x OPSUM_MAX_MEMBERS, NaN beyond each op's members) of OPSUM rows, all communicators at
     once: times move onto the master's clock by the offset of the node (the last member's)."""
