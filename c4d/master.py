@@ -90,7 +90,7 @@ class Master:
             self.metrics = Metrics()
             self.metrics_port = self.metrics.serve(cfg.metrics_port)
         self.edge = Edge(cfg.limits or Limits.from_env())
-        sinks: list[Any] = [lambda ok: self.received.add(ok, time.time_ns())]
+        sinks: list[Any] = [lambda ok: self.received.add(ok, time.time_ns(), self.edge.columns_of(ok))]
         on_free: list[Any] = [self.received.forget]
         if (m := self.metrics) is not None:
             sinks.append(m.ingest)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from c4d import names, schema
+from c4d.columns import Columns
 
 
 @dataclass
@@ -152,23 +153,27 @@ class Received:
         idx = self._index(cid) if idx is None else idx
         return np.where(idx >= 0, (idx << 32) | g, -1)
 
-    def add(self, raw: np.ndarray, recv_ns: int) -> None:
-        """Count a batch (HEADER rows, read through views: no copy per record kind)."""
-        kind = raw["kind"]
-        self._identity(raw, kind, recv_ns)
+    def add(self, raw: np.ndarray, recv_ns: int, cols: Columns | None = None) -> None:
+        """Count a batch (HEADER rows, read through views: no copy per record kind; ``cols``:
+        its columns, when the edge read them: c4d.columns)."""
+        kind = raw["kind"] if cols is None else cols["kind"]
+        self._identity(raw, kind, recv_ns, cols)
         op = kind == schema.Kind.OP
         if op.any():
-            self._ops(raw.view(schema.OP), op)
+            self._ops(raw.view(schema.OP) if cols is None else cols.as_kind(schema.OP), op)
         hb = kind == schema.Kind.HEARTBEAT
         if hb.any():
-            self._heartbeats(raw.view(schema.HEARTBEAT), hb)
+            self._heartbeats(
+                raw.view(schema.HEARTBEAT) if cols is None else cols.as_kind(schema.HEARTBEAT), hb
+            )
 
-    def _identity(self, raw: np.ndarray, kind: np.ndarray, recv_ns: int) -> None:
+    def _identity(self, raw: np.ndarray, kind: np.ndarray, recv_ns: int, cols: Columns | None) -> None:
         """Records per rank, and who the ranks and communicators are (REGISTER, COMM: few)."""
         self.records += len(raw)
         if not len(raw):
             return
-        per = np.bincount(raw["rank"].astype(np.int64))  # the edge admitted ranks of the job only
+        rank = raw["rank"] if cols is None else cols["rank"]
+        per = np.bincount(rank.astype(np.int64))  # the edge admitted ranks of the job only
         ranks = np.flatnonzero(per)
         self._seen(ranks)
         self._c["records"][ranks] += per[ranks]
@@ -185,7 +190,7 @@ class Received:
             c.ranks.add(int(rec["rank"]))
             self._rank(int(rec["rank"])).comms.add(c.comm_id)
 
-    def _ops(self, v: np.ndarray, sel: np.ndarray) -> None:
+    def _ops(self, v: np.ndarray | Columns, sel: np.ndarray) -> None:
         """OP rows (``v``: the batch viewed as OP records, ``sel`` which rows are), every
         communicator's at once by its dense index (a per-record loop was a fifth of the master's
         time with node agents' heartbeats at 1,024 ranks; a sort by communicator 3% at 8,192)."""
@@ -211,7 +216,7 @@ class Received:
         self._seen(r_ids)
         self._c["ops"][r_ids] += per[r_ids]
 
-    def _heartbeats(self, v: np.ndarray, sel: np.ndarray) -> None:
+    def _heartbeats(self, v: np.ndarray | Columns, sel: np.ndarray) -> None:
         at = np.flatnonzero(sel)
         g = v["rank"][at].astype(np.int64)
         o = np.argsort(g, kind="stable")

@@ -199,11 +199,13 @@ class Edge:
         self.accepted = 0
         self.rejected: Counter[str] = Counter()
         self.ratelog = RateLimitedLog(logger or log)
+        self._last: tuple[np.ndarray, Columns] | None = None  # the latest batch admitted whole
 
     # -- the batch ----------------------------------------------------------------------
     def admit(self, raw: np.ndarray, recv_ns: int) -> np.ndarray:
         """The rows of ``raw`` (HEADER rows, in arrival order) that may reach the master's state."""
         n = len(raw)
+        self._last = None
         if not n:
             return raw
         code = np.zeros(n, np.uint8)
@@ -243,6 +245,7 @@ class Edge:
             self.rejected[reason] += k
             self.ratelog(reason, "c4d: dropped %d record(s): %s", k, reason, n=k)
         if keep.all() and not (kind == _REGISTER).any():
+            self._last = (raw, cols)
             return raw  # nothing to drop or rewrite: no copy
         # a copy: names are rewritten in place
         out = schema.take_records(raw, keep) if not keep.all() else raw.copy()
@@ -281,6 +284,12 @@ class Edge:
         while len(self.tombstones) > _TOMBSTONES:
             self.tombstones.popitem(last=False)
         return out
+
+    def columns_of(self, rows: np.ndarray) -> Columns | None:
+        """The columns the latest ``admit`` read, when it returned ``rows`` (its batch, whole):
+        what the master's other readers of the batch can read instead of the rows."""
+        last = self._last
+        return last[1] if last is not None and last[0] is rows else None
 
     @property
     def comms(self) -> OrderedDict[int, _Comm]:

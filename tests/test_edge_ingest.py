@@ -332,3 +332,21 @@ def test_communicators_named_across_batches_keep_the_order_and_times_of_one_move
         if b % 7 == 3:  # the order read now and then, and at the end
             assert [(k, c.last_ns) for k, c in edge.comms.items()] == list(want.items()), b
     assert [(k, c.last_ns) for k, c in edge.comms.items()] == list(want.items())
+
+
+def test_the_edge_hands_on_the_columns_of_a_batch_it_admitted_whole():
+    """Edge.columns_of: the columns admit read, for the batch it returned as it came (the
+    master's live-view counts read them); none for a batch it copied (a row dropped) or another."""
+    t = H.now_ns()
+    edge = Edge()
+    edge.admit(H.as_header(H.registers(WORLD, t), H.comm_init(range(WORLD), H.WORLD_COMM, WORLD, t)), t)
+    good = H.as_header(H.allreduces(WORLD, range(3), t))
+    ok = edge.admit(good, t)
+    cols = edge.columns_of(ok)
+    assert ok is good and cols is not None
+    assert cols.as_kind(schema.OP)["seq"].tolist() == good.view(schema.OP)["seq"].tolist()
+    assert edge.columns_of(good.copy()) is None
+    bad = H.allreduces(WORLD, range(3, 6), t)
+    bad["op"][0] = 200
+    ok = edge.admit(H.as_header(bad), t)
+    assert len(ok) == len(bad) - 1 and edge.columns_of(ok) is None

@@ -105,17 +105,20 @@ def test_whole_batches_give_what_record_by_record_gave():
     as_hb["hb_flags"][final] |= schema.HBF_FINAL
     kinds = set(np.unique(raw["kind"]).tolist())
     assert {schema.Kind.REGISTER, schema.Kind.COMM, schema.Kind.OP, schema.Kind.HEARTBEAT} <= kinds
-    new, ref = Received(), _Reference()
+    from c4d.columns import Columns
+
+    new, ref, by_cols = Received(), _Reference(), Received()
     cuts = np.sort(rng.choice(len(raw), 40, replace=False))
     for i, part in enumerate(np.split(raw, cuts)):
         new.add(part, 123)
         ref.add(part, 123)
+        by_cols.add(part, 123, Columns.of(part))  # the batch's columns, as the edge hands them on
         if i == 20:  # freed communicators come back as new: their members are counted again
             gone = sorted(new.comms)[:2]
-            new.forget(gone)
-            ref.forget(gone)
-            assert _state(new) == _state(ref)
-    assert _state(new) == _state(ref)
+            for r in (new, ref, by_cols):
+                r.forget(gone)
+            assert _state(new) == _state(ref) == _state(by_cols)
+    assert _state(new) == _state(ref) == _state(by_cols)
     assert any(c.max_seq >= 0 for c in new.comms.values()) and any(i.final for i in new.ranks.values())
 
 
