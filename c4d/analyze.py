@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from c4d import schema
+from c4d import heap, schema
 from c4d.engine import Diagnosis, Engine, EngineConfig
 from c4d.engine.state import OP_SPLIT
 from c4d.ingest import Ingest
@@ -77,6 +77,7 @@ def replay_chunks(
     """``replay`` over records that come in pieces (``TraceStream.chunks()``): the same feeds and
     ticks as over the whole array, so the same diagnoses. Holds at most the records between
     two ticks (one master tick period) besides the piece being read."""
+    heap.keep_freed_blocks()  # (c4d/heap.py)
     ing = ingest or Ingest(engine, Edge(Limits.from_env()))
     out: list[Diagnosis] = []
     last_tick = created_ns

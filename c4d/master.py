@@ -31,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+from c4d import heap
 from c4d.analyze import make_engine
 from c4d.collector import DEFAULT_ENDPOINT, Collector
 from c4d.incidents import Change, Incidents, incident_key
@@ -68,6 +69,7 @@ class Master:
     ):
         self.cfg = cfg
         self.out = out or sys.stdout
+        heap.keep_freed_blocks()  # a chunk's arrays reuse the pages of the one before (c4d/heap.py)
         # a collector passed in (c4d run keeps one endpoint across restarts) is the caller's to close
         self._own_collector = collector is None
         if collector is None:

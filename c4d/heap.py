@@ -1,0 +1,43 @@
+"""The master's process keeps the large blocks it frees, to use them again.
+
+The engine works a chunk at a time through arrays of 1-16 MiB (a chunk's rows, their columns,
+each kind's copy), freed when the chunk is done. glibc serves a block that large with mmap and
+unmaps it when freed, so the next chunk's arrays are fresh pages the kernel zeroes as they are
+first touched (huge pages with numpy's madvise): one more pass over every byte of every array.
+Raising glibc's mmap threshold serves them from the heap, and raising its trim threshold keeps
+freed heap memory mapped, so a chunk reuses the pages of the one before. Memory held at the peak
+is not given back, which is what the master needs again at the next peak anyway.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+
+log = logging.getLogger("c4d.heap")
+
+_M_TRIM_THRESHOLD = -1  # mallopt parameters (malloc.h)
+_M_MMAP_THRESHOLD = -3
+MMAP_THRESHOLD = 256 << 20  # blocks up to this come from the heap (glibc's own: 128 KiB rising to 32 MiB)
+TRIM_THRESHOLD = 1 << 30  # free memory at the heap's top kept mapped up to this
+
+_done = False
+
+
+def keep_freed_blocks() -> bool:
+    """Set glibc's thresholds for this process (once); False where the C library is not glibc."""
+    global _done
+    if _done:
+        return True
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):  # not glibc (musl, macOS): its allocator as it is
+        return False
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    ok = bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+    if not ok:
+        log.debug("mallopt refused the thresholds: the allocator as it is")
+    _done = ok
+    return ok
