@@ -215,6 +215,28 @@ def test_the_edge_reads_columns_as_it_would_the_rows(batches):
     assert cols.rejected == rows.rejected and cols.accepted == rows.accepted
 
 
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(records(), min_size=1, max_size=8))
+def test_a_kind_checked_in_place_or_gathered_gets_the_same_verdicts(batches):
+    """validate.IN_PLACE_SHARE decides whether a kind is checked on every row where it lies (the
+    other kinds' bytes read as it, their verdicts dropped) or on a gather of its rows: every
+    kind in place and every kind gathered admit the same rows for the same reasons."""
+    import c4d.validate as V
+
+    raw = np.concatenate(batches)
+    got = []
+    saved = V.IN_PLACE_SHARE
+    try:
+        for share in (0.0, 1.5):  # always in place; never
+            V.IN_PLACE_SHARE = share
+            e = Edge()
+            e.admit(H.as_header(H.registers(WORLD, T), H.comm_init(range(WORLD), H.WORLD_COMM, WORLD, T)), T)
+            got.append((e.admit(raw.copy(), T).tobytes(), dict(e.rejected), e.accepted))
+    finally:
+        V.IN_PLACE_SHARE = saved
+    assert got[0] == got[1]
+
+
 BAD_BATCHES = {
     "short message": lambda good: good[:10],
     "bad magic": lambda good: b"XXXX" + good[4:],
