@@ -110,16 +110,22 @@ def _quiet() -> None:
     quiet.propagate = False
 
 
-def _master(tick_s: float = 0.2):
+def _master(tick_s: float = 0.2, engine_process: bool = False):
     from c4d.master import Master, MasterConfig
 
     _quiet()
-    return Master(MasterConfig(bind="tcp://127.0.0.1:*", tick_s=tick_s))
+    return Master(MasterConfig(bind="tcp://127.0.0.1:*", tick_s=tick_s, engine_process=engine_process))
 
 
-def _rss_mib() -> tuple[float, float]:
+def _engine_pid(m) -> int | None:
+    """The master's engine process (c4d master --engine-process), if it has one."""
+    proc = getattr(m.engine, "_proc", None)
+    return proc.pid if proc is not None and getattr(m.engine, "local", None) is None else None
+
+
+def _rss_mib(pid: int | str = "self") -> tuple[float, float]:
     cur = peak = 0.0
-    with open("/proc/self/status") as f:
+    with open(f"/proc/{pid}/status") as f:
         for line in f:
             if line.startswith("VmRSS:"):
                 cur = int(line.split()[1]) / 1024
@@ -128,15 +134,30 @@ def _rss_mib() -> tuple[float, float]:
     return cur, peak
 
 
-def _cpu() -> float:
+def _master_rss_mib(m) -> tuple[float, float]:
+    """The master's memory: its process's and its engine process's together (peaks summed)."""
+    cur, peak = _rss_mib()
+    if (pid := _engine_pid(m)) is not None:
+        c2, p2 = _rss_mib(pid)
+        cur, peak = cur + c2, peak + p2
+    return cur, peak
+
+
+def _cpu(m=None) -> float:
+    """CPU seconds of this process (the master) and of its engine process, if any."""
     r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
+    out = r.ru_utime + r.ru_stime
+    if m is not None and (pid := _engine_pid(m)) is not None:
+        with open(f"/proc/{pid}/stat") as f:
+            utime, stime = f.read().rsplit(")", 1)[1].split()[11:13]
+        out += (int(utime) + int(stime)) / os.sysconf("SC_CLK_TCK")
+    return out
 
 
 # -- capacity ----------------------------------------------------------------------------
-def capacity(shape: Shape, agents: bool, seconds: float) -> dict:
+def capacity(shape: Shape, agents: bool, seconds: float, engine_process: bool = False) -> dict:
     """Records/s the master ingests (engine on) when a sender pushes as fast as it takes them."""
-    m = _master()
+    m = _master(engine_process=engine_process)
     rounds = int(seconds * shape.rate)
     ctx = mp.get_context("fork")
     ready, sent, lag = ctx.Event(), ctx.Value("q", 0), ctx.Value("d", 0.0)
@@ -144,7 +165,7 @@ def capacity(shape: Shape, agents: bool, seconds: float) -> dict:
                                           ready, sent, lag), daemon=True)  # fmt: skip
     p.start()
     ready.wait(600)
-    w0, c0 = time.perf_counter(), _cpu()
+    w0, c0 = time.perf_counter(), _cpu(m)
     while True:
         m.step(timeout_s=0.02)
         if not p.is_alive() and (m.collector.records >= sent.value or p.exitcode):
@@ -154,13 +175,15 @@ def capacity(shape: Shape, agents: bool, seconds: float) -> dict:
     if p.exitcode:
         raise SystemExit(f"bench_master: the sender failed (exit {p.exitcode})")
     m.tick(time.time_ns())  # the last records evaluated
-    wall, cpu = time.perf_counter() - w0, _cpu() - c0
+    m.settle()  # (an engine in a process of its own: until it has evaluated them)
+    wall, cpu = time.perf_counter() - w0, _cpu(m) - c0
     n = m.collector.records
     p.join(10)
-    rss, peak = _rss_mib()  # this process is the master alone (_fresh), its sender forked off
+    rss, peak = _master_rss_mib(m)  # this process is the master alone (_fresh), its sender forked off
     out = {
         "ranks": shape.world,
         "agents": agents,
+        "engine_process": engine_process,
         "records": n,
         "wall_s": round(wall, 3),
         "cpu_s": round(cpu, 3),
@@ -177,9 +200,9 @@ def capacity(shape: Shape, agents: bool, seconds: float) -> dict:
 
 
 # -- real time -----------------------------------------------------------------------------
-def paced(shape: Shape, agents: bool, seconds: float, hang_at_s: float) -> dict:
+def paced(shape: Shape, agents: bool, seconds: float, hang_at_s: float, engine_process: bool = False) -> dict:
     """The job sent at its own pace; a hang injected at ``hang_at_s``."""
-    m = _master(tick_s=0.2)
+    m = _master(tick_s=0.2, engine_process=engine_process)
     rounds = int(seconds * shape.rate)
     k_h = int(hang_at_s * shape.rate)
     culprit = shape.world - 3  # a rank of the last node: its TP group waits for it
@@ -195,13 +218,17 @@ def paced(shape: Shape, agents: bool, seconds: float, hang_at_s: float) -> dict:
     backlog = []
     seen_ms = None
     seen_d = None
-    c0 = _cpu()
+    c0 = _cpu(m)
     last = time.perf_counter()
-    while True:
-        new = m.step()
+
+    def seen(new) -> None:
+        nonlocal seen_ms, seen_d
         for d in new:
             if seen_ms is None and d.kind.name == "RankNonCommHang" and culprit in d.ranks:
                 seen_ms, seen_d = time.time_ns(), d
+
+    while True:
+        seen(m.step())
         if time.perf_counter() - last >= 0.25:
             last = time.perf_counter()
             backlog.append(sent.value - m.collector.records)
@@ -211,16 +238,19 @@ def paced(shape: Shape, agents: bool, seconds: float, hang_at_s: float) -> dict:
         raise SystemExit(f"bench_master: the sender failed (exit {p.exitcode})")
     done = time.perf_counter()
     while m.collector.records < sent.value and time.perf_counter() - done < 30:
-        m.step(timeout_s=0.02)
+        seen(m.step(timeout_s=0.02))
+    seen(m.tick(time.time_ns()))
+    seen(m.settle())  # (an engine in a process of its own: until it has taken every record)
     drain = time.perf_counter() - done
-    cpu = _cpu() - c0
-    rss, peak = _rss_mib()
+    cpu = _cpu(m) - c0
+    rss, peak = _master_rss_mib(m)
     hang_ns = t0 + k_h * shape.period_ns
     T = shape.hang_timeout_us / 1e6
     lat = (seen_ms - hang_ns) / 1e9 if seen_ms else None
     out = {
         "ranks": shape.world,
         "agents": agents,
+        "engine_process": engine_process,
         "seconds": seconds,
         "records": m.collector.records,
         "job_records_per_s": round(sent.value * shape.rate / rounds),  # what the job (its agents) sent
@@ -306,6 +336,9 @@ def main() -> int:
                     help="capacity runs at these sizes only, through agents (no raw runs, no paced "
                          "run): rate and master memory where real time is not reached")  # fmt: skip
     ap.add_argument("--seconds", type=float, default=None, help="job seconds per capacity run (default 4)")
+    ap.add_argument("--engine-process", action="store_true",
+                    help="the master's engine in a process of its own (c4d master --engine-process): "
+                         "its CPU time and memory are counted with the master's")  # fmt: skip
     ap.add_argument("--window-s", type=int, default=1,
                     help="the job's slow-detection window (C4D_CONN_BW_CHECK_PERIOD; 1 judges 10x as "
                          "often as the default 10)")  # fmt: skip
@@ -331,7 +364,7 @@ def main() -> int:
             shape = Shape(
                 tp=8, pp=min(4, n // 8), dp=max(1, n // 32), hang_timeout_us=T, window_s=args.window_s
             )
-            c = _fresh(capacity, shape, agents, cap_s)
+            c = _fresh(capacity, shape, agents, cap_s, args.engine_process)
             res["capacity"].append(c)
             ok = c["records_per_s"] >= c["job_records_per_s"]
             mode = "agents" if agents else "raw"
@@ -349,7 +382,7 @@ def main() -> int:
         # the next size down
         for n in [k for k in sizes if k <= best.get(agents, 0)][::-1]:
             shape = Shape(tp=8, pp=min(4, n // 8), dp=max(1, n // 32), hang_timeout_us=T, window_s=W)
-            r = _fresh(paced, shape, agents, run_s, hang_s)
+            r = _fresh(paced, shape, agents, run_s, hang_s, args.engine_process)
             res["paced"].append(r)
             mode = "agents" if agents else "raw"
             print(f"{mode:>6} {n:>6} ranks paced {run_s:g} s: kept up {r['kept_up']} "
@@ -375,6 +408,7 @@ def main() -> int:
         "hang_latency_s": kept.get(True, kept.get(False, {})).get("hang_latency_s"),
         "agent_records_per_cpu_s": a["records_per_cpu_s"],
         "window_s": args.window_s,
+        "engine_process": args.engine_process,
         "load_avg_1m": round(os.getloadavg()[0], 2),
     }
     if args.json:
@@ -388,7 +422,7 @@ def _sizes(sizes: list[int], cap_s: float, T: int, args) -> int:
     for n in sizes:
         shape = Shape(tp=8, pp=min(4, max(1, n // 8)), dp=max(1, n // 32), hang_timeout_us=T,
                       window_s=args.window_s)  # fmt: skip
-        c = _fresh(capacity, shape, True, cap_s)
+        c = _fresh(capacity, shape, True, cap_s, args.engine_process)
         out.append(c)
         verdict = "real time" if c["records_per_s"] >= c["job_records_per_s"] else "falls behind"
         print(f"agents {n:>6} ranks, {cap_s:g} s of the job: master ingests {c['records_per_s']:,} records/s "
@@ -396,7 +430,7 @@ def _sizes(sizes: list[int], cap_s: float, T: int, args) -> int:
               f"{verdict}; master RSS {c['master_rss_mib']:,.0f} MiB (peak {c['master_peak_rss_mib']:,.0f})",
               flush=True)  # fmt: skip
     if args.json:
-        print(json.dumps({"capacity": out, "window_s": args.window_s}))
+        print(json.dumps({"capacity": out, "window_s": args.window_s, "engine_process": args.engine_process}))
     return 0
 
 

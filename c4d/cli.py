@@ -164,6 +164,8 @@ def _make_master(args, meta: dict, bind: str):
         curve=getattr(args, "curve", None),
         job=getattr(args, "job", None),
     )
+    if getattr(args, "engine_process", None):
+        cfg.engine_process = True
     return Master(cfg)
 
 
@@ -669,6 +671,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="EP",
         help="ZeroMQ endpoint to listen on; tcp://0.0.0.0:5555 accepts ranks on other hosts "
         "(default: $C4D_MASTER_ADDR, else tcp://127.0.0.1:5555, this host only)",
+    )
+    p.add_argument(
+        "--engine-process",
+        action="store_true",
+        default=None,
+        help="run the diagnosis engine in a process of its own: receiving and validating and the "
+        "engine take two cores (jobs of thousands of ranks; diagnoses reach the log a tick later; "
+        "default: $C4D_MASTER_ENGINE_PROCESS)",
     )
     p.add_argument(
         "--curve",

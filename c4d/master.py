@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import sys
 import time
 from collections import deque
@@ -43,6 +44,11 @@ from c4d.validate import Edge, Limits
 log = logging.getLogger("c4d")
 
 
+def engine_process_from_env() -> bool:
+    """``C4D_MASTER_ENGINE_PROCESS``: set and not 0."""
+    return os.environ.get("C4D_MASTER_ENGINE_PROCESS", "").strip() not in ("", "0")
+
+
 @dataclass
 class MasterConfig:
     bind: str = DEFAULT_ENDPOINT
@@ -56,6 +62,8 @@ class MasterConfig:
     limits: Limits | None = None  # None: Limits.from_env()
     curve: str | None = None  # KEYDIR of the master's CURVE key pair (c4d.curve); None: no CURVE
     job: str | None = None  # the job served; None: the first one heard (c4d.collector)
+    # the engine in a process of its own (c4d.engine_process); c4d run's master too
+    engine_process: bool = field(default_factory=lambda: engine_process_from_env())
 
 
 class Master:
@@ -83,7 +91,13 @@ class Master:
         self.endpoint = self.collector.endpoint
         self.received = Received()
         # the metrics read the engine's per-rank wait / transfer split (one computation)
-        self.engine = make_engine(cfg.engine_overrides, split=cfg.metrics_port is not None)
+        split = cfg.metrics_port is not None
+        if cfg.engine_process:
+            from c4d.engine_process import EngineProcess
+
+            self.engine: Any = EngineProcess(cfg.engine_overrides, split=split)
+        else:
+            self.engine = make_engine(cfg.engine_overrides, split=split)
         self.trace = TraceWriter(cfg.trace, {"endpoint": self.endpoint, **cfg.meta}) if cfg.trace else None
         self.metrics = None
         if cfg.metrics_port is not None:
@@ -142,11 +156,7 @@ class Master:
             except Exception as e:
                 self._trace_failed(e)
         new = self.ingest.tick(now_ns)
-        for d in new:
-            try:
-                self._emit(d)
-            except Exception as e:  # a sink (blacklist file, a callback) must not stop the master
-                self.ingest.failed("diagnosis sink", e, 0)
+        self._emit_all(new)
         try:
             self._log_events(self.incidents.expire(now_ns))
         except Exception as e:
@@ -161,6 +171,33 @@ class Master:
             except Exception as e:
                 self.ingest.failed("metrics", e, 0)
         return new
+
+    def settle(self) -> list[Any]:
+        """Wait for the evaluations an engine in a process of its own still owes (its answers
+        come a tick late: c4d.engine_process) and hand out their diagnoses; nothing to wait
+        for with an in-process engine."""
+        drain = getattr(self.engine, "drain", None)
+        if drain is None:
+            return []
+        try:
+            new = list(drain())
+        except Exception as e:
+            self.ingest.failed("tick", e, 0)
+            return []
+        self._emit_all(new)
+        return new
+
+    def _emit_all(self, new: list[Any]) -> None:
+        if (failed := getattr(self.engine, "failures", None)) is not None and failed:
+            self.ingest.failures.update(failed)  # the engine process's, heard with its answers
+            self.ingest.failed_records += self.engine.failed_records
+            failed.clear()
+            self.engine.failed_records = 0
+        for d in new:
+            try:
+                self._emit(d)
+            except Exception as e:  # a sink (blacklist file, a callback) must not stop the master
+                self.ingest.failed("diagnosis sink", e, 0)
 
     def _trace_failed(self, e: Exception) -> None:
         """Stop writing the trace (one ERROR line); the engine and every other sink go on."""
@@ -239,9 +276,12 @@ class Master:
         self._log_events(self.incidents.close(time.time_ns()))
 
     def close(self) -> None:
+        self.settle()
         if self.incidents.open:
             self.finish()
         if self._own_collector:
             self.collector.close()
         if self.trace:
             self.trace.close()
+        if hasattr(self.engine, "close"):
+            self.engine.close()

@@ -1,0 +1,279 @@
+"""The master's engine in a process of its own, so that receiving and validating (the master's
+loop) and the engine's ingest run on two cores (``c4d master --engine-process``).
+
+It answers the calls the master makes of an in-process ``Engine`` (``feed``, ``free_comms``,
+``tick``, ``state``, ``take_split``), in the order they were made, so the engine sees exactly
+what an in-process one would and a replay of the trace reproduces its diagnoses. ``feed``,
+``free_comms`` and ``tick`` are sent without waiting (rows go as they are, not copied into a
+message): the master goes on receiving while the engine evaluates, and a tick's diagnoses are
+handed out at a later tick (``drain`` waits for them: ``Master.settle``, its close). ``state``
+and ``take_split`` wait for their answer, which comes once the engine has taken everything
+sent before. An exception in the engine's process is counted there and handed to the master
+with the next answer, as ``Ingest`` counts one in-process.
+
+If the engine's process dies, the master logs one ERROR and goes on with an engine of its
+own, started empty (what the dead one knew is lost: open hangs are found again once their
+timeout passes again).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import logging
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections import Counter, deque
+from typing import Any
+
+import numpy as np
+import zmq
+
+from c4d import schema
+
+log = logging.getLogger("c4d.engine")
+
+FEED, FREE, TICK, STATE, SPLIT, STOP = b"F", b"X", b"T", b"S", b"P", b"Q"
+START_S = 60.0  # the engine's process imports numpy and c4d: seconds on a loaded host
+QUEUE_MESSAGES = 16  # ~0.1-0.2 GiB of rows at 16,384 ranks; a thousand was 2.5 GiB more memory
+POLL_MS = 500  # how often a wait for an answer checks that the process is still alive
+
+
+class EngineGone(RuntimeError):
+    """The engine's process died; the master goes on with an engine of its own."""
+
+
+def _serve(endpoint: str, overrides: dict[str, Any], split: bool, level: int) -> None:
+    """The engine's process: take calls in order until STOP or until the master is gone."""
+    from c4d import heap
+    from c4d.analyze import make_engine
+
+    # the engine's own log lines (records it drops) on the master's stderr, as the master's
+    logging.basicConfig(level=level, stream=sys.stderr, format="c4d %(levelname)s %(message)s")
+    heap.keep_freed_blocks()
+    engine = make_engine(overrides, split=split)
+    failures: Counter[str] = Counter()
+    failed_records = 0
+    ctx = zmq.Context(1)
+    sock = ctx.socket(zmq.PAIR)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RCVHWM, QUEUE_MESSAGES)  # (ZeroMQ's 1,000 queued here: GiBs of rows)
+    sock.connect(endpoint)
+    sock.send(b"ready")
+    parent = os.getppid()
+    try:
+        while True:
+            while not sock.poll(POLL_MS):
+                if os.getppid() != parent:  # the master is gone (killed): so is its engine
+                    return
+            frames = sock.recv_multipart()
+            head = frames[0]
+            op, arg = head[:1], int.from_bytes(head[1:9], "little", signed=True)
+            if op == FEED:
+                raw = np.frombuffer(frames[1], schema.HEADER)
+                try:
+                    engine.feed(raw, arg)
+                except Exception as e:  # as Ingest counts it in-process: the master hears of it
+                    failures[f"ingest: {type(e).__name__}"] += 1
+                    failed_records += len(raw)
+            elif op == FREE:
+                try:
+                    engine.free_comms(pickle.loads(frames[1]))
+                except Exception as e:
+                    failures[f"free: {type(e).__name__}"] += 1
+            elif op in (TICK, STATE, SPLIT):
+                try:
+                    if op == TICK:
+                        out: Any = list(engine.tick(arg))
+                    elif op == STATE:
+                        out = engine.state()
+                    else:
+                        out = engine.take_split()
+                    answer = (True, out, dict(failures), failed_records)
+                except Exception as e:
+                    answer = (False, f"{type(e).__name__}: {e}", dict(failures), failed_records)
+                failures.clear()
+                failed_records = 0
+                sock.send(pickle.dumps(answer, protocol=pickle.HIGHEST_PROTOCOL))
+            elif op == STOP:
+                break
+    finally:
+        sock.close(0)
+        ctx.term()
+
+
+class EngineProcess:
+    """An ``Engine`` in a process of its own (see the module's docstring)."""
+
+    def __init__(self, overrides: dict[str, Any] | None = None, split: bool = False) -> None:
+        self.overrides, self.split = dict(overrides or {}), split
+        self.failures: Counter[str] = Counter()  # the engine process's own, as the master heard them
+        self.failed_records = 0
+        self.local: Any = None  # the in-process engine taken up when the process died
+        self._asked: deque[tuple[bytes, int]] = deque()  # the calls still to be answered, in order
+        self._ready: list[Any] = []  # diagnoses of ticks answered, not handed out yet
+        self._dir = tempfile.mkdtemp(prefix="c4d-engine-")
+        endpoint = f"ipc://{os.path.join(self._dir, 'engine')}"
+        self._ctx = zmq.Context(1)
+        self._sock = self._ctx.socket(zmq.PAIR)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        # polls queued for the engine (each up to 1,000 messages): beyond, the master waits for it
+        self._sock.setsockopt(zmq.SNDHWM, QUEUE_MESSAGES)
+        self._sock.bind(endpoint)
+        # a new interpreter, not a fork: the master has threads (ZeroMQ's, the metrics server's)
+        level = logging.getLogger("c4d").getEffectiveLevel()
+        conf = base64.b64encode(pickle.dumps((self.overrides, split, level))).decode()
+        self._proc = subprocess.Popen([sys.executable, "-m", "c4d.engine_process", endpoint, conf])
+        try:
+            self._wait(START_S)  # "ready": the engine is built
+        except EngineGone:
+            self._take_over("did not start")
+
+    # -- the Engine's calls ---------------------------------------------------------------
+    def feed(self, raw: np.ndarray, recv_ns: int) -> None:
+        if self.local is not None:
+            return self.local.feed(raw, recv_ns)
+        raw = np.ascontiguousarray(raw)
+        try:
+            self._send([FEED + int(recv_ns).to_bytes(8, "little", signed=True), raw], copy=False)
+        except (EngineGone, zmq.ZMQError) as e:
+            return self._take_over(str(e)).feed(raw, recv_ns)
+
+    def free_comms(self, cids) -> int:
+        if self.local is None:
+            try:
+                self._send([FREE, pickle.dumps(list(cids))])
+                return len(cids)
+            except (EngineGone, zmq.ZMQError) as e:
+                self._take_over(str(e))
+        return self.local.free_comms(cids)
+
+    def tick(self, now_ns: int) -> list[Any]:
+        """Ask for a tick at ``now_ns`` without waiting for it; the diagnoses of the ticks the
+        engine has answered so far (so the master's loop goes on receiving while the engine
+        evaluates: it hands them out at its next tick, ``tick_s`` later at most)."""
+        if self.local is not None:
+            return self._local_ticks() + list(self.local.tick(now_ns))
+        try:
+            self._send([TICK + int(now_ns).to_bytes(8, "little", signed=True)])
+            self._asked.append((TICK, now_ns))
+            while self._asked and self._sock.poll(0):
+                self._answer()
+        except (EngineGone, zmq.ZMQError) as e:
+            self._take_over(str(e))
+            return self._local_ticks()
+        out, self._ready = self._ready, []
+        return out
+
+    def drain(self) -> list[Any]:
+        """Wait for every tick asked; their diagnoses (the master's last tick, its close)."""
+        try:
+            while self._asked:
+                self._answer(block=True)
+        except (EngineGone, zmq.ZMQError) as e:
+            self._take_over(str(e))
+            return self._local_ticks()
+        out, self._ready = self._ready, []
+        return out
+
+    def state(self) -> Any:
+        return self._call(STATE, "state")
+
+    def take_split(self) -> Any:
+        return self._call(SPLIT, "take_split")
+
+    def close(self) -> None:
+        if self._proc.poll() is None:
+            with contextlib.suppress(zmq.ZMQError):
+                self._sock.send(STOP, zmq.NOBLOCK)
+            try:
+                self._proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait(5)
+        self._sock.close(0)
+        self._ctx.term()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    # -- the wire -------------------------------------------------------------------------
+    def _call(self, op: bytes, name: str) -> Any:
+        """Ask and wait for the answer (the ticks asked before are answered first)."""
+        if self.local is None:
+            try:
+                self._send([op])
+                self._asked.append((op, 0))
+                while True:
+                    kind, out = self._answer(block=True)
+                    if kind == op:
+                        return out
+            except (EngineGone, zmq.ZMQError) as e:
+                self._take_over(str(e))
+        return getattr(self.local, name)()
+
+    def _answer(self, block: bool = False) -> tuple[bytes, Any]:
+        """Take the next answer (in the order asked): a tick's diagnoses go to ``_ready``."""
+        kind = self._asked[0][0]
+        raw = self._wait(None) if block else self._sock.recv()
+        self._asked.popleft()
+        ok, out, failures, failed = pickle.loads(raw)
+        self.failures.update(failures)
+        self.failed_records += failed
+        if not ok:
+            self.failures[f"{'tick' if kind == TICK else 'state'}: {out.split(':', 1)[0]}"] += 1
+            log.error("the engine's process failed a %s: %s", "tick" if kind == TICK else "call", out)
+            out = [] if kind == TICK else None
+        if kind == TICK:
+            self._ready.extend(out)
+        return kind, out
+
+    def _local_ticks(self) -> list[Any]:
+        """The ticks asked of the dead process, evaluated by the engine taking over."""
+        asked, self._asked = list(self._asked), deque()
+        out, self._ready = self._ready, []
+        for kind, now_ns in asked:
+            if kind == TICK:
+                out += list(self.local.tick(now_ns))
+        return out
+
+    def _send(self, frames: list[Any], copy: bool = True) -> None:
+        """Send when the process lives (rows sent to a dead one would be lost unseen); wait
+        while it is behind by ``SNDHWM`` messages (the master's loop slows to its pace)."""
+        while True:
+            if self._proc.poll() is not None:
+                raise EngineGone(f"exited with code {self._proc.returncode}")
+            try:
+                self._sock.send_multipart(frames, zmq.NOBLOCK, copy=copy)
+                return
+            except zmq.Again:
+                self._sock.poll(POLL_MS, zmq.POLLOUT)
+
+    def _wait(self, limit_s: float | None) -> bytes:
+        """The next answer; EngineGone when the process dies (or ``limit_s`` passes) first."""
+        waited = 0.0
+        while not self._sock.poll(POLL_MS):
+            waited += POLL_MS / 1000
+            if self._proc.poll() is not None:
+                raise EngineGone(f"exited with code {self._proc.returncode}")
+            if limit_s is not None and waited >= limit_s:
+                raise EngineGone(f"no answer in {limit_s:g} s")
+        return self._sock.recv()
+
+    def _take_over(self, why: str) -> Any:
+        from c4d.analyze import make_engine
+
+        log.error(
+            "the engine's process stopped (%s): the master goes on with an engine of its own, started empty",
+            why,
+        )
+        if self._proc.poll() is None:
+            self._proc.kill()
+        self.local = make_engine(self.overrides, split=self.split)
+        return self.local
+
+
+if __name__ == "__main__":
+    _serve(sys.argv[1], *pickle.loads(base64.b64decode(sys.argv[2])))

@@ -1,0 +1,167 @@
+"""The engine in a process of its own (c4d.engine_process, ``c4d master --engine-process``): the
+same diagnoses as the engine in the master's process, for every golden trace and for a live
+sim job; a dead engine process is taken over by an engine in the master's process."""
+
+from __future__ import annotations
+
+import gzip
+import logging
+import shutil
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from c4d import analyze, trace
+from c4d.engine_process import EngineProcess
+from c4d.master import Master, MasterConfig
+from tests.conftest import c4d_cmd, free_port, wait_for
+from tests.golden import make_golden
+from tests.masterproc import MasterProc
+
+GOLDEN = Path(make_golden.__file__).resolve().parent
+
+
+def _golden(name: str, tmp: Path) -> Path:
+    path = tmp / f"{name}.c4d"
+    with gzip.open(GOLDEN / f"{name}.c4d.gz", "rb") as g, path.open("wb") as f:
+        shutil.copyfileobj(g, f)
+    return path
+
+
+@pytest.mark.parametrize("name", ["comm-hang-link", "noncomm-hang", "comm-slow-rank", "crash", "mismatch"])
+def test_an_engine_process_gives_the_in_process_diagnoses(name, tmp_path):
+    """Field for field (times, levels, culprits, evidence), in the same order: the answers to
+    ticks come late, never different."""
+    rt = trace.read_raw(_golden(name, tmp_path))
+    here = [d.to_json() for d in analyze.replay(rt, analyze.make_engine())]
+    ep = EngineProcess()
+    try:
+        there = [d.to_json() for d in analyze.replay(rt, ep)]
+        assert ep.local is None  # the process answered every call
+    finally:
+        ep.close()
+    assert here, name  # each of these traces has a fault the engine names
+    assert there == here
+
+
+def test_a_dead_engine_process_is_taken_over(tmp_path, caplog):
+    """kill -9 of the engine's process mid-replay: one ERROR line, an engine in the master's
+    process goes on (started empty) and still names the hang that begins after it took over."""
+    rt = trace.read_raw(_golden("noncomm-hang", tmp_path))
+    ep = EngineProcess()
+    try:
+        ep._proc.kill()
+        ep._proc.wait(10)
+        with caplog.at_level(logging.ERROR, logger="c4d.engine"):
+            got = [d.to_json() for d in analyze.replay(rt, ep)]
+        assert ep.local is not None
+    finally:
+        ep.close()
+    taken = [r for r in caplog.records if "the engine's process stopped" in r.getMessage()]
+    assert len(taken) == 1
+    here = [d.to_json() for d in analyze.replay(rt, analyze.make_engine())]
+    assert got == here  # killed before any row: the engine taking over saw everything
+
+
+def test_a_master_with_an_engine_process_hands_out_diagnoses_and_closes_it(tmp_path):
+    """Master.settle waits for the ticks the process still owes; close stops the process."""
+    m = Master(MasterConfig(bind=f"tcp://127.0.0.1:{free_port()}", engine_process=True, tick_s=0.05))
+    proc = m.engine._proc
+    try:
+        rt = trace.read_raw(_golden("noncomm-hang", tmp_path))
+        ticks = (rt.raw["kind"] == trace.schema.Kind.TICK).nonzero()[0].tolist()
+        prev, last = 0, int(rt.meta.get("created_ns", 0))
+        for i in ticks:
+            if i > prev:
+                m.ingest.feed(rt.raw[prev:i], last)
+            last = int(rt.raw["time_ns"][i])
+            m.tick(last)
+            prev = i + 1
+        m.settle()
+        here = [d.to_json() for d in analyze.replay(rt, analyze.make_engine())]
+        assert [d.to_json() for d in m.diagnoses] == here and here
+    finally:
+        m.close()
+    assert proc.wait(10) == 0
+
+
+def test_c4d_master_engine_process_names_a_hang_live(tmp_path, libc4d, simtrain):
+    """`c4d master --engine-process` with a sim job whose rank 3 stops computing: the JSON line
+    names rank 3, and a replay of the master's trace in one process says the same."""
+    m = MasterProc(tmp_path, "--engine-process", metrics=False)
+    try:
+        sim = subprocess.Popen(
+            [*c4d_cmd("sim", "--quick", "--ranks", 4, "--ranks-per-node", 2, "--fault",
+                      "noncomm-hang@rank=3,step=5", "--master", m.endpoint), "--max-seconds", "60"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            wait_for(lambda: any(d["kind"] == "RankNonCommHang" for d in m.diagnoses()), 90,
+                     "the master to name the hang")  # fmt: skip
+        finally:
+            sim.kill()
+            sim.wait()
+    finally:
+        assert m.stop() == 2, m.stderr()  # exit 2: it diagnosed a WARNING or above
+    live = [d for d in m.diagnoses() if d["kind"] == "RankNonCommHang"]
+    assert live and all(d["ranks"] == [3] for d in live)
+    assert "Traceback" not in m.stderr()
+    replayed = [d.to_json() for d in analyze.replay(trace.read_raw(m.trace), analyze.make_engine())]
+    assert [d["ranks"] for d in replayed if d["kind"] == "RankNonCommHang"][: len(live)] == [
+        d["ranks"] for d in live
+    ]
+
+
+def test_an_exception_in_the_engine_process_reaches_the_master_counted():
+    """A call that raises there is counted there and handed over with the next answer, as
+    Ingest counts one in-process; the process goes on."""
+    ep = EngineProcess()
+    try:
+        ep.free_comms(["not a communicator id"])
+        ep.tick(1)  # its answer may come later: drain waits for it
+        ep.drain()
+        assert ep.failures == {"free: ValueError": 1}
+        assert ep.local is None and ep.state() is not None
+    finally:
+        ep.close()
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                if int((p / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                    out.append(int(p.name))
+            except (OSError, ValueError, IndexError):
+                pass
+    return out
+
+
+def test_the_engine_process_ends_with_a_killed_master(tmp_path):
+    """kill -9 of `c4d master --engine-process`: its engine's process does not outlive it."""
+    m = MasterProc(tmp_path, "--engine-process", metrics=False)
+    kids = _children(m.proc.pid)
+    assert kids, "the master has an engine process"
+    m.stop(signal.SIGKILL)
+    wait_for(lambda: not any(Path(f"/proc/{k}").exists() and "Z" not in _state(k) for k in kids), 30,
+             "the engine's process to exit")  # fmt: skip
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "Z"
+
+
+def test_c4d_master_engine_process_from_the_environment(monkeypatch):
+    """C4D_MASTER_ENGINE_PROCESS=1 turns it on for every master (c4d run's too); 0 or unset: off."""
+    monkeypatch.setenv("C4D_MASTER_ENGINE_PROCESS", "1")
+    assert MasterConfig().engine_process is True
+    monkeypatch.setenv("C4D_MASTER_ENGINE_PROCESS", "0")
+    assert MasterConfig().engine_process is False
+    monkeypatch.delenv("C4D_MASTER_ENGINE_PROCESS")
+    assert MasterConfig().engine_process is False
