@@ -70,11 +70,11 @@ def _serve(endpoint: str, overrides: dict[str, Any], split: bool, level: int) ->
             while not sock.poll(POLL_MS):
                 if os.getppid() != parent:  # the master is gone (killed): so is its engine
                     return
-            frames = sock.recv_multipart()
-            head = frames[0]
+            frames = sock.recv_multipart(copy=False)  # the rows are read where ZeroMQ put them
+            head = frames[0].bytes
             op, arg = head[:1], int.from_bytes(head[1:9], "little", signed=True)
             if op == FEED:
-                raw = np.frombuffer(frames[1], schema.HEADER)
+                raw = np.frombuffer(frames[1].buffer, schema.HEADER)
                 try:
                     engine.feed(raw, arg)
                 except Exception as e:  # as Ingest counts it in-process: the master hears of it
@@ -82,7 +82,7 @@ def _serve(endpoint: str, overrides: dict[str, Any], split: bool, level: int) ->
                     failed_records += len(raw)
             elif op == FREE:
                 try:
-                    engine.free_comms(pickle.loads(frames[1]))
+                    engine.free_comms(pickle.loads(frames[1].bytes))
                 except Exception as e:
                     failures[f"free: {type(e).__name__}"] += 1
             elif op in (TICK, STATE, SPLIT):
