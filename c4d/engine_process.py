@@ -8,8 +8,10 @@ what an in-process one would and a replay of the trace reproduces its diagnoses.
 message): the master goes on receiving while the engine evaluates, and a tick's diagnoses are
 handed out at a later tick (``drain`` waits for them: ``Master.settle``, its close). ``state``
 and ``take_split`` wait for their answer, which comes once the engine has taken everything
-sent before. An exception in the engine's process is counted there and handed to the master
-with the next answer, as ``Ingest`` counts one in-process.
+sent before. With the metrics on (``split``), each tick's answer carries the engine's state and
+OP_SPLIT rows (``take_metrics``), so the metrics never make the master wait. An exception in
+the engine's process is counted there and handed to the master with the next answer, as
+``Ingest`` counts one in-process.
 
 If the engine's process dies, the master logs one ERROR and goes on with an engine of its
 own, started empty (what the dead one knew is lost: open hangs are found again once their
@@ -87,8 +89,9 @@ def _serve(endpoint: str, overrides: dict[str, Any], split: bool, level: int) ->
                     failures[f"free: {type(e).__name__}"] += 1
             elif op in (TICK, STATE, SPLIT):
                 try:
-                    if op == TICK:
+                    if op == TICK:  # with what the metrics read, when the master has them
                         out: Any = list(engine.tick(arg))
+                        out = (out, (engine.state(), engine.take_split()) if split else None)
                     elif op == STATE:
                         out = engine.state()
                     else:
@@ -116,6 +119,7 @@ class EngineProcess:
         self.local: Any = None  # the in-process engine taken up when the process died
         self._asked: deque[tuple[bytes, int]] = deque()  # the calls still to be answered, in order
         self._ready: list[Any] = []  # diagnoses of ticks answered, not handed out yet
+        self._metrics: list[tuple[Any, Any]] = []  # (state, split) of ticks answered (split=True)
         self._dir = tempfile.mkdtemp(prefix="c4d-engine-")
         endpoint = f"ipc://{os.path.join(self._dir, 'engine')}"
         self._ctx = zmq.Context(1)
@@ -225,10 +229,26 @@ class EngineProcess:
         if not ok:
             self.failures[f"{'tick' if kind == TICK else 'state'}: {out.split(':', 1)[0]}"] += 1
             log.error("the engine's process failed a %s: %s", "tick" if kind == TICK else "call", out)
-            out = [] if kind == TICK else None
+            out = ([], None) if kind == TICK else None
         if kind == TICK:
-            self._ready.extend(out)
+            diags, metrics = out
+            self._ready.extend(diags)
+            if metrics is not None:
+                self._metrics.append(metrics)
+            return kind, diags
         return kind, out
+
+    def take_metrics(self) -> tuple[Any, Any]:
+        """What the metrics read at a tick, without waiting for the engine: its latest state and
+        the OP_SPLIT rows of the ticks answered since the last call (None, None: none answered).
+        An engine taking over answers at once."""
+        if self.local is not None:
+            return self.local.state(), self.local.take_split()
+        got, self._metrics = self._metrics, []
+        if not got:
+            return None, None
+        splits = [sp for _, sp in got if sp is not None and len(sp)]
+        return got[-1][0], (np.concatenate(splits) if len(splits) > 1 else (splits[0] if splits else None))
 
     def _local_ticks(self) -> list[Any]:
         """The ticks asked of the dead process, evaluated by the engine taking over."""

@@ -164,8 +164,12 @@ class Master:
         self.collector.ratelog.flush()
         if self.metrics is not None:
             try:
-                snap = self.engine.state()
-                split = self.engine.take_split()  # the engine's own waits and transfers
+                take = getattr(self.engine, "take_metrics", None)
+                if take is not None:  # an engine in a process of its own: what it answered so far
+                    snap, split = take()
+                else:
+                    snap = self.engine.state()
+                    split = self.engine.take_split()  # the engine's own waits and transfers
                 self.metrics.tick(self.received.dropped, self.collector.bad_messages, snap, split)
                 self.metrics.edge(self.edge, self.collector, self.ingest)
             except Exception as e:

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import gzip
 import logging
+import os
 import shutil
 import signal
 import subprocess
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -165,3 +167,47 @@ def test_c4d_master_engine_process_from_the_environment(monkeypatch):
     assert MasterConfig().engine_process is False
     monkeypatch.delenv("C4D_MASTER_ENGINE_PROCESS")
     assert MasterConfig().engine_process is False
+
+
+def test_metrics_come_from_the_engine_process_answers(tmp_path, libc4d, simtrain):
+    """`c4d sim --metrics-port` with C4D_MASTER_ENGINE_PROCESS=1: the waits, transfers and bus
+    bandwidths of observed collectives and the ranks' states reach Prometheus from the engine's
+    process (each tick's answer carries them; the master does not wait for it)."""
+    port = free_port()
+    env = dict(os.environ, C4D_MASTER_ENGINE_PROCESS="1")
+    proc = subprocess.Popen(
+        [*c4d_cmd("sim", "--ranks", 4, "--ranks-per-node", 2, "--steps", 100000, "--max-seconds", 60,
+                  "--metrics-port", port)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    try:
+
+        def scrape() -> str | None:
+            try:
+                body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
+            except OSError:
+                return None
+            want = ("c4d_transfer_seconds_count", "c4d_busbw_gbs{", "c4d_ranks{")
+            return body if all(w in body for w in want) else None
+
+        body = wait_for(scrape, timeout=60, what="metrics with observed collectives", interval=0.3)
+        assert "c4d_wait_seconds_bucket" in body
+        assert _children_named(proc.pid, "c4d.engine_process")  # the engine did run in a process
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=30)
+    assert "Traceback" not in err, err
+
+
+def _children_named(pid: int, text: str) -> list[int]:
+    """Descendants of ``pid`` whose command line holds ``text``."""
+    out, todo = [], [pid]
+    while todo:
+        for k in _children(todo.pop()):
+            todo.append(k)
+            try:
+                if text in Path(f"/proc/{k}/cmdline").read_bytes().replace(b"\0", b" ").decode():
+                    out.append(k)
+            except OSError:
+                pass
+    return out
