@@ -20,8 +20,11 @@ timeout passes again).
 
 from __future__ import annotations
 
-import base64
 import contextlib
+import dataclasses
+import enum
+import io
+import json
 import logging
 import os
 import pickle
@@ -36,6 +39,7 @@ import numpy as np
 import zmq
 
 from c4d import schema
+from c4d.engine import types
 
 log = logging.getLogger("c4d.engine")
 
@@ -43,6 +47,39 @@ FEED, FREE, TICK, STATE, SPLIT, STOP = b"F", b"X", b"T", b"S", b"P", b"Q"
 START_S = 60.0  # the engine's process imports numpy and c4d: seconds on a loaded host
 QUEUE_MESSAGES = 16  # ~0.1-0.2 GiB of rows at 16,384 ranks; a thousand was 2.5 GiB more memory
 POLL_MS = 500  # how often a wait for an answer checks that the process is still alive
+
+
+# what the engine's answers hold besides c4d.engine.types' dataclasses and enums: numpy arrays
+# (OP_SPLIT rows) and scalars, as numpy pickles them
+_NUMPY_GLOBALS = {
+    (m, n)
+    for m in (
+        "numpy",
+        "numpy.core.numeric",
+        "numpy._core.numeric",
+        "numpy.core.multiarray",
+        "numpy._core.multiarray",
+    )
+    for n in ("dtype", "ndarray", "_frombuffer", "_reconstruct", "scalar")
+}
+
+
+class _Answers(pickle.Unpickler):
+    """Unpickles the engine's answers only: its result types (c4d.engine.types' dataclasses and
+    enums) and numpy arrays; any other global is refused, never imported (the socket is the
+    master's own, but nothing read from a socket runs code)."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module == "c4d.engine.types":
+            obj = getattr(types, name, None)
+            if isinstance(obj, type) and (dataclasses.is_dataclass(obj) or issubclass(obj, enum.Enum)):
+                return obj
+        elif (module, name) in _NUMPY_GLOBALS or (module == "builtins" and name in ("set", "frozenset")):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"an answer of the engine's process refers to {module}.{name}: refused")
+
+    def persistent_load(self, pid: Any) -> Any:
+        raise pickle.UnpicklingError("an answer of the engine's process uses a persistent id: refused")
 
 
 class EngineGone(RuntimeError):
@@ -76,15 +113,14 @@ def _serve(endpoint: str, overrides: dict[str, Any], split: bool, level: int) ->
             head = frames[0].bytes
             op, arg = head[:1], int.from_bytes(head[1:9], "little", signed=True)
             if op == FEED:
-                raw = np.frombuffer(frames[1].buffer, schema.HEADER)
                 try:
-                    engine.feed(raw, arg)
+                    engine.feed(np.frombuffer(frames[1].buffer, schema.HEADER), arg)
                 except Exception as e:  # as Ingest counts it in-process: the master hears of it
                     failures[f"ingest: {type(e).__name__}"] += 1
-                    failed_records += len(raw)
+                    failed_records += len(frames[1].buffer) // schema.RECORD_SIZE
             elif op == FREE:
                 try:
-                    engine.free_comms(pickle.loads(frames[1].bytes))
+                    engine.free_comms(np.frombuffer(frames[1].buffer, np.uint64).tolist())
                 except Exception as e:
                     failures[f"free: {type(e).__name__}"] += 1
             elif op in (TICK, STATE, SPLIT):
@@ -130,7 +166,7 @@ class EngineProcess:
         self._sock.bind(endpoint)
         # a new interpreter, not a fork: the master has threads (ZeroMQ's, the metrics server's)
         level = logging.getLogger("c4d").getEffectiveLevel()
-        conf = base64.b64encode(pickle.dumps((self.overrides, split, level))).decode()
+        conf = json.dumps([self.overrides, split, level])  # (the engine's overrides: numbers)
         self._proc = subprocess.Popen([sys.executable, "-m", "c4d.engine_process", endpoint, conf])
         try:
             self._wait(START_S)  # "ready": the engine is built
@@ -150,7 +186,7 @@ class EngineProcess:
     def free_comms(self, cids) -> int:
         if self.local is None:
             try:
-                self._send([FREE, pickle.dumps(list(cids))])
+                self._send([FREE, np.asarray(list(cids), np.uint64).tobytes()])
                 return len(cids)
             except (EngineGone, zmq.ZMQError) as e:
                 self._take_over(str(e))
@@ -223,7 +259,7 @@ class EngineProcess:
         kind = self._asked[0][0]
         raw = self._wait(None) if block else self._sock.recv()
         self._asked.popleft()
-        ok, out, failures, failed = pickle.loads(raw)
+        ok, out, failures, failed = _Answers(io.BytesIO(raw)).load()
         self.failures.update(failures)
         self.failed_records += failed
         if not ok:
@@ -296,4 +332,4 @@ class EngineProcess:
 
 
 if __name__ == "__main__":
-    _serve(sys.argv[1], *pickle.loads(base64.b64decode(sys.argv[2])))
+    _serve(sys.argv[1], *json.loads(sys.argv[2]))

@@ -5,18 +5,22 @@ sim job; a dead engine process is taken over by an engine in the master's proces
 from __future__ import annotations
 
 import gzip
+import io
 import logging
 import os
+import pickle
 import shutil
 import signal
 import subprocess
 import urllib.request
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from c4d import analyze, trace
-from c4d.engine_process import EngineProcess
+from c4d import analyze, schema, trace
+from c4d.engine import types
+from c4d.engine_process import EngineProcess, _Answers
 from c4d.master import Master, MasterConfig
 from tests.conftest import c4d_cmd, free_port, wait_for
 from tests.golden import make_golden
@@ -117,17 +121,31 @@ def test_c4d_master_engine_process_names_a_hang_live(tmp_path, libc4d, simtrain)
 
 
 def test_an_exception_in_the_engine_process_reaches_the_master_counted():
-    """A call that raises there is counted there and handed over with the next answer, as
-    Ingest counts one in-process; the process goes on."""
+    """A call that raises there (here rows that are not whole records) is counted there and
+    handed over with the next answer, as Ingest counts one in-process; the process goes on."""
     ep = EngineProcess()
     try:
-        ep.free_comms(["not a communicator id"])
+        ep.feed(np.zeros(3 * schema.RECORD_SIZE + 5, np.uint8), 1)
         ep.tick(1)  # its answer may come later: drain waits for it
         ep.drain()
-        assert ep.failures == {"free: ValueError": 1}
+        assert ep.failures == {"ingest: ValueError": 1} and ep.failed_records == 3
         assert ep.local is None and ep.state() is not None
     finally:
         ep.close()
+
+
+def test_the_answers_unpickle_the_engine_types_and_nothing_else(tmp_path):
+    """The master reads its engine's answers with an unpickler that resolves c4d.engine.types'
+    dataclasses and enums and numpy's arrays only: a pickle naming anything else runs nothing."""
+    rt = trace.read_raw(_golden("noncomm-hang", tmp_path))
+    eng = analyze.make_engine(split=True)
+    diags = analyze.replay(rt, eng)
+    answer = (True, (diags, (eng.state(), eng.take_split())), {}, 0)
+    back = _Answers(io.BytesIO(pickle.dumps(answer, protocol=pickle.HIGHEST_PROTOCOL))).load()
+    assert [d.to_json() for d in back[1][0]] == [d.to_json() for d in diags] and diags
+    for evil in (os.system, subprocess.Popen, analyze.make_engine, types.Diagnosis.to_json):
+        with pytest.raises(pickle.UnpicklingError):
+            _Answers(io.BytesIO(pickle.dumps(evil))).load()
 
 
 def _children(pid: int) -> list[int]:
