@@ -198,14 +198,16 @@ class EngineProcess:
         evaluates: it hands them out at its next tick, ``tick_s`` later at most)."""
         if self.local is not None:
             return self._local_ticks() + list(self.local.tick(now_ns))
+        asked = False
         try:
             self._send([TICK + int(now_ns).to_bytes(8, "little", signed=True)])
             self._asked.append((TICK, now_ns))
+            asked = True
             while self._asked and self._sock.poll(0):
                 self._answer()
-        except (EngineGone, zmq.ZMQError) as e:
-            self._take_over(str(e))
-            return self._local_ticks()
+        except (EngineGone, zmq.ZMQError) as e:  # this tick too, if it was not asked yet
+            local = self._take_over(str(e))
+            return self._local_ticks() + ([] if asked else list(local.tick(now_ns)))
         out, self._ready = self._ready, []
         return out
 
@@ -321,6 +323,8 @@ class EngineProcess:
     def _take_over(self, why: str) -> Any:
         from c4d.analyze import make_engine
 
+        if self.local is not None:  # (once: one ERROR line, one engine taking over)
+            return self.local
         log.error(
             "the engine's process stopped (%s): the master goes on with an engine of its own, started empty",
             why,

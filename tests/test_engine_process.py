@@ -229,3 +229,29 @@ def _children_named(pid: int, text: str) -> list[int]:
             except OSError:
                 pass
     return out
+
+
+def test_an_engine_process_dying_mid_run_is_taken_over_once(tmp_path, caplog):
+    """Killed between two ticks: one ERROR line (however many calls find it dead), and the rows
+    fed after it reach the engine taking over."""
+    rt = trace.read_raw(_golden("noncomm-hang", tmp_path))
+    ticks = np.flatnonzero(rt.raw["kind"] == schema.Kind.TICK).tolist()
+    ep = EngineProcess()
+    try:
+        with caplog.at_level(logging.ERROR, logger="c4d.engine"):
+            prev, last = 0, int(rt.meta.get("created_ns", 0))
+            for n, i in enumerate(ticks):
+                if i > prev:
+                    ep.feed(rt.raw[prev:i], last)
+                if n == len(ticks) // 2:
+                    ep._proc.kill()
+                    ep._proc.wait(10)
+                last = int(rt.raw["time_ns"][i])
+                ep.tick(last)
+                prev = i + 1
+            ep.drain()
+        assert ep.local is not None
+        assert ep.local.stats["records"] > 0  # the rows after the kill reached the engine taking over
+    finally:
+        ep.close()
+    assert len([r for r in caplog.records if "the engine's process stopped" in r.getMessage()]) == 1
