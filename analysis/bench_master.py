@@ -119,8 +119,7 @@ def _master(tick_s: float = 0.2, engine_process: bool = False):
 
 def _engine_pid(m) -> int | None:
     """The master's engine process (c4d master --engine-process), if it has one."""
-    proc = getattr(m.engine, "_proc", None)
-    return proc.pid if proc is not None and getattr(m.engine, "local", None) is None else None
+    return getattr(m.engine, "pid", None)
 
 
 def _rss_mib(pid: int | str = "self") -> tuple[float, float]:

@@ -103,8 +103,7 @@ def replay_chunks(
         if on_tick is not None:
             engine.flush()  # ingest the records after the last TICK (never evaluated live either)
             on_tick(engine)
-    if (drain := getattr(engine, "drain", None)) is not None:
-        out.extend(drain())  # an engine in a process of its own answers ticks late (c4d.engine_process)
+    out.extend(ing.settle())  # an engine in a process of its own answers ticks late (c4d.engine_process)
     return out
 
 

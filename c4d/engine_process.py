@@ -46,6 +46,7 @@ log = logging.getLogger("c4d.engine")
 FEED, FREE, TICK, STATE, SPLIT, STOP = b"F", b"X", b"T", b"S", b"P", b"Q"
 START_S = 60.0  # the engine's process imports numpy and c4d: seconds on a loaded host
 QUEUE_MESSAGES = 16  # ~0.1-0.2 GiB of rows at 16,384 ranks; a thousand was 2.5 GiB more memory
+_CALLS = {TICK: "tick", STATE: "state", SPLIT: "take_split"}  # the answered calls, as failures name them
 POLL_MS = 500  # how often a wait for an answer checks that the process is still alive
 
 
@@ -173,6 +174,11 @@ class EngineProcess:
         except EngineGone:
             self._take_over("did not start")
 
+    @property
+    def pid(self) -> int | None:
+        """The engine's process; None once an engine in this process took over."""
+        return self._proc.pid if self.local is None else None
+
     # -- the Engine's calls ---------------------------------------------------------------
     def feed(self, raw: np.ndarray, recv_ns: int) -> None:
         if self.local is not None:
@@ -265,8 +271,8 @@ class EngineProcess:
         self.failures.update(failures)
         self.failed_records += failed
         if not ok:
-            self.failures[f"{'tick' if kind == TICK else 'state'}: {out.split(':', 1)[0]}"] += 1
-            log.error("the engine's process failed a %s: %s", "tick" if kind == TICK else "call", out)
+            self.failures[f"{_CALLS[kind]}: {out.split(':', 1)[0]}"] += 1
+            log.error("the engine's process failed a %s: %s", _CALLS[kind], out)
             out = ([], None) if kind == TICK else None
         if kind == TICK:
             diags, metrics = out
@@ -286,7 +292,7 @@ class EngineProcess:
         if not got:
             return None, None
         splits = [sp for _, sp in got if sp is not None and len(sp)]
-        return got[-1][0], (np.concatenate(splits) if len(splits) > 1 else (splits[0] if splits else None))
+        return got[-1][0], (schema.join_records(splits) if splits else None)
 
     def _local_ticks(self) -> list[Any]:
         """The ticks asked of the dead process, evaluated by the engine taking over."""

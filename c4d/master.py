@@ -63,7 +63,7 @@ class MasterConfig:
     curve: str | None = None  # KEYDIR of the master's CURVE key pair (c4d.curve); None: no CURVE
     job: str | None = None  # the job served; None: the first one heard (c4d.collector)
     # the engine in a process of its own (c4d.engine_process); c4d run's master too
-    engine_process: bool = field(default_factory=lambda: engine_process_from_env())
+    engine_process: bool = field(default_factory=engine_process_from_env)
 
 
 class Master:
@@ -177,26 +177,13 @@ class Master:
         return new
 
     def settle(self) -> list[Any]:
-        """Wait for the evaluations an engine in a process of its own still owes (its answers
-        come a tick late: c4d.engine_process) and hand out their diagnoses; nothing to wait
-        for with an in-process engine."""
-        drain = getattr(self.engine, "drain", None)
-        if drain is None:
-            return []
-        try:
-            new = list(drain())
-        except Exception as e:
-            self.ingest.failed("tick", e, 0)
-            return []
+        """Wait for the evaluations an engine in a process of its own still owes
+        (``Ingest.settle``) and hand out their diagnoses; nothing to wait for in-process."""
+        new = self.ingest.settle()
         self._emit_all(new)
         return new
 
     def _emit_all(self, new: list[Any]) -> None:
-        if (failed := getattr(self.engine, "failures", None)) is not None and failed:
-            self.ingest.failures.update(failed)  # the engine process's, heard with its answers
-            self.ingest.failed_records += self.engine.failed_records
-            failed.clear()
-            self.engine.failed_records = 0
         for d in new:
             try:
                 self._emit(d)

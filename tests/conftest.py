@@ -48,6 +48,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def metrics_text(port: int, *want: str) -> str | None:
+    """The Prometheus text served on 127.0.0.1:``port`` once it holds every ``want`` (None before
+    that, or while nothing answers there)."""
+    import urllib.request
+
+    try:
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
+    except OSError:
+        return None
+    return body if all(w in body for w in want) else None
+
+
 def c4d_cmd(*args: object) -> list[str]:
     """argv for running the c4d CLI of this checkout in a subprocess."""
     import sys

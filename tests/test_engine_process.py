@@ -4,6 +4,7 @@ sim job; a dead engine process is taken over by an engine in the master's proces
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import io
 import logging
@@ -12,7 +13,6 @@ import pickle
 import shutil
 import signal
 import subprocess
-import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +22,8 @@ from c4d import analyze, schema, trace
 from c4d.engine import types
 from c4d.engine_process import EngineProcess, _Answers
 from c4d.master import Master, MasterConfig
-from tests.conftest import c4d_cmd, free_port, wait_for
+from c4d.run import proctree
+from tests.conftest import c4d_cmd, free_port, metrics_text, wait_for
 from tests.golden import make_golden
 from tests.masterproc import MasterProc
 
@@ -148,33 +149,13 @@ def test_the_answers_unpickle_the_engine_types_and_nothing_else(tmp_path):
             _Answers(io.BytesIO(pickle.dumps(evil))).load()
 
 
-def _children(pid: int) -> list[int]:
-    out = []
-    for p in Path("/proc").iterdir():
-        if p.name.isdigit():
-            try:
-                if int((p / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                    out.append(int(p.name))
-            except (OSError, ValueError, IndexError):
-                pass
-    return out
-
-
 def test_the_engine_process_ends_with_a_killed_master(tmp_path):
     """kill -9 of `c4d master --engine-process`: its engine's process does not outlive it."""
     m = MasterProc(tmp_path, "--engine-process", metrics=False)
-    kids = _children(m.proc.pid)
+    kids = proctree.children_map().get(m.proc.pid, [])
     assert kids, "the master has an engine process"
     m.stop(signal.SIGKILL)
-    wait_for(lambda: not any(Path(f"/proc/{k}").exists() and "Z" not in _state(k) for k in kids), 30,
-             "the engine's process to exit")  # fmt: skip
-
-
-def _state(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return "Z"
+    wait_for(lambda: not any(proctree.alive(k) for k in kids), 30, "the engine's process to exit")
 
 
 def test_c4d_master_engine_process_from_the_environment(monkeypatch):
@@ -199,16 +180,8 @@ def test_metrics_come_from_the_engine_process_answers(tmp_path, libc4d, simtrain
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
     )  # fmt: skip
     try:
-
-        def scrape() -> str | None:
-            try:
-                body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
-            except OSError:
-                return None
-            want = ("c4d_transfer_seconds_count", "c4d_busbw_gbs{", "c4d_ranks{")
-            return body if all(w in body for w in want) else None
-
-        body = wait_for(scrape, timeout=60, what="metrics with observed collectives", interval=0.3)
+        want = ("c4d_transfer_seconds_count", "c4d_busbw_gbs{", "c4d_ranks{")
+        body = wait_for(lambda: metrics_text(port, *want), 60, "metrics with collectives", interval=0.3)
         assert "c4d_wait_seconds_bucket" in body
         assert _children_named(proc.pid, "c4d.engine_process")  # the engine did run in a process
     finally:
@@ -219,15 +192,11 @@ def test_metrics_come_from_the_engine_process_answers(tmp_path, libc4d, simtrain
 
 def _children_named(pid: int, text: str) -> list[int]:
     """Descendants of ``pid`` whose command line holds ``text``."""
-    out, todo = [], [pid]
-    while todo:
-        for k in _children(todo.pop()):
-            todo.append(k)
-            try:
-                if text in Path(f"/proc/{k}/cmdline").read_bytes().replace(b"\0", b" ").decode():
-                    out.append(k)
-            except OSError:
-                pass
+    out = []
+    for k in proctree.descendants([pid]):
+        with contextlib.suppress(OSError):
+            if text in Path(f"/proc/{k}/cmdline").read_bytes().replace(b"\0", b" ").decode():
+                out.append(k)
     return out
 
 
@@ -255,3 +224,20 @@ def test_an_engine_process_dying_mid_run_is_taken_over_once(tmp_path, caplog):
     finally:
         ep.close()
     assert len([r for r in caplog.records if "the engine's process stopped" in r.getMessage()]) == 1
+
+
+def test_ingest_counts_the_engine_process_failures_as_its_own():
+    """Ingest.tick / Ingest.settle take what the engine's process failed at into the failures
+    the master reports (c4d_ingest_failures), as an exception in-process is counted."""
+    from c4d.ingest import Ingest
+
+    ep = EngineProcess()
+    try:
+        ing = Ingest(ep)
+        ep.feed(np.zeros(3 * schema.RECORD_SIZE + 5, np.uint8), 1)
+        ing.tick(1)
+        ing.settle()
+        assert ing.failures == {"ingest: ValueError": 1} and ing.failed_records == 3
+        assert not ep.failures and ep.failed_records == 0  # handed over once
+    finally:
+        ep.close()

@@ -6,13 +6,12 @@ import os
 import struct
 import subprocess
 import sys
-import urllib.request
 
 import pandas as pd
 import pytest
 
 from c4d import analyze, trace
-from tests.conftest import c4d_cmd, free_port, wait_for
+from tests.conftest import c4d_cmd, free_port, metrics_text, wait_for
 
 SLOW_RANK = 5
 
@@ -194,15 +193,8 @@ def test_prometheus_metrics_during_a_run(tmp_path, libc4d, simtrain):
         text=True,
     )
     try:
-
-        def scrape() -> str | None:
-            try:
-                body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
-            except OSError:
-                return None
-            return body if "c4d_transfer_seconds_count" in body and "c4d_busbw_gbs{" in body else None
-
-        body = wait_for(scrape, timeout=60, what="metrics with observed collectives", interval=0.3)
+        want = ("c4d_transfer_seconds_count", "c4d_busbw_gbs{")
+        body = wait_for(lambda: metrics_text(port, *want), 60, "metrics with collectives", interval=0.3)
         assert 'c4d_records_total{kind="op"}' in body
         assert "c4d_wait_seconds_bucket" in body and "c4d_records_dropped 0.0" in body
     finally:
