@@ -39,7 +39,9 @@ import numpy as np
 import zmq
 
 from c4d import schema
+from c4d.columns import Columns
 from c4d.engine import types
+from c4d.engine.summaries import Summaries
 
 log = logging.getLogger("c4d.engine")
 
@@ -115,7 +117,9 @@ def _serve(endpoint: str, overrides: dict[str, Any], split: bool, level: int) ->
             op, arg = head[:1], int.from_bytes(head[1:9], "little", signed=True)
             if op == FEED:
                 try:
-                    engine.feed(np.frombuffer(frames[1].buffer, schema.HEADER), arg)
+                    rows = np.frombuffer(frames[1].buffer, schema.HEADER)
+                    sums = Summaries.from_frames([f.buffer for f in frames[2:]], len(rows))
+                    engine.feed(rows, arg, summaries=sums)
                 except Exception as e:  # as Ingest counts it in-process: the master hears of it
                     failures[f"ingest: {type(e).__name__}"] += 1
                     failed_records += len(frames[1].buffer) // schema.RECORD_SIZE
@@ -180,14 +184,20 @@ class EngineProcess:
         return self._proc.pid if self.local is None else None
 
     # -- the Engine's calls ---------------------------------------------------------------
-    def feed(self, raw: np.ndarray, recv_ns: int) -> None:
+    def feed(self, raw: np.ndarray, recv_ns: int, cols: Columns | None = None) -> None:
+        """The rows go with their node summaries read (c4d.engine.summaries: from the edge's
+        columns, ``cols``): this loop waits half the time, the engine's process is the bound."""
         if self.local is not None:
-            return self.local.feed(raw, recv_ns)
+            return self.local.feed(raw, recv_ns, cols)
         raw = np.ascontiguousarray(raw)
+        sums = None
+        if raw.dtype == schema.HEADER:  # (other rows: the engine says what is wrong with them)
+            sums = Summaries.of(raw, cols if cols is not None and len(cols) == len(raw) else None)
         try:
-            self._send([FEED + int(recv_ns).to_bytes(8, "little", signed=True), raw], copy=False)
+            head = FEED + int(recv_ns).to_bytes(8, "little", signed=True)
+            self._send([head, raw, *(sums.frames() if sums is not None else ())], copy=False)
         except (EngineGone, zmq.ZMQError) as e:
-            return self._take_over(str(e)).feed(raw, recv_ns)
+            return self._take_over(str(e)).feed(raw, recv_ns, summaries=sums)
 
     def free_comms(self, cids) -> int:
         if self.local is None:

@@ -55,7 +55,7 @@ class Ingest:
             ok = self.edge.admit(raw, t_ns)
             if not len(ok):
                 return 0
-            self.engine.feed(ok, t_ns)
+            self.engine.feed(ok, t_ns, cols=self.edge.columns_of(ok))
             for sink in self.sinks:
                 sink(ok)
             return len(ok)
@@ -74,7 +74,7 @@ class Ingest:
             return sum(self.feed(r, t_ns) for r in raws)  # only the batch that raises is lost
         try:
             if len(ok):
-                self.engine.feed(ok, t_ns)
+                self.engine.feed(ok, t_ns, cols=self.edge.columns_of(ok))
                 for sink in self.sinks:
                     sink(ok)
             return len(ok)

@@ -229,11 +229,11 @@ def test_an_exception_in_one_batch_drops_that_batch_only(caplog):
     real_feed = eng.feed
     calls = {"n": 0}
 
-    def flaky(raw, recv_ns):
+    def flaky(raw, recv_ns, **kw):
         calls["n"] += 1
         if calls["n"] == 2:
             raise IndexError("index 0 is out of bounds")
-        real_feed(raw, recv_ns)
+        real_feed(raw, recv_ns, **kw)
 
     eng.feed = flaky  # the real engine, with one ingest failing the way issue 14's did
     with caplog.at_level(logging.WARNING, logger="c4d.ingest"):

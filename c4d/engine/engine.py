@@ -44,9 +44,9 @@ from c4d.engine.state import (
     compute_gaps,
     lexsort,
     reduce_comms,
-    summaries_completed,
     take,
 )
+from c4d.engine.summaries import Summaries
 from c4d.engine.types import CommSnapshot, DiagKind, Diagnosis, EngineSnapshot, Level, Localization, RankState
 from c4d.ratelog import RateLimitedLog
 from c4d.schema import Kind, Op, OpFlag, op_name
@@ -114,7 +114,7 @@ class Engine:
         self._now = 0
         self._ratelog = RateLimitedLog(log)
         self.stats = {"records": 0, "invalid": 0, "batches": 0, "ticks": 0}
-        self._buf: list[tuple[np.ndarray, int | np.ndarray]] = []  # fed, not yet ingested
+        self._buf: list[tuple[np.ndarray, int | np.ndarray, Summaries | None]] = []  # fed, not yet ingested
         self._buf_n = 0
         self._chunk_recv = 0  # master time stamped on the chunk being ingested
 
@@ -293,13 +293,19 @@ class Engine:
                 if (c.idx, a) not in self.ranks.comms_of[b]:
                     self.ranks.comms_of[b].append((c.idx, a))
 
-    def feed(self, raw: np.ndarray, recv_ns: int) -> None:
+    def feed(
+        self, raw: np.ndarray, recv_ns: int, cols: Columns | None = None, summaries: Summaries | None = None
+    ) -> None:
         """Take HEADER-typed rows in arrival order; ``recv_ns`` = master time stamped on them.
 
         Rows are buffered and ingested in fixed chunks of ``CHUNK`` rows (cut at multiples of
         the running row count, whatever the feed sizes) and at each tick: per-message feeds
         cost a list append, and a replay that feeds the same rows in other slices ingests
         exactly the same chunks, so it reproduces the live diagnoses bit for bit.
+
+        ``cols``: the rows' columns when the caller cut them (the master's edge), read for
+        their node summaries now; ``summaries``: those read already (c4d.engine.summaries:
+        row by row, so neither changes what a chunk gives).
         """
         raw = np.asarray(raw)
         if raw.dtype != schema.HEADER:
@@ -310,7 +316,9 @@ class Engine:
         if not len(raw):
             return
         self.stats["batches"] += 1
-        self._buf.append((raw, int(recv_ns)))
+        if summaries is None and cols is not None and len(cols) == len(raw):
+            summaries = Summaries.of(raw, cols)
+        self._buf.append((raw, int(recv_ns), summaries))
         self._buf_n += len(raw)
         if self._buf_n >= CHUNK:
             self._flush(whole_chunks=True)
@@ -319,27 +327,37 @@ class Engine:
         """Ingest buffered rows: whole CHUNKs only (from feed), or everything (at a tick)."""
         if not self._buf:
             return
-        raws = [r for r, _ in self._buf]
-        if any(not isinstance(t, int) for _, t in self._buf):
-            recvs = [np.full(len(r), t, np.int64) if isinstance(t, int) else t for r, t in self._buf]
+        raws = [r for r, _, _ in self._buf]
+        if any(not isinstance(t, int) for _, t, _ in self._buf):
+            recvs = [np.full(len(r), t, np.int64) if isinstance(t, int) else t for r, t, _ in self._buf]
         else:
-            recvs = [np.repeat(np.array([t for _, t in self._buf], np.int64), [len(r) for r in raws])]
+            recvs = [np.repeat(np.array([t for _, t, _ in self._buf], np.int64), [len(r) for r in raws])]
+        sums = None
+        if any(s is not None for _, _, s in self._buf):  # read already: the others read now
+            at = np.r_[0, np.cumsum([len(r) for r in raws])[:-1]].tolist()
+            sums = Summaries.join([(s if s is not None else Summaries.of(r), a)
+                                   for (r, _, s), a in zip(self._buf, at, strict=True)])  # fmt: skip
         raw = schema.join_records(raws, schema.HEADER)
         recv = np.concatenate(recvs) if len(recvs) > 1 else recvs[0]
         self._buf, self._buf_n = [], 0
         cut = 0
         while len(raw) - cut >= CHUNK:
-            self._ingest(raw[cut : cut + CHUNK], recv[cut : cut + CHUNK])
+            part = sums.cut(cut, cut + CHUNK) if sums is not None else None
+            self._ingest(raw[cut : cut + CHUNK], recv[cut : cut + CHUNK], part)
             cut += CHUNK
         if cut < len(raw):
+            part = sums.cut(cut, len(raw)) if sums is not None else None
             if whole_chunks:
-                self._buf, self._buf_n = [(raw[cut:], recv[cut:])], len(raw) - cut
+                self._buf, self._buf_n = [(raw[cut:], recv[cut:], part)], len(raw) - cut
             else:
-                self._ingest(raw[cut:], recv[cut:])
+                self._ingest(raw[cut:], recv[cut:], part)
 
-    def _ingest(self, raw: np.ndarray, recv: np.ndarray) -> None:
+    def _ingest(self, raw: np.ndarray, recv: np.ndarray, sums: Summaries | None = None) -> None:
         self.stats["records"] += len(raw)
         kind = np.ascontiguousarray(raw["kind"])  # header fields read once (docs/engine.md)
+        is_sum = kind == Kind.OPSUM
+        if sums is not None and not np.array_equal(sums.pos, np.flatnonzero(is_sum)):
+            sums = None  # not these rows' (a caller's slip): read from the rows below
         rank = raw["rank"].astype(np.int64)
         version = raw["version"]
         ok = (
@@ -355,7 +373,9 @@ class Engine:
             bad = ~ok & (kind != Kind.TICK)
             if bad.any():
                 self._invalid("an unknown kind, a bad rank or a newer schema version", int(bad.sum()))
-            raw, recv, kind, rank = take(raw, ok), recv[ok], kind[ok], rank[ok]
+            if sums is not None:
+                sums = sums.take(ok[is_sum])
+            raw, recv, kind, rank, is_sum = take(raw, ok), recv[ok], kind[ok], rank[ok], is_sum[ok]
             if not len(raw):
                 return
         R = self.ranks
@@ -366,7 +386,8 @@ class Engine:
         t = raw["time_ns"].astype(np.int64)
         pos = t > 0
         clock.note_records(R, g[pos], t[pos])
-        parts = schema.by_kind(raw, kind)
+        # summaries read already are not split off the rows again
+        parts = schema.by_kind(raw, kind if sums is None else np.where(is_sum, 0, kind))
         self._chunk_recv = int(recv[-1])
         if len(parts[Kind.REGISTER]):
             R.register(parts[Kind.REGISTER])
@@ -376,8 +397,11 @@ class Engine:
             self._feed_heartbeats(parts[Kind.HEARTBEAT])
         if len(parts[Kind.OP]):
             self._feed_ops(parts[Kind.OP], rank[kind == Kind.OP])
-        if len(parts[Kind.OPSUM]):
-            self._feed_opsum(parts[Kind.OPSUM], recv[kind == Kind.OPSUM])
+        if sums is not None and len(sums):
+            self._feed_opsum(sums, recv[is_sum])
+        elif len(parts[Kind.OPSUM]):
+            opsum = parts[Kind.OPSUM]
+            self._feed_opsum(Summaries.read(Columns.of(opsum), np.flatnonzero(is_sum)), recv[is_sum])
         if len(parts[Kind.STAGE]):
             self.stages.feed(parts[Kind.STAGE], recv[kind == Kind.STAGE])
         if len(parts[Kind.PEER]):
@@ -616,39 +640,37 @@ class Engine:
             pc = OpCols.of(np.concatenate(p2p_rows))
             self._pairs.feed(pc, np.concatenate(p2p_comm), np.concatenate(p2p_shared), self.comms, self.ranks)
 
-    def _feed_opsum(self, opsum: np.ndarray, recv: np.ndarray) -> None:
-        """Node agents' summaries of node-local collectives: reduced for every communicator at
-        once (state.summaries_completed), then checked and kept for every communicator at once. A
-        summary of a communicator whose members the master knows on more than one node (or not
-        all yet) claims one host clock it does not have: dropped. A summary is a report from
-        every member (each sent the agent its OP record): the agent forwards few heartbeats of
-        ranks that progress (c4d/agent/heartbeats.py). Every field is read from columns
-        (c4d.columns: the rows transposed once)."""
-        rows = Columns.of(opsum)
-        n = rows["comm_nranks"]
-        ok = (rows["comm_id"] != 0) & (n >= 1) & (n <= schema.OPSUM_MAX_MEMBERS)
-        ok &= (rows["comm_rank"] >= 0) & (rows["comm_rank"] < n)
+    def _feed_opsum(self, rows: Summaries, recv: np.ndarray) -> None:
+        """Node agents' summaries of node-local collectives, read row by row already
+        (c4d.engine.summaries), checked and kept for every communicator at once. A summary of
+        a communicator whose members the master knows on more than one node (or not all yet)
+        claims one host clock it does not have: dropped. A summary is a report from every
+        member (each sent the agent its OP record): the agent forwards few heartbeats of
+        ranks that progress (c4d/agent/heartbeats.py)."""
+        n = rows.comm_nranks
+        ok = (rows.cid != 0) & (n >= 1) & (n <= schema.OPSUM_MAX_MEMBERS)
+        ok &= (rows.comm_rank >= 0) & (rows.comm_rank < n)
         if not ok.all():
             self._invalid("a bad comm id/rank/size in OPSUM records", int((~ok).sum()))
             rows, recv = rows.take(ok), recv[ok]
         if not len(rows):
             return
-        cid = rows["comm_id"]
-        heads = _grouped(cid, rows["seq"])
+        cid = rows.cid
+        heads = _grouped(cid, rows.seq)
         if heads is not None:
             idx, cn = self._lookup(cid[heads])
         if heads is None or (idx < 0).any():  # new communicators are made in comm-id order
-            order = np.lexsort((rows["seq"], cid))
+            order = np.lexsort((rows.seq, cid))
             rows, recv = rows.take(order), recv[order]
-            cid = rows["comm_id"]
+            cid = rows.cid
             heads = np.flatnonzero(np.r_[True, cid[1:] != cid[:-1]])
             idx, cn = self._lookup(cid[heads])
         tails = np.r_[heads[1:], len(rows)]
-        out, gaps = summaries_completed(rows, self.ranks)
+        out, gaps = rows.aligned(self.ranks), rows.gaps
         # Every communicator's checks at once over its members' ranges of the Pool (a chunk of
         # a 4,096-rank job holds 512 tensor-parallel groups' summaries: a dozen numpy calls
         # per group was most of this path); a member change goes through _member first.
-        nr = rows["comm_nranks"].astype(np.int64)
+        nr = rows.comm_nranks.astype(np.int64)
         ids = cid[heads]
         for k in np.flatnonzero(idx < 0).tolist():  # new communicators (in comm-id order)
             c = self._comm(int(ids[k]), int(nr[heads[k]]))
@@ -663,8 +685,8 @@ class Engine:
             return
         M = self._pool.member
         base = np.where(ok_c, self._pool.cbase[np.maximum(idx, 0)], 0)
-        cr = rows["comm_rank"].astype(np.int64)
-        g_last = rows["rank"].astype(np.int64)
+        cr = rows.comm_rank.astype(np.int64)
+        g_last = rows.rank.astype(np.int64)
         new = ok_c[seg] & (M["grank"][np.where(ok_c[seg], base[seg] + cr, 0)] != g_last)
         if new.any():
             for j in np.unique(seg[new]).tolist():
@@ -693,7 +715,7 @@ class Engine:
         # kept as Comm._reduce keeps its own rows, with what one host's members give the clock
         # refinement (a zero residual); the members' compute at their latest op here is the
         # agent's, so a later OP record of the communicator gets an unknown gap
-        seq_max = np.maximum.reduceat(rows["seq"].astype(np.int64), heads)
+        seq_max = np.maximum.reduceat(rows.seq.astype(np.int64), heads)
         um = np.repeat(use & has, lens)
         M["op_done"][mem[um]] = np.maximum(M["op_done"][mem[um]], np.repeat(seq_max + 1, lens)[um])
         M["last_cum"][mem[um]] = -1

@@ -1298,36 +1298,6 @@ def _seg_col_median(R: np.ndarray, seg: np.ndarray, C: int) -> np.ndarray:
     return (lo + hi) / 2
 
 
-def summaries_completed(s: Columns, ranks: RankTable) -> tuple[np.ndarray, np.ndarray]:
-    """COMPLETED rows (``aligned`` left to ``Engine._feed_opsum``) and the members' compute
-    (ops x OPSUM_MAX_MEMBERS, NaN beyond each op's members) of OPSUM rows, all communicators at
-    once: times move onto the master's clock by the offset of the node (the last member's)."""
-    m = len(s)
-    n = s["comm_nranks"].astype(np.int64)
-    last = s["comm_rank"].astype(np.int64)
-    op = s["op"]
-    nbytes = s["bytes"].astype(np.int64)
-    out = np.zeros(m, COMPLETED)
-    out["seq"] = s["seq"].astype(np.int64)
-    out["op"] = op
-    out["bytes"] = nbytes
-    L = s["last_arrive_ns"].astype(np.int64) - ranks.offsets(s["rank"].astype(np.int64))
-    out["last_arrive"] = L
-    out["first_arrive"] = L - s["wait_max_ns"]  # the first arriver waits longest
-    out["last"] = last
-    out["margin"] = s["margin_ns"]
-    transfer = s["transfer_ns"].astype(np.float64)
-    out["transfer"] = s["transfer_ns"]
-    size = total_bytes(op, nbytes, n)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        out["busbw"] = np.where(transfer > 0, size / transfer * busbw_factor(op, n), np.nan)
-    out["wait_med"] = s["wait_med_ns"]
-    out["wait_max"] = s["wait_max_ns"]
-    G = np.ascontiguousarray(s["compute_ns"], dtype=np.float32)
-    out["ends_known"] = (s["flags"] & schema.OPSF_ENDS_KNOWN) != 0
-    return out, G
-
-
 def _p2p_split(c: Comm, done: np.ndarray, gs: np.ndarray, gr: np.ndarray) -> np.ndarray:
     """OP_SPLIT rows of measured p2p transfers: one for the sender's op, one for the receiver's."""
     m = len(done)

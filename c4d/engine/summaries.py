@@ -1,0 +1,153 @@
+"""Node agents' summaries (OPSUM rows) read row by row into what the engine keeps of them.
+
+Row by row, so how the stream is cut does not matter (a replay's 16 MiB pieces, a live
+master's polls, the engine's chunks): what a summary becomes depends on its row alone. The
+master's loop can therefore read them where it has the rows' columns already (the edge cut
+them, c4d.columns): for an engine in a process of its own, whose process is the master's
+bound while the loop waits half the time (c4d.engine_process), they travel read. The engine
+then checks them, sorts them by communicator, puts their times on its clock and keeps them
+(``Engine._feed_opsum``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from c4d import schema
+from c4d.columns import Columns
+from c4d.engine.state import COMPLETED, RankTable, take
+from c4d.opstats import busbw_factor, total_bytes
+
+OPSUM = int(schema.Kind.OPSUM)
+GAPS = np.dtype("<f4")
+# (name, dtype) of what travels, in order: OPSUM's own types, so a check reads what it read
+_OWN = {name: schema.OPSUM[name] for name in ("comm_id", "seq", "rank", "comm_rank", "comm_nranks")}
+FIELDS: tuple[tuple[str, np.dtype], ...] = (
+    ("pos", np.dtype("<i8")),
+    ("cid", _OWN["comm_id"]),
+    *((name, _OWN[name]) for name in ("seq", "rank", "comm_rank", "comm_nranks")),
+    ("done", COMPLETED),
+)
+
+
+_IDS = ("cid", "seq", "rank", "comm_rank", "comm_nranks")
+
+
+class Summaries:
+    """A batch's OPSUM rows: the fields the engine checks and groups by, and each as a
+    COMPLETED row (times on its node's clock) with its members' compute."""
+
+    __slots__ = ("cid", "comm_nranks", "comm_rank", "done", "gaps", "pos", "rank", "seq")
+
+    def __init__(self, pos, cid, seq, rank, comm_rank, comm_nranks, done, gaps) -> None:
+        self.pos = pos  # int64: each summary's row in the rows it was read from
+        self.cid, self.seq, self.rank = cid, seq, rank
+        self.comm_rank, self.comm_nranks = comm_rank, comm_nranks
+        self.done = done  # COMPLETED; last_arrive, first_arrive on the sender's clock
+        self.gaps = gaps  # float32 (k, OPSUM_MAX_MEMBERS): the members' compute, NaN beyond
+
+    def __len__(self) -> int:
+        return len(self.pos)
+
+    @classmethod
+    def of(cls, raw: np.ndarray, cols: Columns | None = None, kind: np.ndarray | None = None) -> Summaries:
+        """The OPSUM rows of ``raw`` (HEADER rows); ``cols``: their columns, when cut already;
+        ``kind``: their kinds, when read already."""
+        if kind is None:
+            kind = cols["kind"] if cols is not None else raw["kind"]
+        pos = np.flatnonzero(kind == OPSUM)
+        if cols is not None:
+            c = cols.take(pos) if len(pos) < len(raw) else cols
+        else:
+            c = Columns.of(take(raw, pos) if len(pos) < len(raw) else raw)
+        return cls.read(c.as_kind(schema.OPSUM), pos)
+
+    @classmethod
+    def read(cls, s: Columns, pos: np.ndarray) -> Summaries:
+        """OPSUM columns ``s`` (rows ``pos`` of their batch) read."""
+        m = len(s)
+        n = s["comm_nranks"].astype(np.int64)
+        op = s["op"]
+        nbytes = s["bytes"].astype(np.int64)
+        out = np.zeros(m, COMPLETED)
+        out["seq"] = s["seq"].astype(np.int64)
+        out["op"] = op
+        out["bytes"] = nbytes
+        L = s["last_arrive_ns"].astype(np.int64)
+        out["last_arrive"] = L
+        out["first_arrive"] = L - s["wait_max_ns"]  # the first arriver waits longest
+        out["last"] = s["comm_rank"].astype(np.int64)
+        out["margin"] = s["margin_ns"]
+        transfer = s["transfer_ns"].astype(np.float64)
+        out["transfer"] = s["transfer_ns"]
+        size = total_bytes(op, nbytes, n)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            out["busbw"] = np.where(transfer > 0, size / transfer * busbw_factor(op, n), np.nan)
+        out["wait_med"] = s["wait_med_ns"]
+        out["wait_max"] = s["wait_max_ns"]
+        out["ends_known"] = (s["flags"] & schema.OPSF_ENDS_KNOWN) != 0
+        gaps = np.ascontiguousarray(s["compute_ns"], dtype=GAPS)
+        return cls(np.asarray(pos, np.int64), s["comm_id"], s["seq"], s["rank"], s["comm_rank"],
+                   s["comm_nranks"], out, gaps)  # fmt: skip
+
+    def take(self, idx: np.ndarray) -> Summaries:
+        """The summaries ``idx`` (indices or a mask)."""
+        return Summaries(self.pos[idx], self.cid[idx], self.seq[idx], self.rank[idx], self.comm_rank[idx],
+                         self.comm_nranks[idx], take(self.done, idx), self.gaps[idx])  # fmt: skip
+
+    def cut(self, a: int, b: int) -> Summaries:
+        """The summaries of rows [a, b), their positions from a."""
+        i, j = np.searchsorted(self.pos, (a, b)).tolist()
+        return Summaries(self.pos[i:j] - a, self.cid[i:j], self.seq[i:j], self.rank[i:j], self.comm_rank[i:j],
+                         self.comm_nranks[i:j], self.done[i:j], self.gaps[i:j])  # fmt: skip
+
+    @staticmethod
+    def join(parts: Sequence[tuple[Summaries, int]]) -> Summaries:
+        """Batches' summaries, each with the row its batch starts at, as one batch's."""
+        if len(parts) == 1 and parts[0][1] == 0:
+            return parts[0][0]
+        ss = [s for s, _ in parts]
+        cid, seq, rank, cr, n = (np.concatenate([getattr(s, f) for s in ss]) for f in _IDS)
+        return Summaries(np.concatenate([s.pos + at for s, at in parts]), cid, seq, rank, cr, n,
+                         schema.join_records([s.done for s in ss], COMPLETED),
+                         np.concatenate([s.gaps for s in ss]))  # fmt: skip
+
+    def aligned(self, ranks: RankTable) -> np.ndarray:
+        """The COMPLETED rows with their times on the master's clock (by the offset of the
+        node of the member that sent the summary, the last arriver)."""
+        out = self.done if self.done.flags.writeable else self.done.copy()
+        off = ranks.offsets(self.rank.astype(np.int64))
+        out["last_arrive"] -= off
+        out["first_arrive"] -= off
+        return out
+
+    # -- between processes (c4d.engine_process) ------------------------------------------
+    def frames(self) -> list[np.ndarray]:
+        """The arrays as they travel: the FIELDS in order, then the compute."""
+        return [np.ascontiguousarray(getattr(self, name)) for name, _ in FIELDS] + [
+            np.ascontiguousarray(self.gaps)
+        ]
+
+    @classmethod
+    def from_frames(cls, bufs: Sequence, rows: int) -> Summaries | None:
+        """``frames()`` read back (buffers), for a batch of ``rows`` rows; None when they do not
+        fit together (then the engine reads the rows itself)."""
+        if len(bufs) != len(FIELDS) + 1:
+            return None
+        arrs = []
+        for b, (_, dt) in zip(bufs, FIELDS, strict=False):
+            if len(b) % dt.itemsize:
+                return None
+            arrs.append(np.frombuffer(b, dt))
+        k = len(arrs[0])
+        width = schema.OPSUM_MAX_MEMBERS * GAPS.itemsize
+        if any(len(a) != k for a in arrs) or len(bufs[-1]) != k * width:
+            return None
+        pos = arrs[0]
+        if k and (pos[0] < 0 or pos[-1] >= rows or (k > 1 and not (pos[1:] > pos[:-1]).all())):
+            return None
+        gaps = np.frombuffer(bufs[-1], GAPS).reshape(k, schema.OPSUM_MAX_MEMBERS)
+        cid, seq, rank, cr, n, done = arrs[1:]
+        return cls(pos, cid, seq, rank, cr, n, done, gaps)
