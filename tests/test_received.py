@@ -134,3 +134,27 @@ def test_membership_search_of_keys_in_runs_is_np_isin():
         if rng.random() < 0.6:
             keys = np.repeat(keys, rng.integers(1, 6, len(keys)))
         assert (_in_sorted(keys, known) == (np.isin(keys, known) & (keys >= 0))).all()
+
+
+def test_register_repeats_are_taken_when_they_change_something():
+    """The shim repeats REGISTER every 10 heartbeats; a repeat that says what is known is
+    skipped, one with a new pid, node or world size is taken (a restarted rank, a moved pod)."""
+    job = Job(tp=4, pp=2, dp=1, ranks_per_node=4, steps=2, hang_timeout_us=10_000_000, hang_times=3,
+              period_s=1, hb_ms=200, flush_ms=10)  # fmt: skip
+    _model, batches = build(job)
+    raw = np.concatenate([b for _, b in batches])
+    reg = raw[raw["kind"] == schema.Kind.REGISTER].copy()
+    again = reg.copy()  # the same again
+    moved = reg.copy().view(schema.REGISTER)
+    moved["pid"][1] += 7
+    moved["node"][2] = b"node-after-restart"
+    moved["world_size"][3] += 8
+    new, ref = Received(), _Reference()
+    for part in (raw, again, moved.view(schema.HEADER), again):
+        new.add(part, 5)
+        ref.add(part, 5)
+        assert _state(new) == _state(ref)
+    r1, r2 = int(moved["rank"][1]), int(moved["rank"][2])
+    assert new.ranks[r1].pid == int(reg.view(schema.REGISTER)["pid"][1])  # the repeat after the move
+    assert new.ranks[r2].node == names.clean(bytes(reg.view(schema.REGISTER)["node"][2]))
+    assert new.world_size == int(moved["world_size"][3])
