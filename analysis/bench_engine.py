@@ -88,7 +88,9 @@ def _synthetic(ranks: int, seconds: float) -> list[tuple[int, np.ndarray]]:
     sys.path.insert(0, str(_ROOT / "analysis"))
     from master_load import Load, Shape
 
-    shape = Shape(tp=8, pp=min(4, max(1, ranks // 8)), dp=max(1, ranks // 32))
+    # six times Megatron's p2p rate (the engine's costliest rows are p2p halves): as measured
+    # since 2026-11-24 (README), before the job's default became 1F1B's rate
+    shape = Shape(tp=8, pp=min(4, max(1, ranks // 8)), dp=max(1, ranks // 32), pp_every=25)
     load = Load(shape, factories.T0)
     out = [(0, load.hello())]
     for k in range(0, int(seconds * shape.rate), 25):

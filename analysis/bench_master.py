@@ -341,6 +341,13 @@ def main() -> int:
     ap.add_argument("--window-s", type=int, default=1,
                     help="the job's slow-detection window (C4D_CONN_BW_CHECK_PERIOD; 1 judges 10x as "
                          "often as the default 10)")  # fmt: skip
+    ap.add_argument("--paced", action="store_true",
+                    help="with --ranks: a paced run (the job at its own pace, a hang injected) after each "
+                         "capacity run")  # fmt: skip
+    ap.add_argument("--pp-every", type=int, default=Shape.pp_every, metavar="ROUNDS",
+                    help="a pipeline send/recv every ROUNDS tensor-parallel rounds (default %(default)s; "
+                         "156 is Megatron's 1F1B at the issue's arithmetic: 4 p2p ops per micro-batch, "
+                         "8 micro-batches per 5 s step)")  # fmt: skip
     args = ap.parse_args()
     _quiet()
     print(f"uptime: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f} "
@@ -360,9 +367,8 @@ def main() -> int:
         return _sizes(args.ranks, cap_s, T, args)
     for agents in (False, True):
         for n in sizes:
-            shape = Shape(
-                tp=8, pp=min(4, n // 8), dp=max(1, n // 32), hang_timeout_us=T, window_s=args.window_s
-            )
+            shape = Shape(tp=8, pp=min(4, n // 8), dp=max(1, n // 32), hang_timeout_us=T,
+                          window_s=args.window_s, pp_every=args.pp_every)  # fmt: skip
             c = _fresh(capacity, shape, agents, cap_s, args.engine_process)
             res["capacity"].append(c)
             ok = c["records_per_s"] >= c["job_records_per_s"]
@@ -380,7 +386,8 @@ def main() -> int:
         # capacity just above the job's rate, the sender's sockets and the master on 2 cores),
         # the next size down
         for n in [k for k in sizes if k <= best.get(agents, 0)][::-1]:
-            shape = Shape(tp=8, pp=min(4, n // 8), dp=max(1, n // 32), hang_timeout_us=T, window_s=W)
+            shape = Shape(tp=8, pp=min(4, n // 8), dp=max(1, n // 32), hang_timeout_us=T, window_s=W,
+                          pp_every=args.pp_every)  # fmt: skip
             r = _fresh(paced, shape, agents, run_s, hang_s, args.engine_process)
             res["paced"].append(r)
             mode = "agents" if agents else "raw"
@@ -407,6 +414,7 @@ def main() -> int:
         "hang_latency_s": kept.get(True, kept.get(False, {})).get("hang_latency_s"),
         "agent_records_per_cpu_s": a["records_per_cpu_s"],
         "window_s": args.window_s,
+        "pp_every": args.pp_every,
         "engine_process": args.engine_process,
         "load_avg_1m": round(os.getloadavg()[0], 2),
     }
@@ -416,11 +424,13 @@ def main() -> int:
 
 
 def _sizes(sizes: list[int], cap_s: float, T: int, args) -> int:
-    """--ranks: one capacity run per size through agents, each in a master of its own."""
-    out = []
+    """--ranks: one capacity run per size through agents (and with --paced a paced one), each in
+    a master of its own."""
+    out: list[dict] = []
+    paced_out: list[dict] = []
     for n in sizes:
         shape = Shape(tp=8, pp=min(4, max(1, n // 8)), dp=max(1, n // 32), hang_timeout_us=T,
-                      window_s=args.window_s)  # fmt: skip
+                      window_s=args.window_s, pp_every=args.pp_every)  # fmt: skip
         c = _fresh(capacity, shape, True, cap_s, args.engine_process)
         out.append(c)
         verdict = "real time" if c["records_per_s"] >= c["job_records_per_s"] else "falls behind"
@@ -428,8 +438,19 @@ def _sizes(sizes: list[int], cap_s: float, T: int, args) -> int:
               f"({c['records_per_cpu_s'] or 0:,} per CPU s); the job makes {c['job_records_per_s']:,}/s: "
               f"{verdict}; master RSS {c['master_rss_mib']:,.0f} MiB (peak {c['master_peak_rss_mib']:,.0f})",
               flush=True)  # fmt: skip
+        if args.paced:
+            # the hang 3 s before the end: the windows closed before it are judged while the job
+            # goes on (a hang in progress holds the slow judge: docs/engine.md)
+            r = _fresh(paced, shape, True, cap_s, max(cap_s / 3, cap_s - 3.0), args.engine_process)
+            paced_out.append(r)
+            print(f"agents {n:>6} ranks paced {cap_s:g} s: kept up {r['kept_up']} (drain {r['drain_s']} s, "
+                  f"backlog at most {r['backlog_max_records']:,} records, "
+                  f"sender late {r['sender_late_s']} s), "
+                  f"master RSS {r['master_rss_mib']:,.0f} MiB, hang diagnosed after {r['hang_latency_s']} s "
+                  f"(T = {r['hang_timeout_s']} s)", flush=True)  # fmt: skip
     if args.json:
-        print(json.dumps({"capacity": out, "window_s": args.window_s, "engine_process": args.engine_process}))
+        print(json.dumps({"capacity": out, "paced": paced_out, "window_s": args.window_s,
+                          "engine_process": args.engine_process, "pp_every": args.pp_every}))  # fmt: skip
     return 0
 
 

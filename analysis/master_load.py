@@ -3,8 +3,12 @@
 Built with numpy from one round's template, so a sender keeps up with any master: round k
 (every ``1 / rate`` s of job time) is a tensor-parallel all-reduce on every rank; every
 ``pp_every`` rounds a pipeline send/recv between adjacent stages, every ``dp_every`` rounds
-a data-parallel all-reduce; heartbeats every ``hb_ms`` per rank and communicator and per
-process; REGISTER and COMM records at the start (REGISTER again every 10 heartbeats).
+a data-parallel all-reduce. The rates are issue 12's Megatron arithmetic: 80 layers x 4
+all-reduces x 8 micro-batches per ~5 s step is ~500 collectives per second per rank; 1F1B
+sends and receives once forward and once backward per micro-batch (4 p2p ops of an inner
+stage, 32 a step: 6.4 a second), so an inner stage's send + recv every 156 rounds.
+Heartbeats every ``hb_ms`` per rank and communicator and per process; REGISTER and COMM
+records at the start (REGISTER again every 10 heartbeats).
 All valid v1 records (the master's edge admits them).
 
 Layout as Megatron (and tests/factories.py): rank = t + tp * (p + pp * d), TP groups are
@@ -37,7 +41,7 @@ class Shape:
     pp: int = 4
     dp: int = 8
     rate: float = 500.0  # collectives per second per rank (round rate)
-    pp_every: int = 25
+    pp_every: int = 156  # Megatron's 1F1B (above); 25 sends 6x as many p2p ops (--pp-every)
     dp_every: int = 100
     hb_ms: int = 200
     hang_timeout_us: int = 1_000_000
