@@ -29,6 +29,12 @@ CUT = Job(
     tp=2, pp=2, dp=4, ranks_per_node=4, steps=40, skew_ms=50.0, tick_ms=20.0,
     faults=[Fault("comm-slow", rank=5, step=15, factor=3)],
 )  # fmt: skip
+# data-parallel groups of 18 members on 18 nodes, two through each node (state.reduce_comms
+# orders groups this wide with numpy, the few-domain ones one by one)
+WIDE = Job(
+    tp=2, pp=1, dp=18, ranks_per_node=2, steps=30, skew_ms=50.0,
+    faults=[Fault("comm-slow", rank=5, step=10, factor=3)],
+)  # fmt: skip
 HANG = Job(
     tp=2, pp=2, dp=4, ranks_per_node=2, steps=30, skew_ms=50.0, faults=[Fault("comm-hang", rank=5, step=10)]
 )
@@ -72,8 +78,8 @@ def _run(job: Job, batched: bool, monkeypatch, drop_register: tuple[int, ...] = 
 
 @pytest.mark.parametrize(
     ("job", "drop"),
-    [(SLOW, ()), (CUT, ()), (HANG, ()), (SLOW, (1, 6))],
-    ids=["slow", "chunks-cut-ops", "hang", "slow-unregistered"],
+    [(SLOW, ()), (CUT, ()), (HANG, ()), (SLOW, (1, 6)), (WIDE, ())],
+    ids=["slow", "chunks-cut-ops", "hang", "slow-unregistered", "wide-data-parallel"],
 )
 def test_batched_reduction_equals_one_communicator_at_a_time(job, drop, monkeypatch):
     d1, made1, sp1, clk1 = _run(job, False, monkeypatch, drop)

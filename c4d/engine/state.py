@@ -1231,23 +1231,39 @@ def reduce_comms(done: list[tuple[Comm, Complete]], ranks: RankTable, gain: floa
     may = (gain > 0) & (n_of >= 2) & known & syn & (cnt > 0) & ~one_clock
     lab_lo, lab_hi = np.minimum.reduceat(lab, heads), np.maximum.reduceat(lab, heads)
     merges = may & (lab_lo != lab_hi)
-    dl = dom.tolist()
+    # each domain as a dense index (the unknown member's none): its latest refining wave (-1:
+    # none) and the latest wave that read it, in arrays (a data-parallel group of a 16,384-rank
+    # job spans 512 nodes, and a loop over their sets was 4% of the engine)
+    uniq, dense = np.unique(dom, return_inverse=True)
+    dense = np.where(dom != np.iinfo(np.int64).min, dense.ravel(), -1)
+    last_w = np.full(len(uniq), -1, np.int64)  # domain -> wave of its latest refinement
+    last_r = np.zeros(len(uniq), np.int64)  # domain -> latest wave that read it
     bounds = np.r_[heads, len(gr)].tolist()
+    may_l, merges_l, dl = may.tolist(), merges.tolist(), dense.tolist()
     wave_of: list[int] = []
-    last_w: dict[int, int] = {}  # domain -> wave of its latest refinement
-    last_r: dict[int, int] = {}  # domain -> latest wave that read it
     floor = 0
     for i in range(len(comms)):
-        ds = set(dl[bounds[i] : bounds[i + 1]])
-        ds.discard(np.iinfo(np.int64).min)
-        w = max([floor] + [last_w[d] + 1 for d in ds if d in last_w])
-        if may[i]:
-            w = max([w] + [last_r[d] for d in ds if d in last_r])
-        for d in ds:
-            last_r[d] = max(last_r.get(d, 0), w)
-            if may[i]:
-                last_w[d] = w
-        if merges[i]:
+        a, b = bounds[i], bounds[i + 1]
+        if b - a > 16:  # many domains: numpy over them
+            ds = dense[a:b]
+            ds = ds[ds >= 0]
+            w = max(floor, int(last_w[ds].max()) + 1) if len(ds) else floor
+            if may_l[i] and len(ds):
+                w = max(w, int(last_r[ds].max()))
+            last_r[ds] = np.maximum(last_r[ds], w)
+            if may_l[i]:
+                last_w[ds] = w
+        else:  # a few (a node's tensor-parallel group: one): one by one
+            dset = set(dl[a:b])
+            dset.discard(-1)
+            w = max([floor] + [int(last_w[d]) + 1 for d in dset])
+            if may_l[i]:
+                w = max([w] + [int(last_r[d]) for d in dset])
+            for d in dset:
+                last_r[d] = max(int(last_r[d]), w)
+                if may_l[i]:
+                    last_w[d] = w
+        if merges_l[i]:
             floor = w + 1
         wave_of.append(w)
     for w in range(max(wave_of) + 1):
