@@ -7,6 +7,7 @@ replayed once directly and once through one node agent's summariser per node
 from __future__ import annotations
 
 import gzip
+import itertools
 import shutil
 from pathlib import Path
 
@@ -36,15 +37,16 @@ def _node_of(raw: np.ndarray) -> dict[int, str]:
     return {int(r["rank"]): r["node"].split(b"\0")[0].decode() for r in reg}
 
 
-def replay_through_agents(rt: trace.RawTrace) -> tuple[list, dict[str, Summariser], Ingest]:
+def replay_through_agents(rt: trace.RawTrace, engine=None) -> tuple[list, dict[str, Summariser], Ingest]:
     """The trace's records, each node's through its own edge and summariser, then the master's
-    ingest; every agent flushes at each tick, before the master evaluates."""
+    ingest (into ``engine``, default a new one); every agent flushes at each tick, before the
+    master evaluates."""
     raw = rt.raw
     node_of = _node_of(raw)
     nodes = sorted(set(node_of.values()))
     row_node = np.array([nodes.index(node_of.get(int(g), nodes[0])) for g in raw["rank"]])
     agents = {n: (Edge(Limits.from_env()), Summariser()) for n in nodes}
-    master = Ingest(analyze.make_engine(), Edge(Limits.from_env()))
+    master = Ingest(engine if engine is not None else analyze.make_engine(), Edge(Limits.from_env()))
     out: list = []
     ticks = np.flatnonzero(raw["kind"] == schema.Kind.TICK).tolist()
     last_tick = int(rt.meta.get("created_ns", 0))
@@ -64,6 +66,7 @@ def replay_through_agents(rt: trace.RawTrace) -> tuple[list, dict[str, Summarise
             last_tick = int(raw["time_ns"][i])
             out.extend(master.tick(last_tick))
         prev = i + 1
+    out.extend(master.settle())  # (an engine process's answers come a tick late)
     return out, {n: s for n, (_, s) in agents.items()}, master
 
 
@@ -162,3 +165,57 @@ def test_summaries_grouped_or_interleaved_keep_the_same_rows():
     for cid in cids:
         assert len(a[cid]) == 8 and a[cid].tobytes() == b[cid].tobytes(), hex(cid)
     assert (done_a == done_b).all() and (done_a[done_a > 0] == 8).all()
+
+
+@pytest.mark.parametrize("name", ["comm-slow-rank", "noncomm-hang"])
+def test_summaries_read_in_the_masters_loop_give_the_same_diagnoses(name, tmp_path):
+    """With an engine process the master's loop reads the node summaries from the edge's columns
+    and they travel read (c4d.engine.summaries): field for field what one process gives."""
+    from c4d.engine_process import EngineProcess
+
+    rt = _load(name, tmp_path)
+    here, summ, _ = replay_through_agents(rt)
+    assert sum(s.stats["summaries"] for s in summ.values()) > 0  # node-local collectives summarised
+    ep = EngineProcess()
+    try:
+        there, _, master = replay_through_agents(rt, ep)
+        assert ep.local is None and not master.failures  # the process took every call
+    finally:
+        ep.close()
+    assert here and [d.to_json() for d in there] == [d.to_json() for d in here]
+
+
+def test_summaries_are_read_row_by_row():
+    """Read from rows or from their columns, whole or in pieces joined, cut again, or sent
+    between processes: the same arrays; frames that do not fit together are refused."""
+    from c4d.columns import Columns
+    from c4d.engine.summaries import Summaries
+
+    rng = np.random.default_rng(3)
+    n = 500
+    raw = np.zeros(n, schema.HEADER)
+    u8 = raw.view(np.uint8).reshape(n, schema.RECORD_SIZE)
+    u8[:] = rng.integers(0, 256, u8.shape, dtype=np.uint8)  # any bytes: reading is row by row
+    raw["kind"] = rng.choice([int(schema.Kind.OP), int(schema.Kind.OPSUM), int(schema.Kind.HEARTBEAT)], n)
+
+    def same(a: Summaries, b: Summaries) -> bool:
+        return all(
+            np.asarray(getattr(a, f)).tobytes() == np.asarray(getattr(b, f)).tobytes()
+            for f in Summaries.__slots__
+        )
+
+    whole = Summaries.of(raw)
+    assert 100 < len(whole) < 400
+    assert same(whole, Summaries.of(raw, Columns.of(raw)))
+    cuts = [0, 7, 131, 132, 400, n]
+    pieces = [(Summaries.of(raw[a:b], Columns.of(raw[a:b])), a) for a, b in itertools.pairwise(cuts)]
+    assert same(Summaries.join(pieces), whole)
+    assert same(whole.cut(131, 400), Summaries.of(raw[131:400]))
+    back = Summaries.from_frames([memoryview(f).cast("B") for f in whole.frames()], n)
+    assert back is not None and same(back, whole)
+    frames = [bytes(memoryview(f).cast("B")) for f in whole.frames()]
+    assert Summaries.from_frames(frames[:-1], n) is None  # one missing
+    assert Summaries.from_frames([*frames[:-1], frames[-1][:-4]], n) is None  # a short one
+    assert Summaries.from_frames(frames, int(whole.pos[-1])) is None  # rows beyond the batch
+    backwards = np.frombuffer(frames[0], np.int64)[::-1].tobytes()
+    assert Summaries.from_frames([backwards, *frames[1:]], n) is None  # not in order

@@ -22,17 +22,15 @@ from c4d.opstats import busbw_factor, total_bytes
 
 OPSUM = int(schema.Kind.OPSUM)
 GAPS = np.dtype("<f4")
-# (name, dtype) of what travels, in order: OPSUM's own types, so a check reads what it read
-_OWN = {name: schema.OPSUM[name] for name in ("comm_id", "seq", "rank", "comm_rank", "comm_nranks")}
+# the fields the engine checks and groups by: (attribute, OPSUM field), kept in OPSUM's types
+_IDS = (("cid", "comm_id"), ("seq", "seq"), ("rank", "rank"), ("comm_rank", "comm_rank"),
+        ("comm_nranks", "comm_nranks"))  # fmt: skip
+# (attribute, dtype) of what travels between processes, in order (the compute after them)
 FIELDS: tuple[tuple[str, np.dtype], ...] = (
     ("pos", np.dtype("<i8")),
-    ("cid", _OWN["comm_id"]),
-    *((name, _OWN[name]) for name in ("seq", "rank", "comm_rank", "comm_nranks")),
+    *((name, schema.OPSUM[field]) for name, field in _IDS),
     ("done", COMPLETED),
 )
-
-
-_IDS = ("cid", "seq", "rank", "comm_rank", "comm_nranks")
 
 
 class Summaries:
@@ -109,7 +107,7 @@ class Summaries:
         if len(parts) == 1 and parts[0][1] == 0:
             return parts[0][0]
         ss = [s for s, _ in parts]
-        cid, seq, rank, cr, n = (np.concatenate([getattr(s, f) for s in ss]) for f in _IDS)
+        cid, seq, rank, cr, n = (np.concatenate([getattr(s, f) for s in ss]) for f, _ in _IDS)
         return Summaries(np.concatenate([s.pos + at for s, at in parts]), cid, seq, rank, cr, n,
                          schema.join_records([s.done for s in ss], COMPLETED),
                          np.concatenate([s.gaps for s in ss]))  # fmt: skip
