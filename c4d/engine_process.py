@@ -6,7 +6,10 @@ It answers the calls the master makes of an in-process ``Engine`` (``feed``, ``f
 what an in-process one would and a replay of the trace reproduces its diagnoses. ``feed``,
 ``free_comms`` and ``tick`` are sent without waiting (rows go as they are, not copied into a
 message): the master goes on receiving while the engine evaluates, and a tick's diagnoses are
-handed out at a later tick (``drain`` waits for them: ``Master.settle``, its close). ``state``
+handed out at a later tick (``drain`` waits for them: ``Master.settle``, its close). A batch
+with node agents' summaries goes apart (``Engine.feed_apart``): the summaries read here from
+the edge's columns (c4d.engine.summaries; this loop waits half the time, the engine's process
+is the bound) and the batch's other rows; the summaries' own rows stay here. ``state``
 and ``take_split`` wait for their answer, which comes once the engine has taken everything
 sent before. With the metrics on (``split``), each tick's answer carries the engine's state and
 OP_SPLIT rows (``take_metrics``), so the metrics never make the master wait. An exception in
@@ -41,11 +44,12 @@ import zmq
 from c4d import schema
 from c4d.columns import Columns
 from c4d.engine import types
+from c4d.engine.state import take
 from c4d.engine.summaries import Summaries
 
 log = logging.getLogger("c4d.engine")
 
-FEED, FREE, TICK, STATE, SPLIT, STOP = b"F", b"X", b"T", b"S", b"P", b"Q"
+FEED, APART, FREE, TICK, STATE, SPLIT, STOP = b"F", b"A", b"X", b"T", b"S", b"P", b"Q"
 START_S = 60.0  # the engine's process imports numpy and c4d: seconds on a loaded host
 QUEUE_MESSAGES = 16  # ~0.1-0.2 GiB of rows at 16,384 ranks; a thousand was 2.5 GiB more memory
 _CALLS = {TICK: "tick", STATE: "state", SPLIT: "take_split"}  # the answered calls, as failures name them
@@ -123,6 +127,17 @@ def _serve(endpoint: str, overrides: dict[str, Any], split: bool, level: int) ->
                 except Exception as e:  # as Ingest counts it in-process: the master hears of it
                     failures[f"ingest: {type(e).__name__}"] += 1
                     failed_records += len(frames[1].buffer) // schema.RECORD_SIZE
+            elif op == APART:  # a batch's node summaries read, and its other rows
+                n = int.from_bytes(frames[1].bytes, "little")
+                try:
+                    rest = np.frombuffer(frames[2].buffer, schema.HEADER)
+                    sums = Summaries.from_frames([f.buffer for f in frames[3:]], n)
+                    if sums is None:
+                        raise ValueError("a batch's summaries that do not fit together")
+                    engine.feed_apart(rest, arg, sums, n)
+                except Exception as e:
+                    failures[f"ingest: {type(e).__name__}"] += 1
+                    failed_records += n
             elif op == FREE:
                 try:
                     engine.free_comms(np.frombuffer(frames[1].buffer, np.uint64).tolist())
@@ -191,11 +206,18 @@ class EngineProcess:
             return self.local.feed(raw, recv_ns, cols)
         raw = np.ascontiguousarray(raw)
         sums = None
-        if raw.dtype == schema.HEADER:  # (other rows: the engine says what is wrong with them)
-            sums = Summaries.of(raw, cols if cols is not None and len(cols) == len(raw) else None)
+        t = int(recv_ns).to_bytes(8, "little", signed=True)
         try:
-            head = FEED + int(recv_ns).to_bytes(8, "little", signed=True)
-            self._send([head, raw, *(sums.frames() if sums is not None else ())], copy=False)
+            if raw.dtype == schema.HEADER:  # (other rows: the engine says what is wrong with them)
+                cols = cols if cols is not None and len(cols) == len(raw) else None
+                kind = cols["kind"] if cols is not None else raw["kind"]
+                sums = Summaries.of(raw, cols, kind)
+            if sums is not None and len(sums):  # the summaries' own rows stay here
+                rest = take(raw, kind != Summaries.KIND) if len(sums) < len(raw) else raw[:0]
+                n = len(raw).to_bytes(8, "little")
+                self._send([APART + t, n, rest, *sums.frames()], copy=False)
+            else:
+                self._send([FEED + t, raw], copy=False)
         except (EngineGone, zmq.ZMQError) as e:
             return self._take_over(str(e)).feed(raw, recv_ns, summaries=sums)
 

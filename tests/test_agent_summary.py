@@ -219,3 +219,64 @@ def test_summaries_are_read_row_by_row():
     assert Summaries.from_frames(frames, int(whole.pos[-1])) is None  # rows beyond the batch
     backwards = np.frombuffer(frames[0], np.int64)[::-1].tobytes()
     assert Summaries.from_frames([backwards, *frames[1:]], n) is None  # not in order
+
+
+class _Apart:
+    """An in-process engine fed as an engine process feeds it (c4d.engine_process): each batch
+    with node summaries apart (``Engine.feed_apart``), or every other one whole (``alternate``:
+    a chunk of both kinds of batches)."""
+
+    def __init__(self, alternate: bool) -> None:
+        self.engine, self.alternate, self.n = analyze.make_engine(), alternate, 0
+
+    def feed(self, raw, recv_ns, cols=None):
+        from c4d.engine.summaries import Summaries
+
+        self.n += 1
+        kind = raw["kind"]
+        sums = Summaries.of(raw, cols, kind)
+        if not len(sums) or (self.alternate and self.n % 2):
+            return self.engine.feed(raw, recv_ns, cols)
+        rest = raw[kind != Summaries.KIND]
+        return self.engine.feed_apart(rest, recv_ns, sums, len(raw))
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+
+@pytest.mark.parametrize("chunk", [None, 97], ids=["chunks-at-ticks", "chunks-of-97-rows"])
+@pytest.mark.parametrize("alternate", [False, True], ids=["apart", "apart-and-whole"])
+@pytest.mark.parametrize("name", ["comm-slow-rank", "noncomm-hang", "clean"])
+def test_batches_apart_give_what_whole_batches_give(name, alternate, chunk, tmp_path, monkeypatch):
+    """Engine.feed_apart (the summaries' rows never joined) cuts the same chunks and takes the
+    same steps as feed of the whole batches: the same diagnoses, field for field, and state
+    (with chunks of 97 rows, batches are cut and what is left of one waits for the next)."""
+    from c4d.engine import engine as engine_mod
+
+    if chunk:
+        monkeypatch.setattr(engine_mod, "CHUNK", chunk)
+    rt = _load(name, tmp_path)
+    here, _, whole = replay_through_agents(rt)
+    there, _, apart = replay_through_agents(rt, _Apart(alternate))
+    assert [d.to_json() for d in there] == [d.to_json() for d in here]
+    a, b = whole.engine, apart.engine.engine
+    assert a.stats == b.stats and a.stats["records"] > 0
+    for k in ("last_recv", "pend_tmax", "seen", "theta_cur"):
+        assert getattr(a.ranks, k).tobytes() == getattr(b.ranks, k).tobytes(), k
+    assert sorted(a.comms) == sorted(b.comms)
+    for i, c in a.comms.items():
+        d = b.comms[i]
+        assert (c.version, c.ops_seen, c.op_done.tobytes()) == (d.version, d.ops_seen, d.op_done.tobytes())
+
+
+def test_a_batch_apart_whose_parts_do_not_fit_is_counted_not_taken():
+    from c4d.engine import Engine, EngineConfig
+    from c4d.engine.summaries import Summaries
+    from tests import hostile as H
+
+    t = H.now_ns()
+    raw = H.as_header(H.registers(2, t), H.allreduces(2, range(3), t))
+    e = Engine(EngineConfig())
+    none = Summaries.of(raw[:0])
+    e.feed_apart(raw, t, none, len(raw) + 1)  # one row missing
+    assert e.stats["invalid"] == len(raw) + 1 and e.stats["batches"] == 0

@@ -114,7 +114,9 @@ class Engine:
         self._now = 0
         self._ratelog = RateLimitedLog(log)
         self.stats = {"records": 0, "invalid": 0, "batches": 0, "ticks": 0}
-        self._buf: list[tuple[np.ndarray, int | np.ndarray, Summaries | None]] = []  # fed, not yet ingested
+        # fed, not yet ingested: (rows, master time (per row, or per position when apart), the
+        # summaries read, the batch's rows when it came apart (feed_apart) else None)
+        self._buf: list[tuple[np.ndarray, int | np.ndarray, Summaries | None, int | None]] = []
         self._buf_n = 0
         self._chunk_recv = 0  # master time stamped on the chunk being ingested
 
@@ -318,8 +320,29 @@ class Engine:
         self.stats["batches"] += 1
         if summaries is None and cols is not None and len(cols) == len(raw):
             summaries = Summaries.of(raw, cols)
-        self._buf.append((raw, int(recv_ns), summaries))
+        self._buf.append((raw, int(recv_ns), summaries, None))
         self._buf_n += len(raw)
+        if self._buf_n >= CHUNK:
+            self._flush(whole_chunks=True)
+
+    def feed_apart(self, rest: np.ndarray, recv_ns: int, summaries: Summaries, n: int) -> None:
+        """``feed`` of a batch of ``n`` rows that comes apart: its node summaries read
+        (``summaries``, at their positions in the batch) and its other rows (``rest``, HEADER
+        rows in order). An engine in a process of its own gets them so from the master's loop
+        (c4d.engine_process): the summaries' rows themselves neither travel nor are joined.
+        The same chunks, the same steps, the same results as ``feed`` of the whole batch."""
+        rest = np.asarray(rest)
+        fits = rest.dtype == schema.HEADER and len(rest) + len(summaries) == n
+        if fits and len(summaries):
+            fits = int(summaries.pos[-1]) < n and bool((summaries.pos[1:] > summaries.pos[:-1]).all())
+        if not fits or (len(rest) and (rest["kind"] == Kind.OPSUM).any()):
+            self._invalid("a batch apart whose parts do not fit together", n)
+            return
+        if not n:
+            return
+        self.stats["batches"] += 1
+        self._buf.append((rest, int(recv_ns), summaries, n))
+        self._buf_n += n
         if self._buf_n >= CHUNK:
             self._flush(whole_chunks=True)
 
@@ -327,16 +350,18 @@ class Engine:
         """Ingest buffered rows: whole CHUNKs only (from feed), or everything (at a tick)."""
         if not self._buf:
             return
-        raws = [r for r, _, _ in self._buf]
-        if any(not isinstance(t, int) for _, t, _ in self._buf):
-            recvs = [np.full(len(r), t, np.int64) if isinstance(t, int) else t for r, t, _ in self._buf]
+        if any(n is not None for *_, n in self._buf):
+            return self._flush_apart(whole_chunks)
+        raws = [r for r, _, _, _ in self._buf]
+        if any(not isinstance(t, int) for _, t, _, _ in self._buf):
+            recvs = [np.full(len(r), t, np.int64) if isinstance(t, int) else t for r, t, _, _ in self._buf]
         else:
-            recvs = [np.repeat(np.array([t for _, t, _ in self._buf], np.int64), [len(r) for r in raws])]
+            recvs = [np.repeat(np.array([t for _, t, _, _ in self._buf], np.int64), [len(r) for r in raws])]
         sums = None
-        if any(s is not None for _, _, s in self._buf):  # read already: the others read now
+        if any(s is not None for _, _, s, _ in self._buf):  # read already: the others read now
             at = np.r_[0, np.cumsum([len(r) for r in raws])[:-1]].tolist()
             sums = Summaries.join([(s if s is not None else Summaries.of(r), a)
-                                   for (r, _, s), a in zip(self._buf, at, strict=True)])  # fmt: skip
+                                   for (r, _, s, _), a in zip(self._buf, at, strict=True)])  # fmt: skip
         raw = schema.join_records(raws, schema.HEADER)
         recv = np.concatenate(recvs) if len(recvs) > 1 else recvs[0]
         self._buf, self._buf_n = [], 0
@@ -348,9 +373,45 @@ class Engine:
         if cut < len(raw):
             part = sums.cut(cut, len(raw)) if sums is not None else None
             if whole_chunks:
-                self._buf, self._buf_n = [(raw[cut:], recv[cut:], part)], len(raw) - cut
+                self._buf, self._buf_n = [(raw[cut:], recv[cut:], part, None)], len(raw) - cut
             else:
                 self._ingest(raw[cut:], recv[cut:], part)
+
+    def _flush_apart(self, whole_chunks: bool) -> None:
+        """``_flush`` when some batch came apart: every batch taken apart (a whole one split
+        here), cut into the same chunks by position."""
+        rests, rposs, recvs, parts = [], [], [], []
+        at = 0
+        for raw, t, sums, n in self._buf:
+            if n is None:  # a whole batch: its summaries (read now if not yet) and the rest
+                n = len(raw)
+                kind = raw["kind"]
+                if sums is None:
+                    sums = Summaries.of(raw, kind=kind)
+                if len(sums):
+                    raw = take(raw, kind != Kind.OPSUM)
+            assert sums is not None
+            here = np.ones(n, bool)
+            here[sums.pos] = False
+            rests.append(raw)
+            rposs.append(np.flatnonzero(here) + at)
+            recvs.append(np.full(n, t, np.int64) if isinstance(t, int) else t)
+            parts.append((sums, at))
+            at += n
+        rest = schema.join_records(rests, schema.HEADER)
+        rpos = np.concatenate(rposs)
+        recv = np.concatenate(recvs) if len(recvs) > 1 else recvs[0]
+        sums = Summaries.join(parts)
+        self._buf, self._buf_n = [], 0
+        cut = 0
+        while at - cut >= CHUNK or (cut < at and not whole_chunks):
+            end = min(cut + CHUNK, at)
+            i, j = np.searchsorted(rpos, (cut, end)).tolist()
+            self._ingest_apart(rest[i:j], rpos[i:j] - cut, recv[cut:end], sums.cut(cut, end))
+            cut = end
+        if cut < at:  # (whole chunks only) the rest waits, apart
+            i = int(np.searchsorted(rpos, cut))
+            self._buf, self._buf_n = [(rest[i:], recv[cut:], sums.cut(cut, at), at - cut)], at - cut
 
     def _ingest(self, raw: np.ndarray, recv: np.ndarray, sums: Summaries | None = None) -> None:
         self.stats["records"] += len(raw)
@@ -389,6 +450,65 @@ class Engine:
         # summaries read already are not split off the rows again
         parts = schema.by_kind(raw, kind if sums is None else np.where(is_sum, 0, kind))
         self._chunk_recv = int(recv[-1])
+        self._kinds(parts, kind, rank, recv, sums, recv[is_sum])
+
+    def _ingest_apart(self, rest: np.ndarray, rpos: np.ndarray, recv: np.ndarray, sums: Summaries) -> None:
+        """``_ingest`` of a chunk that came apart (``feed_apart``): its node summaries read, at
+        ``sums.pos``, and its other rows, at ``rpos``; ``recv`` by position. The same steps on
+        the same rows: the header checks and updates take the summaries' header fields."""
+        self.stats["records"] += len(rest) + len(sums)
+        kind = np.ascontiguousarray(rest["kind"])
+        rank = rest["rank"].astype(np.int64)
+        version = rest["version"]
+        ok = (
+            (rank >= 0)
+            & (rank < MAX_RANK)
+            & (version >= 1)
+            & (version <= schema.SCHEMA_VERSION)
+            & (kind >= Kind.REGISTER)
+            & (kind <= Kind.OPSUM)
+            & (kind != Kind.TICK)
+        )
+        srank = sums.rank.astype(np.int64)
+        ok_s = (
+            (srank >= 0) & (srank < MAX_RANK) & (sums.version >= 1) & (sums.version <= schema.SCHEMA_VERSION)
+        )
+        if not (ok.all() and ok_s.all()):
+            bad = int((~ok & (kind != Kind.TICK)).sum()) + int((~ok_s).sum())
+            if bad:
+                self._invalid("an unknown kind, a bad rank or a newer schema version", bad)
+            rest, rpos, kind, rank = take(rest, ok), rpos[ok], kind[ok], rank[ok]
+            sums, srank = sums.take(ok_s), srank[ok_s]
+            if not len(rest) and not len(sums):
+                return
+        R = self.ranks
+        g = np.concatenate([rank, srank])
+        R.ensure(int(g.max()))
+        R.seen[g] = True
+        recv_r, recv_s = recv[rpos], recv[sums.pos]
+        np.maximum.at(R.last_recv, g, np.concatenate([recv_r, recv_s]))
+        t = np.concatenate([rest["time_ns"].astype(np.int64), sums.time.astype(np.int64)])
+        pos = t > 0
+        clock.note_records(R, g[pos], t[pos])
+        parts = schema.by_kind(rest, kind)
+        self._chunk_recv = int(
+            recv[max(int(rpos[-1]) if len(rpos) else -1, int(sums.pos[-1]) if len(sums) else -1)]
+        )
+        self._kinds(parts, kind, rank, recv_r, sums, recv_s)
+
+    def _kinds(
+        self,
+        parts: dict[Kind, np.ndarray],
+        kind: np.ndarray,
+        rank: np.ndarray,
+        recv: np.ndarray,
+        sums: Summaries | None,
+        sums_recv: np.ndarray,
+    ) -> None:
+        """A chunk's rows, split by kind (``kind``, ``rank``, ``recv``: of the rows they were split
+        from), and its node summaries read (``sums``, received at ``sums_recv``), else among the
+        parts, into the engine's state, kind after kind."""
+        R = self.ranks
         if len(parts[Kind.REGISTER]):
             R.register(parts[Kind.REGISTER])
         if len(parts[Kind.COMM]):
@@ -398,10 +518,12 @@ class Engine:
         if len(parts[Kind.OP]):
             self._feed_ops(parts[Kind.OP], rank[kind == Kind.OP])
         if sums is not None and len(sums):
-            self._feed_opsum(sums, recv[is_sum])
+            self._feed_opsum(sums, sums_recv)
         elif len(parts[Kind.OPSUM]):
-            opsum = parts[Kind.OPSUM]
-            self._feed_opsum(Summaries.read(Columns.of(opsum), np.flatnonzero(is_sum)), recv[is_sum])
+            is_sum = kind == Kind.OPSUM
+            self._feed_opsum(
+                Summaries.read(Columns.of(parts[Kind.OPSUM]), np.flatnonzero(is_sum)), recv[is_sum]
+            )
         if len(parts[Kind.STAGE]):
             self.stages.feed(parts[Kind.STAGE], recv[kind == Kind.STAGE])
         if len(parts[Kind.PEER]):

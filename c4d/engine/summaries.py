@@ -22,9 +22,9 @@ from c4d.opstats import busbw_factor, total_bytes
 
 OPSUM = int(schema.Kind.OPSUM)
 GAPS = np.dtype("<f4")
-# the fields the engine checks and groups by: (attribute, OPSUM field), kept in OPSUM's types
+# the fields the engine checks, groups by and counts: (attribute, OPSUM field), in OPSUM's types
 _IDS = (("cid", "comm_id"), ("seq", "seq"), ("rank", "rank"), ("comm_rank", "comm_rank"),
-        ("comm_nranks", "comm_nranks"))  # fmt: skip
+        ("comm_nranks", "comm_nranks"), ("version", "version"), ("time", "time_ns"))  # fmt: skip
 # (attribute, dtype) of what travels between processes, in order (the compute after them)
 FIELDS: tuple[tuple[str, np.dtype], ...] = (
     ("pos", np.dtype("<i8")),
@@ -37,14 +37,28 @@ class Summaries:
     """A batch's OPSUM rows: the fields the engine checks and groups by, and each as a
     COMPLETED row (times on its node's clock) with its members' compute."""
 
-    __slots__ = ("cid", "comm_nranks", "comm_rank", "done", "gaps", "pos", "rank", "seq")
+    KIND = OPSUM  # the rows' kind
+    __slots__ = ("cid", "comm_nranks", "comm_rank", "done", "gaps", "pos", "rank", "seq", "time", "version")
+    pos: np.ndarray  # int64: each summary's row in the rows it was read from
+    cid: np.ndarray  # (_IDS: as the rows hold them)
+    seq: np.ndarray
+    rank: np.ndarray
+    comm_rank: np.ndarray
+    comm_nranks: np.ndarray
+    version: np.ndarray
+    time: np.ndarray
+    done: np.ndarray  # COMPLETED; last_arrive, first_arrive on the sender's clock
+    gaps: np.ndarray  # float32 (k, OPSUM_MAX_MEMBERS): the members' compute, NaN beyond
 
-    def __init__(self, pos, cid, seq, rank, comm_rank, comm_nranks, done, gaps) -> None:
-        self.pos = pos  # int64: each summary's row in the rows it was read from
-        self.cid, self.seq, self.rank = cid, seq, rank
-        self.comm_rank, self.comm_nranks = comm_rank, comm_nranks
-        self.done = done  # COMPLETED; last_arrive, first_arrive on the sender's clock
-        self.gaps = gaps  # float32 (k, OPSUM_MAX_MEMBERS): the members' compute, NaN beyond
+    def __init__(
+        self, pos: np.ndarray, ids: Sequence[np.ndarray], done: np.ndarray, gaps: np.ndarray
+    ) -> None:
+        self.pos, self.done, self.gaps = pos, done, gaps
+        for (name, _), a in zip(_IDS, ids, strict=True):
+            setattr(self, name, a)
+
+    def ids(self) -> list[np.ndarray]:
+        return [getattr(self, name) for name, _ in _IDS]
 
     def __len__(self) -> int:
         return len(self.pos)
@@ -87,19 +101,16 @@ class Summaries:
         out["wait_max"] = s["wait_max_ns"]
         out["ends_known"] = (s["flags"] & schema.OPSF_ENDS_KNOWN) != 0
         gaps = np.ascontiguousarray(s["compute_ns"], dtype=GAPS)
-        return cls(np.asarray(pos, np.int64), s["comm_id"], s["seq"], s["rank"], s["comm_rank"],
-                   s["comm_nranks"], out, gaps)  # fmt: skip
+        return cls(np.asarray(pos, np.int64), [s[field] for _, field in _IDS], out, gaps)
 
     def take(self, idx: np.ndarray) -> Summaries:
         """The summaries ``idx`` (indices or a mask)."""
-        return Summaries(self.pos[idx], self.cid[idx], self.seq[idx], self.rank[idx], self.comm_rank[idx],
-                         self.comm_nranks[idx], take(self.done, idx), self.gaps[idx])  # fmt: skip
+        return Summaries(self.pos[idx], [a[idx] for a in self.ids()], take(self.done, idx), self.gaps[idx])
 
     def cut(self, a: int, b: int) -> Summaries:
         """The summaries of rows [a, b), their positions from a."""
         i, j = np.searchsorted(self.pos, (a, b)).tolist()
-        return Summaries(self.pos[i:j] - a, self.cid[i:j], self.seq[i:j], self.rank[i:j], self.comm_rank[i:j],
-                         self.comm_nranks[i:j], self.done[i:j], self.gaps[i:j])  # fmt: skip
+        return Summaries(self.pos[i:j] - a, [x[i:j] for x in self.ids()], self.done[i:j], self.gaps[i:j])
 
     @staticmethod
     def join(parts: Sequence[tuple[Summaries, int]]) -> Summaries:
@@ -107,8 +118,8 @@ class Summaries:
         if len(parts) == 1 and parts[0][1] == 0:
             return parts[0][0]
         ss = [s for s, _ in parts]
-        cid, seq, rank, cr, n = (np.concatenate([getattr(s, f) for s in ss]) for f, _ in _IDS)
-        return Summaries(np.concatenate([s.pos + at for s, at in parts]), cid, seq, rank, cr, n,
+        ids = [np.concatenate(col) for col in zip(*(s.ids() for s in ss), strict=True)]
+        return Summaries(np.concatenate([s.pos + at for s, at in parts]), ids,
                          schema.join_records([s.done for s in ss], COMPLETED),
                          np.concatenate([s.gaps for s in ss]))  # fmt: skip
 
@@ -147,5 +158,4 @@ class Summaries:
         if k and (pos[0] < 0 or pos[-1] >= rows or (k > 1 and not (pos[1:] > pos[:-1]).all())):
             return None
         gaps = np.frombuffer(bufs[-1], GAPS).reshape(k, schema.OPSUM_MAX_MEMBERS)
-        cid, seq, rank, cr, n, done = arrs[1:]
-        return cls(pos, cid, seq, rank, cr, n, done, gaps)
+        return cls(pos, arrs[1:-1], arrs[-1], gaps)
