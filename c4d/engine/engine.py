@@ -421,15 +421,7 @@ class Engine:
             sums = None  # not these rows' (a caller's slip): read from the rows below
         rank = raw["rank"].astype(np.int64)
         version = raw["version"]
-        ok = (
-            (rank >= 0)
-            & (rank < MAX_RANK)
-            & (version >= 1)
-            & (version <= schema.SCHEMA_VERSION)
-            & (kind >= Kind.REGISTER)
-            & (kind <= Kind.OPSUM)
-            & (kind != Kind.TICK)
-        )
+        ok = _header_ok(kind, rank, version)
         if not ok.all():
             bad = ~ok & (kind != Kind.TICK)
             if bad.any():
@@ -460,19 +452,9 @@ class Engine:
         kind = np.ascontiguousarray(rest["kind"])
         rank = rest["rank"].astype(np.int64)
         version = rest["version"]
-        ok = (
-            (rank >= 0)
-            & (rank < MAX_RANK)
-            & (version >= 1)
-            & (version <= schema.SCHEMA_VERSION)
-            & (kind >= Kind.REGISTER)
-            & (kind <= Kind.OPSUM)
-            & (kind != Kind.TICK)
-        )
+        ok = _header_ok(kind, rank, version)
         srank = sums.rank.astype(np.int64)
-        ok_s = (
-            (srank >= 0) & (srank < MAX_RANK) & (sums.version >= 1) & (sums.version <= schema.SCHEMA_VERSION)
-        )
+        ok_s = _header_ok(None, srank, sums.version)
         if not (ok.all() and ok_s.all()):
             bad = int((~ok & (kind != Kind.TICK)).sum()) + int((~ok_s).sum())
             if bad:
@@ -1094,6 +1076,15 @@ class Engine:
             busbw_gbs=round(bw, 4),
             p2p_done=c.p2p_rows // 2,
         )
+
+
+def _header_ok(kind: np.ndarray | None, rank: np.ndarray, version: np.ndarray) -> np.ndarray:
+    """Rows whose header the engine takes: a rank in range, a schema it reads, a kind it knows
+    (``kind`` None: node summaries, whose kind is known)."""
+    ok = (rank >= 0) & (rank < MAX_RANK) & (version >= 1) & (version <= schema.SCHEMA_VERSION)
+    if kind is not None:
+        ok &= (kind >= Kind.REGISTER) & (kind <= Kind.OPSUM) & (kind != Kind.TICK)
+    return ok
 
 
 def _grouped(cid: np.ndarray, seq: np.ndarray) -> np.ndarray | None:
