@@ -2,6 +2,7 @@
 
     python analysis/bench_master.py [--quick] [--json] [--max-ranks N] [--seconds S] [--window-s W]
     python analysis/bench_master.py --ranks 16384 --window-s 10 --seconds 25   # one size, agents
+    python analysis/bench_master.py --ranks 16384 --window-s 10 --seconds 25 --engine-process --paced
 
 A synthetic TP x PP x DP job (analysis/master_load.py: valid v1 records, 500 collectives per
 second per rank, 8 ranks a node, slow-detection windows of ``--window-s``: 1 s by default, ten
@@ -21,7 +22,13 @@ engine; no trace) in this process:
 * the agent's own cost: records/s one Summariser takes for a node's raw stream (one core);
 * ``--ranks N ...``: only capacity runs at those sizes through agents, each with the master's
   RSS at its end and its peak: the master's memory at a size it does not keep up with (run
-  it for 2.5 windows, ``--seconds 25`` with 10 s windows, so that windows are judged).
+  it for 2.5 windows, ``--seconds 25`` with 10 s windows, so that windows are judged); with
+  ``--paced`` a paced run follows each, its hang 3 s before the end (the windows closed
+  before it are judged while the job runs: a hang in progress holds the slow judge).
+
+``--engine-process``: the master's engine in a process of its own (its CPU and memory counted
+with the master's). ``--pp-every R``: a pipeline send/recv every R rounds (default 156, Megatron's
+1F1B at the issue's arithmetic; 25 sends six times as many).
 
 The machine may be shared: figures are wall time on it; ``uptime`` is printed with them.
 """
