@@ -44,7 +44,6 @@ import zmq
 from c4d import schema
 from c4d.columns import Columns
 from c4d.engine import types
-from c4d.engine.state import take
 from c4d.engine.summaries import Summaries
 
 log = logging.getLogger("c4d.engine")
@@ -209,11 +208,8 @@ class EngineProcess:
         t = int(recv_ns).to_bytes(8, "little", signed=True)
         try:
             if raw.dtype == schema.HEADER:  # (other rows: the engine says what is wrong with them)
-                cols = cols if cols is not None and len(cols) == len(raw) else None
-                kind = cols["kind"] if cols is not None else raw["kind"]
-                sums = Summaries.of(raw, cols, kind)
+                rest, sums = Summaries.apart(raw, cols)
             if sums is not None and len(sums):  # the summaries' own rows stay here
-                rest = take(raw, kind != Summaries.KIND) if len(sums) < len(raw) else raw[:0]
                 n = len(raw).to_bytes(8, "little")
                 self._send([APART + t, n, rest, *sums.frames()], copy=False)
             else:

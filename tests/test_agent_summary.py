@@ -233,11 +233,9 @@ class _Apart:
         from c4d.engine.summaries import Summaries
 
         self.n += 1
-        kind = raw["kind"]
-        sums = Summaries.of(raw, cols, kind)
+        rest, sums = Summaries.apart(raw, cols)
         if not len(sums) or (self.alternate and self.n % 2):
             return self.engine.feed(raw, recv_ns, cols)
-        rest = raw[kind != Summaries.KIND]
         return self.engine.feed_apart(rest, recv_ns, sums, len(raw))
 
     def __getattr__(self, name):

@@ -318,7 +318,7 @@ class Engine:
         if not len(raw):
             return
         self.stats["batches"] += 1
-        if summaries is None and cols is not None and len(cols) == len(raw):
+        if summaries is None and cols is not None:
             summaries = Summaries.of(raw, cols)
         self._buf.append((raw, int(recv_ns), summaries, None))
         self._buf_n += len(raw)
@@ -385,11 +385,7 @@ class Engine:
         for raw, t, sums, n in self._buf:
             if n is None:  # a whole batch: its summaries (read now if not yet) and the rest
                 n = len(raw)
-                kind = raw["kind"]
-                if sums is None:
-                    sums = Summaries.of(raw, kind=kind)
-                if len(sums):
-                    raw = take(raw, kind != Kind.OPSUM)
+                raw, sums = Summaries.apart(raw, summaries=sums)
             assert sums is not None
             here = np.ones(n, bool)
             here[sums.pos] = False

@@ -37,7 +37,6 @@ class Summaries:
     """A batch's OPSUM rows: the fields the engine checks and groups by, and each as a
     COMPLETED row (times on its node's clock) with its members' compute."""
 
-    KIND = OPSUM  # the rows' kind
     __slots__ = ("cid", "comm_nranks", "comm_rank", "done", "gaps", "pos", "rank", "seq", "time", "version")
     pos: np.ndarray  # int64: each summary's row in the rows it was read from
     cid: np.ndarray  # (_IDS: as the rows hold them)
@@ -65,8 +64,10 @@ class Summaries:
 
     @classmethod
     def of(cls, raw: np.ndarray, cols: Columns | None = None, kind: np.ndarray | None = None) -> Summaries:
-        """The OPSUM rows of ``raw`` (HEADER rows); ``cols``: their columns, when cut already;
-        ``kind``: their kinds, when read already."""
+        """The OPSUM rows of ``raw`` (HEADER rows); ``cols``: their columns, when cut already
+        (columns of other rows are not read); ``kind``: their kinds, when read already."""
+        if cols is not None and len(cols) != len(raw):
+            cols = None
         if kind is None:
             kind = cols["kind"] if cols is not None else raw["kind"]
         pos = np.flatnonzero(kind == OPSUM)
@@ -75,6 +76,16 @@ class Summaries:
         else:
             c = Columns.of(take(raw, pos) if len(pos) < len(raw) else raw)
         return cls.read(c.as_kind(schema.OPSUM), pos)
+
+    @classmethod
+    def apart(
+        cls, raw: np.ndarray, cols: Columns | None = None, summaries: Summaries | None = None
+    ) -> tuple[np.ndarray, Summaries]:
+        """A batch apart (``Engine.feed_apart``): its rows other than summaries, in order (the
+        batch itself when it has none), and its summaries read (``summaries``: read already)."""
+        kind = cols["kind"] if cols is not None and len(cols) == len(raw) else raw["kind"]
+        sums = summaries if summaries is not None else cls.of(raw, cols, kind)
+        return (take(raw, kind != OPSUM) if len(sums) else raw), sums
 
     @classmethod
     def read(cls, s: Columns, pos: np.ndarray) -> Summaries:
