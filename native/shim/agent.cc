@@ -264,6 +264,9 @@ void blind_spots() {
   peer_blind_spots();
 }
 
+bool drain();
+void take_ops() { drain(); }  // profiler.h OpsCatchUp
+
 void heartbeats(uint16_t hb_flags) {
   Agent& a = g_agent;
   blind_spots();
@@ -329,7 +332,7 @@ void heartbeats(uint16_t hb_flags) {
     fill_pending(h, p.pend);
     append(&h);
   }
-  peer_heartbeat(append);  // transfers still in flight: where a hang stopped
+  peer_heartbeat(append, take_ops);  // transfers still in flight: where a hang stopped
 }
 
 /* ---------------------------------------------------------------- op progress */
@@ -580,7 +583,7 @@ void finish_up() {
     uint64_t now = mono_now_ns();
     timing_tick(now);
     poll();
-    peer_poll(append);
+    peer_poll(append, take_ops);
     if (!a.n_pending || now >= wait_ops_until) break;
     timespec ms{0, 1000000};
     nanosleep(&ms, nullptr);
@@ -622,7 +625,7 @@ void* agent_main(void*) {
     bool busy = drain();
     timing_tick(now);
     busy |= poll();
-    busy |= peer_poll(append);
+    busy |= peer_poll(append, take_ops);
     stage_poll(append);
     if (now >= next_hb) {
       heartbeats(0);

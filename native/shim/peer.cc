@@ -83,7 +83,10 @@ void resolve(ProfCtx& c) {
   if (c.how == kCtxUnresolved) c.tries = nc + 1;
 }
 
-uint64_t shim_seq(const ProfCtx& c, const Xfer& X) {
+/* The shim seq of X's op. *early: the op is one the agent has not taken from the ready
+ * rings yet, so the answer may be wrong (UINT64_MAX, or a count = 0 call not counted). */
+uint64_t shim_seq(const ProfCtx& c, const Xfer& X, bool* early) {
+  *early = false;
   if (c.how == kCtxUnresolved) return X.key;
   // Graph replays of this kind run on the comm: NCCL emits their events without numbering
   // them (seqNumber not advanced, P2p ordinals shifted), so no event of the kind maps to an op.
@@ -93,17 +96,28 @@ uint64_t shim_seq(const ProfCtx& c, const Xfer& X) {
   if (c.sem.load(std::memory_order_relaxed) != kSemPerFunc) {  // the comm's count > 0 collectives
     uint64_t s = X.key;
     for (uint32_t z = 0; m && z < m->n_zeros && m->zeros[z] <= s; ++z) ++s;
+    *early = !m || s >= m->next_seq;  // every collective below next_seq was taken: s is exact
     return s;
   }
   // The X.key-th count > 0 call of this function on the comm.
+  if (!m || (!m->gap && X.op < kCollKinds && X.key >= m->n_kind[X.op])) *early = true;
   if (!m || m->gap || X.op >= kCollKinds) return UINT64_MAX;
   uint64_t n = m->n_kind[X.op], o = X.key;
   return (o < n && n - o <= kRing) ? m->ring[X.op][o % kRing] : UINT64_MAX;
 }
 
-void emit_one(const Xfer& X, bool done, uint64_t now, RecordSink emit) {
+void emit_one(const Xfer& X, bool done, uint64_t now, RecordSink emit, OpsCatchUp take_ops) {
   ProfCtx& c = g_peer.ctx[X.ctx];
   resolve(c);
+  // An op's slot is submitted before NCCL is called, so before any event of its transfers:
+  // a transfer seen here whose op the agent has not taken yet (it was issued since the last
+  // drain) finds it after one more.
+  bool early = false;
+  uint64_t seq = shim_seq(c, X, &early);
+  if (early) {
+    take_ops();
+    seq = shim_seq(c, X, &early);
+  }
   c4d_peer_record r;
   memset(&r, 0, sizeof r);
   r.h.kind = C4D_REC_PEER;
@@ -111,7 +125,7 @@ void emit_one(const Xfer& X, bool done, uint64_t now, RecordSink emit) {
   r.h.rank = g_cfg.rank;
   r.h.time_ns = now;
   r.comm_id = c.how != kCtxUnresolved ? comm_at(c.slot)->id : c.comm_id;
-  r.seq = shim_seq(c, X);
+  r.seq = seq;
   r.steps_done = X.steps_done.load(std::memory_order_acquire);  // pairs with the step stop's release
   r.first_ns = X.first_ns.load(std::memory_order_relaxed);
   r.last_ns = X.last_ns.load(std::memory_order_relaxed);
@@ -169,21 +183,21 @@ void task_retire(uint64_t now) {
   }
 }
 
-bool peer_poll(RecordSink emit) {
+bool peer_poll(RecordSink emit, OpsCatchUp take_ops) {
   if (!g_peer.ready.load(std::memory_order_acquire)) return false;
   task_retire(mono_now_ns());
   bool any = false;
   uint32_t x;
   uint64_t now = host_now_ns();
   while (g_peer.done.pop(&x)) {
-    emit_one(g_peer.xfers.items[x], true, now, emit);
+    emit_one(g_peer.xfers.items[x], true, now, emit, take_ops);
     xfer_recycle(x);
     any = true;
   }
   return any;
 }
 
-void peer_heartbeat(RecordSink emit) {
+void peer_heartbeat(RecordSink emit, OpsCatchUp take_ops) {
   if (!g_peer.ready.load(std::memory_order_acquire)) return;
   uint64_t now = host_now_ns();
   bool abandoned = false;
@@ -191,7 +205,7 @@ void peer_heartbeat(RecordSink emit) {
     Xfer& X = g_peer.xfers.items[x];
     if (!X.live.load(std::memory_order_acquire)) continue;
     if (X.state.load(std::memory_order_acquire) & kXferDone) continue;  // on the completion ring
-    emit_one(X, false, now, emit);
+    emit_one(X, false, now, emit, take_ops);
     // Its communicator is finalized: nothing will finish it (an aborted hang). Last report.
     if (g_peer.ctx[X.ctx].finalized.load(std::memory_order_acquire)) {
       xfer_recycle(x);

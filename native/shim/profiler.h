@@ -64,15 +64,19 @@ struct OpSlot;
 /* Agent: appends one 128-byte record to the outgoing batch. */
 using RecordSink = void (*)(const void* record);
 
+/* Agent: takes the op slots submitted since its last drain (each one through peer_note_op). */
+using OpsCatchUp = void (*)();
+
 /* Agent, for every op slot it drains (submission order): feeds the seq maps. */
 void peer_note_op(const OpSlot& s);
 
-/* Agent, every loop: completed transfers → done=1 PEER records. True when any. */
-bool peer_poll(RecordSink emit);
+/* Agent, every loop: completed transfers → done=1 PEER records. True when any. A record
+ * whose op the agent has not taken yet calls take_ops first. */
+bool peer_poll(RecordSink emit, OpsCatchUp take_ops);
 
 /* Agent, every heartbeat: one done=0 PEER record per transfer in flight; transfers of
  * finalized contexts are reported one last time and dropped. */
-void peer_heartbeat(RecordSink emit);
+void peer_heartbeat(RecordSink emit, OpsCatchUp take_ops);
 
 /* Agent, every heartbeat: one line the first time the profiler saw collectives that no
  * hook saw (NCCL called through a handle that bypasses the preload). */
