@@ -167,6 +167,37 @@ def test_summaries_grouped_or_interleaved_keep_the_same_rows():
     assert (done_a == done_b).all() and (done_a[done_a > 0] == 8).all()
 
 
+def test_summaries_ordered_by_their_runs_as_a_full_sort_orders_them():
+    """Engine._feed_opsum groups a chunk's summaries by sorting their runs (an agent's message
+    holds each communicator's rows in seq order); runs of one communicator that overlap in seq,
+    repeated seqs and rows in no runs at all take the full sort: always np.lexsort's order."""
+    from c4d.engine.engine import _comm_seq_order
+
+    rng = np.random.default_rng(5)
+    by_runs = 0
+    for trial in range(400):
+        cids = rng.integers(1, 2**64 - 1, int(rng.integers(1, 40)), dtype=np.uint64)
+        msgs = int(rng.integers(1, 5))  # messages of the agents in one chunk, each a run per comm
+        cid, seq = [], []
+        for k in range(msgs):
+            for c in rng.permutation(cids):
+                n = int(rng.integers(1, 12))
+                first = k * 20 + (int(rng.integers(0, 25)) if trial % 4 == 0 else 0)  # overlapping
+                cid.append(np.full(n, c, np.uint64))
+                seq.append(np.arange(first, first + n, dtype=np.uint64))
+        cid, seq = np.concatenate(cid), np.concatenate(seq)
+        if trial % 5 == 0:  # rows shuffled: no runs
+            p = rng.permutation(len(cid))
+            cid, seq = cid[p], seq[p]
+        if trial % 7 == 0 and len(seq) > 2:  # a seq repeated
+            seq[len(seq) // 2] = seq[len(seq) // 2 - 1]
+        got, want = _comm_seq_order(cid, seq), np.lexsort((seq, cid))
+        assert (got == want).all(), trial
+        head = np.r_[True, (cid[1:] != cid[:-1]) | (seq[1:] <= seq[:-1])]
+        by_runs += 4 * int(head.sum()) <= len(cid)
+    assert 100 < by_runs < 400  # both ways taken
+
+
 @pytest.mark.parametrize("name", ["comm-slow-rank", "noncomm-hang"])
 def test_summaries_read_in_the_masters_loop_give_the_same_diagnoses(name, tmp_path):
     """With an engine process the master's loop reads the node summaries from the edge's columns

@@ -760,7 +760,7 @@ class Engine:
         if heads is not None:
             idx, cn = self._lookup(cid[heads])
         if heads is None or (idx < 0).any():  # new communicators are made in comm-id order
-            order = np.lexsort((rows.seq, cid))
+            order = _comm_seq_order(cid, rows.seq)
             rows, recv = rows.take(order), recv[order]
             cid = rows.cid
             heads = np.flatnonzero(np.r_[True, cid[1:] != cid[:-1]])
@@ -1081,6 +1081,30 @@ def _header_ok(kind: np.ndarray | None, rank: np.ndarray, version: np.ndarray) -
     if kind is not None:
         ok &= (kind >= Kind.REGISTER) & (kind <= Kind.OPSUM) & (kind != Kind.TICK)
     return ok
+
+
+def _comm_seq_order(cid: np.ndarray, seq: np.ndarray) -> np.ndarray:
+    """``np.lexsort((seq, cid))`` from the rows' runs: node agents send each node-local
+    communicator's summaries as a run in seq order, and a chunk holds a few messages of each
+    agent, so sorting the runs (a tenth of the rows at 16,384 ranks) and laying their rows out
+    in that order is the sort, unless one communicator's runs overlap in seq (checked; then
+    every row is sorted). Equal (cid, seq) pairs also take the full sort, whose order is
+    stable."""
+    n = len(cid)
+    head = np.empty(n, bool)
+    head[0] = True
+    np.not_equal(cid[1:], cid[:-1], out=head[1:])
+    head[1:] |= seq[1:] <= seq[:-1]  # a run also ends where its seq does not rise
+    h = np.flatnonzero(head)
+    if 4 * len(h) > n:
+        return np.lexsort((seq, cid))
+    by = np.lexsort((seq[h], cid[h]))
+    lens = np.diff(np.r_[h, n])[by]
+    order = np.repeat(h[by] - (np.cumsum(lens) - lens), lens) + np.arange(n)
+    c, s = cid[order], seq[order]
+    if ((c[1:] != c[:-1]) | (s[1:] > s[:-1])).all():
+        return order
+    return np.lexsort((seq, cid))
 
 
 def _grouped(cid: np.ndarray, seq: np.ndarray) -> np.ndarray | None:
