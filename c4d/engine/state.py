@@ -461,7 +461,12 @@ class RankTable:
         gi = g if every else np.where(ok, g, 0)
         nd = self.node[gi]
         if len(self.rel_node) and len(nd) and int(nd.min()) >= 0:  # every rank's node known (usual)
-            rel, have = self.rel_node[nd] + self.anc_node[nd], self.rel_node_ok[nd]
+            # per node first (a few thousand), then one gather per row (a chunk's 100,000 rows)
+            ok_node = self.rel_node_ok
+            off = np.rint(self.rel_node + self.anc_node).astype(np.int64)[nd]
+            if every and (ok_node.all() or ok_node[nd].all()):
+                return off
+            return np.where(ok & ok_node[nd], off, 0)
         elif len(self.rel_node):
             ndi = np.maximum(nd, 0)
             by_node = self.rel_node[ndi] + self.anc_node[ndi]
