@@ -78,6 +78,7 @@ def replay_chunks(
     ticks as over the whole array, so the same diagnoses. Holds at most the records between
     two ticks (one master tick period) besides the piece being read."""
     heap.keep_freed_blocks()  # (c4d/heap.py)
+    heap.collect_rarely()
     ing = ingest or Ingest(engine, Edge(Limits.from_env()))
     out: list[Diagnosis] = []
     last_tick = created_ns

@@ -100,6 +100,7 @@ def _serve(endpoint: str, overrides: dict[str, Any], split: bool, level: int) ->
     # the engine's own log lines (records it drops) on the master's stderr, as the master's
     logging.basicConfig(level=level, stream=sys.stderr, format="c4d %(levelname)s %(message)s")
     heap.keep_freed_blocks()
+    heap.collect_rarely()
     engine = make_engine(overrides, split=split)
     failures: Counter[str] = Counter()
     failed_records = 0

@@ -78,6 +78,7 @@ class Master:
         self.cfg = cfg
         self.out = out or sys.stdout
         heap.keep_freed_blocks()  # a chunk's arrays reuse the pages of the one before (c4d/heap.py)
+        heap.collect_rarely()
         # a collector passed in (c4d run keeps one endpoint across restarts) is the caller's to close
         self._own_collector = collector is None
         if collector is None:

@@ -43,3 +43,48 @@ def test_freed_chunk_arrays_are_reused_not_faulted_in_again():
     # after the first array, each new one is fresh pages without, the same pages with
     assert sum(plain[2:]) >= 8 * 32, plain
     assert sum(keep[2:]) * 4 <= sum(plain[2:]), (keep, plain)
+
+
+GC_PROBE = r"""
+import gc, json, sys
+if sys.argv[1] == "rare":
+    from c4d import heap
+    heap.collect_rarely()
+runs = [0, 0, 0]
+def count(phase, info):
+    if phase == "stop":
+        runs[info["generation"]] += 1
+gc.callbacks.append(count)
+kept = [[i] for i in range(200_000)]  # long-lived containers, as the engine's state for many ranks
+for i in range(400_000):  # short-lived ones (a chunk's tuples and lists): freed, not counted
+    t = (i, [i])
+print(json.dumps(runs))
+"""
+
+
+def _collections(mode: str) -> list[int]:
+    out = subprocess.run(
+        [sys.executable, "-c", GC_PROBE, mode], capture_output=True, text=True, timeout=120, check=True
+    )
+    return json.loads(out.stdout)
+
+
+def test_cyclic_collections_are_rare_and_full_ones_rarer():
+    """c4d.heap.collect_rarely: a pass over the young objects every 50,000 containers kept
+    (Python's 700), the full pass over every object far rarer."""
+    plain, rare = _collections("plain"), _collections("rare")
+    assert plain[0] >= 200 and plain[2] >= 2, plain
+    assert rare[0] * 30 <= plain[0] and rare[2] == 0, (rare, plain)
+
+
+def test_the_master_collects_rarely():
+    import gc
+
+    from c4d import heap
+    from c4d.master import Master, MasterConfig
+
+    m = Master(MasterConfig(bind="tcp://127.0.0.1:*"))
+    try:
+        assert all(a >= b for a, b in zip(gc.get_threshold(), heap.GC_THRESHOLDS, strict=True))
+    finally:
+        m.close()
