@@ -216,3 +216,32 @@ def test_packed_lexsort_orders_as_numpy_lexsort():
         assert (lexsort(tuple(keys)) == want).all()
         packed += sum((int(k.max()) - int(k.min())).bit_length() for k in keys) <= 62
     assert 50 < packed < 300  # both paths taken
+
+
+def test_register_repeats_skipped_at_once_as_one_by_one():
+    """RankTable.register skips a batch's REGISTER rows that say what it knows in one pass: the
+    same node names and indices, pids, restarts and job settings as taking every row one by one
+    (new pids, new and renamed nodes, ranks twice in a batch, undecodable and empty names)."""
+    from c4d.engine.state import RankTable
+
+    rng = np.random.default_rng(3)
+    # b"p" * 37 + b"\xffxy" reads as a name whose UTF-8 is 42 bytes; cut to the field's 40, those
+    # are the bytes of the last name, which reads as another
+    names = [b"node-a", b"node-b", b"n\xffc", b"", b"p" * 37 + b"\xffxy", b"p" * 37 + "\ufffd".encode()]
+    for trial in range(60):
+        batched, single = RankTable(), RankTable()
+        for t in (batched, single):
+            t.ensure(63)
+            t.final[:] = True  # (a restart clears it)
+        for _ in range(8):
+            rows = np.zeros(int(rng.integers(1, 40)), schema.REGISTER)
+            rows["rank"] = rng.integers(0 if trial % 2 else 1, 16, len(rows))
+            rows["pid"] = 100 + rng.integers(0, 2 if trial % 3 else 4, len(rows))
+            rows["node"] = [names[int(i)] for i in rng.integers(0, len(names) if trial % 4 else 2, len(rows))]
+            rows["hang_timeout_us"] = rng.integers(1, 1000, len(rows))
+            batched.register(rows)
+            for r in rows:
+                single.register(r[None])
+            assert batched.node_names == single.node_names
+            assert (batched.node == single.node).all() and (batched.pid == single.pid).all()
+            assert (batched.final == single.final).all() and batched.job == single.job
