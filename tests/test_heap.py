@@ -27,9 +27,10 @@ print(json.dumps(faults))
 """
 
 
-def _faults(mode: str) -> list[int]:
+def _probe(code: str, mode: str) -> list[int]:
+    """A probe's counts (its JSON line) from a fresh process, in ``mode``."""
     out = subprocess.run(
-        [sys.executable, "-c", PROBE, mode], capture_output=True, text=True, timeout=120, check=True
+        [sys.executable, "-c", code, mode], capture_output=True, text=True, timeout=120, check=True
     )
     return json.loads(out.stdout)
 
@@ -39,7 +40,7 @@ def test_freed_chunk_arrays_are_reused_not_faulted_in_again():
 
     if not heap.keep_freed_blocks():
         pytest.skip("not glibc: the allocator is left as it is")
-    plain, keep = _faults("plain"), _faults("keep")
+    plain, keep = _probe(PROBE, "plain"), _probe(PROBE, "keep")
     # after the first array, each new one is fresh pages without, the same pages with
     assert sum(plain[2:]) >= 8 * 32, plain
     assert sum(keep[2:]) * 4 <= sum(plain[2:]), (keep, plain)
@@ -62,17 +63,10 @@ print(json.dumps(runs))
 """
 
 
-def _collections(mode: str) -> list[int]:
-    out = subprocess.run(
-        [sys.executable, "-c", GC_PROBE, mode], capture_output=True, text=True, timeout=120, check=True
-    )
-    return json.loads(out.stdout)
-
-
 def test_cyclic_collections_are_rare_and_full_ones_rarer():
     """c4d.heap.collect_rarely: a pass over the young objects every 50,000 containers kept
     (Python's 700), the full pass over every object far rarer."""
-    plain, rare = _collections("plain"), _collections("rare")
+    plain, rare = _probe(GC_PROBE, "plain"), _probe(GC_PROBE, "rare")
     assert plain[0] >= 200 and plain[2] >= 2, plain
     assert rare[0] * 30 <= plain[0] and rare[2] == 0, (rare, plain)
 
