@@ -119,11 +119,9 @@ def _serve(endpoint: str, overrides: dict[str, Any], split: bool, level: int) ->
             frames = sock.recv_multipart(copy=False)  # the rows are read where ZeroMQ put them
             head = frames[0].bytes
             op, arg = head[:1], int.from_bytes(head[1:9], "little", signed=True)
-            if op == FEED:
+            if op == FEED:  # a batch without node summaries (those with come APART)
                 try:
-                    rows = np.frombuffer(frames[1].buffer, schema.HEADER)
-                    sums = Summaries.from_frames([f.buffer for f in frames[2:]], len(rows))
-                    engine.feed(rows, arg, summaries=sums)
+                    engine.feed(np.frombuffer(frames[1].buffer, schema.HEADER), arg)
                 except Exception as e:  # as Ingest counts it in-process: the master hears of it
                     failures[f"ingest: {type(e).__name__}"] += 1
                     failed_records += len(frames[1].buffer) // schema.RECORD_SIZE

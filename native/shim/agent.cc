@@ -264,8 +264,7 @@ void blind_spots() {
   peer_blind_spots();
 }
 
-bool drain();
-void take_ops() { drain(); }  // profiler.h OpsCatchUp
+bool drain();  // (below) profiler.h's OpsCatchUp
 
 void heartbeats(uint16_t hb_flags) {
   Agent& a = g_agent;
@@ -332,7 +331,7 @@ void heartbeats(uint16_t hb_flags) {
     fill_pending(h, p.pend);
     append(&h);
   }
-  peer_heartbeat(append, take_ops);  // transfers still in flight: where a hang stopped
+  peer_heartbeat(append, drain);  // transfers still in flight: where a hang stopped
 }
 
 /* ---------------------------------------------------------------- op progress */
@@ -583,7 +582,7 @@ void finish_up() {
     uint64_t now = mono_now_ns();
     timing_tick(now);
     poll();
-    peer_poll(append, take_ops);
+    peer_poll(append, drain);
     if (!a.n_pending || now >= wait_ops_until) break;
     timespec ms{0, 1000000};
     nanosleep(&ms, nullptr);
@@ -625,7 +624,7 @@ void* agent_main(void*) {
     bool busy = drain();
     timing_tick(now);
     busy |= poll();
-    busy |= peer_poll(append, take_ops);
+    busy |= peer_poll(append, drain);
     stage_poll(append);
     if (now >= next_hb) {
       heartbeats(0);

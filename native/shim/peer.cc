@@ -100,9 +100,13 @@ uint64_t shim_seq(const ProfCtx& c, const Xfer& X, bool* early) {
     return s;
   }
   // The X.key-th count > 0 call of this function on the comm.
-  if (!m || (!m->gap && X.op < kCollKinds && X.key >= m->n_kind[X.op])) *early = true;
-  if (!m || m->gap || X.op >= kCollKinds) return UINT64_MAX;
+  if (!m) {
+    *early = true;
+    return UINT64_MAX;
+  }
+  if (m->gap || X.op >= kCollKinds) return UINT64_MAX;
   uint64_t n = m->n_kind[X.op], o = X.key;
+  *early = o >= n;
   return (o < n && n - o <= kRing) ? m->ring[X.op][o % kRing] : UINT64_MAX;
 }
 

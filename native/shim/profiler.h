@@ -64,8 +64,9 @@ struct OpSlot;
 /* Agent: appends one 128-byte record to the outgoing batch. */
 using RecordSink = void (*)(const void* record);
 
-/* Agent: takes the op slots submitted since its last drain (each one through peer_note_op). */
-using OpsCatchUp = void (*)();
+/* Agent: takes the op slots submitted since its last drain (each one through peer_note_op);
+ * true when there were any. */
+using OpsCatchUp = bool (*)();
 
 /* Agent, for every op slot it drains (submission order): feeds the seq maps. */
 void peer_note_op(const OpSlot& s);
