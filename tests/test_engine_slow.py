@@ -544,3 +544,55 @@ def test_p2p_link_bounds_fold_sorted_keys_as_any_order():
         for f in ("bkey", "bcur", "bprev", "bep"):
             assert getattr(runs, f).tolist() == getattr(any_order, f).tolist(), (chunk, f)
     assert len(runs.bkey) > 40 and (runs.bprev != np.iinfo(np.int64).max).any()
+
+
+def test_calm_communicators_skipped_give_what_judging_them_gives():
+    """RankNonCommSlow skips a communicator whose members' compute spreads by half of
+    slow_arrival_min_ms in too few ops for anyone to stand out (slow._calm): its findings and
+    the 'stood out' memory of the next window equal those of judging every communicator,
+    on windows at the edge of that bound (spreads just below and above it, shares near
+    STOOD_OUT and slow_last_frac, NaN, a member slow in most ops, two windows in a row)."""
+    from c4d.engine import slow
+    from c4d.engine.config import EngineConfig
+    from c4d.engine.state import COMPLETED
+
+    rng = np.random.default_rng(11)
+    half = EngineConfig().slow_arrival_min_ms * 1e6 / 2
+
+    def window(n_ops: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+        G = 1.8e6 + rng.normal(0, rng.choice([1e3, 1e5]), (n_ops, n))
+        G = G.astype(rng.choice([np.float32, np.float64]))
+        r = int(rng.integers(n))
+        hit = rng.random(n_ops) < rng.choice([0.05, 0.25, 0.29, 0.31, 0.55, 0.61, 0.95])
+        G[hit, r] += half * rng.choice([0.98, 1.0, 1.02, 2.5, 5.0])
+        if rng.random() < 0.15:
+            G[rng.random(G.shape) < 0.02] = np.nan
+        o = np.zeros(n_ops, COMPLETED)
+        o["seq"], o["op"], o["last"] = np.arange(n_ops), 2, np.argmax(np.nan_to_num(G), axis=1)
+        o["wait_med"] = rng.integers(0, 10**6, n_ops)
+        return o, G
+
+    skipped = 0
+    for trial in range(60):
+        comms: dict[int, Comm] = {}
+        for i in range(12):
+            c = comms[i] = Comm(i, 1000 + i, int(rng.choice([2, 4, 8])))
+            c.grank[:] = np.arange(c.n) + 8 * i
+        judges = {"skip": slow.SlowJudge(EngineConfig()), "all": slow.SlowJudge(EngineConfig())}
+        got: dict[str, list] = {k: [] for k in judges}
+        for w in range(2):
+            sel, gaps = {}, {}
+            for i, c in comms.items():
+                sel[i], gaps[i] = window(int(rng.choice([3, 40, 300])), c.n)
+                skipped += slow._calm(gaps[i], half, slow.STOOD_OUT)
+            for k, j in judges.items():
+                calm = slow._calm
+                if k == "all":
+                    slow._calm = lambda *a: False  # type: ignore[assignment]
+                try:
+                    got[k] += [(f.ranks, f.seq, f.detail) for f in j._noncomm_slow(comms, sel, gaps, w, {})]
+                finally:
+                    slow._calm = calm  # type: ignore[assignment]
+        assert got["skip"] == got["all"], trial
+        assert judges["skip"].noncomm_low == judges["all"].noncomm_low, trial
+    assert 0.2 < skipped / (60 * 2 * 12) < 0.8  # both paths taken, the bound's edges among them

@@ -304,9 +304,13 @@ class SlowJudge:
         others wait that long for it. Victims of a cascade arrive late with a normal gap."""
         cfg = self.cfg
         found: dict[int, list[tuple[Comm, float, dict[str, Any], np.ndarray]]] = {}
+        # below, a member stands out in an op by half its need, need >= slow_arrival_min_ms
+        calm_ns, calm_share = cfg.slow_arrival_min_ms * 1e6 / 2, min(STOOD_OUT, cfg.slow_last_frac)
         for i, o in sel.items():
             c = comms[i]
             if c.n < 2 or len(o) < cfg.slow_min_ops:
+                continue
+            if _calm(gaps[i], calm_ns, calm_share):
                 continue
             # float32 as kept (medians sort them so and average in float64: the same values,
             # half the bytes to sort); differences with float64 medians are float64
@@ -829,6 +833,22 @@ def _share(mask: np.ndarray) -> float:
 
 def _hyp_name(h: blame.Hyp) -> str:
     return f"link {h.link[0]}-{h.link[1]}" if h.is_link else f"rank {h.rank}"
+
+
+def _calm(G: np.ndarray, t: float, share: float) -> bool:
+    """Whether no member of a communicator can stand out in ``share`` of a window's ops (``G``:
+    ops x members, compute before each op, no NaN): in fewer ops than that is the spread of
+    the members' compute ``t`` or more, and a member stands out in an op only by ``t`` above
+    the op's median (which is above the op's least). A healthy group is calm; its medians and
+    sorts (most of the window-close tick at 16,384 ranks) are then not needed."""
+    if not len(G) or not np.isfinite(G).all():
+        return False
+    hi, lo = G[:, 0].copy(), G[:, 0].copy()  # column by column: a reduction along rows of 8 is 15x slower
+    for j in range(1, G.shape[1]):
+        np.maximum(hi, G[:, j], out=hi)
+        np.minimum(lo, G[:, j], out=lo)
+    wide = np.count_nonzero(hi.astype(np.float64) - lo >= t)
+    return bool(wide < share * len(G))
 
 
 def _col_count(mask: np.ndarray) -> np.ndarray:
