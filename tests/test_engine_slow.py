@@ -596,3 +596,42 @@ def test_calm_communicators_skipped_give_what_judging_them_gives():
         assert got["skip"] == got["all"], trial
         assert judges["skip"].noncomm_low == judges["all"].noncomm_low, trial
     assert 0.2 < skipped / (60 * 2 * 12) < 0.8  # both paths taken, the bound's edges among them
+
+
+def test_closed_rows_taken_as_a_prefix_or_by_mask_alike():
+    """The judge takes a communicator's rows of closed windows and keeps the rest: a prefix
+    and a copied tail when they come in window order (the usual case), by masks otherwise;
+    the same rows either way, the kept ones independent of what was taken."""
+    from c4d.engine import slow
+    from c4d.engine.config import EngineConfig
+    from c4d.engine.state import COMPLETED, NO_ROWS
+
+    rng = np.random.default_rng(5)
+    P = 10**9
+    for trial in range(200):
+        m = int(rng.integers(1, 60))
+        la = np.sort(rng.integers(0, 3 * P, m))
+        if trial % 2:
+            la = rng.permutation(la)
+        rows = np.zeros(m, COMPLETED)
+        rows["last_arrive"], rows["seq"], rows["aligned"] = la, np.arange(m), True
+        gaps = rng.random((m, 4)).astype(np.float32)
+        cuts = np.sort(rng.integers(0, m + 1, 3))
+        c = Comm(0, 1, 4)
+        for a, b in zip(np.r_[0, cuts], np.r_[cuts, m], strict=True):
+            c._completed(rows[a:b], gaps[a:b])
+        closed = int(rng.integers(-1, 3))
+        got = slow.SlowJudge(EngineConfig())._closed_coll(c, closed, P)
+        shut = la // P <= closed
+        if not shut.any():
+            assert got is None or not len(got[0])
+        else:
+            assert np.array_equal(got[0]["seq"], np.flatnonzero(shut)) and np.array_equal(got[1], gaps[shut])
+        kept = np.concatenate(c.pending) if c.pending else np.zeros(0, COMPLETED)
+        assert np.array_equal(kept["seq"], np.flatnonzero(~shut))
+        if got is not None and c.pending:  # the kept rows hold no memory of the taken ones
+            root = c.pending[0]
+            while root.base is not None:
+                root = root.base
+            assert root.nbytes == c.pending[0].nbytes
+        assert c.pending_min_la == (int(la[~shut].min()) if (~shut).any() else NO_ROWS)

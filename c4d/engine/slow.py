@@ -181,13 +181,19 @@ class SlowJudge:
         gaps = np.concatenate(c.pending_gaps) if len(c.pending_gaps) > 1 else c.pending_gaps[0]
         win = ops["last_arrive"] // P
         keep = win > closed
-        c.took(take(ops, np.flatnonzero(~keep)[-RECENT_OPS:]) if keep.any() else ops, p2p=False)
-        c.pending, c.pending_gaps = ([take(ops, keep)], [gaps[keep]]) if keep.any() else ([], [])
-        c.pending_min_la = int(ops["last_arrive"][keep].min()) if keep.any() else NO_ROWS
+        j = _prefix(keep)
+        if j is not None:  # the closed rows come first (the usual order): views, the rest copied
+            rest = (ops[j:].copy(), gaps[j:].copy()) if j < len(ops) else None
+            ops, gaps, win = ops[:j], gaps[:j], win[:j]
+        else:
+            rest = (take(ops, keep), gaps[keep]) if keep.any() else None
+            if rest is not None:
+                ops, gaps, win = take(ops, ~keep), gaps[~keep], win[~keep]
+        c.took(ops[-RECENT_OPS:], p2p=False)
+        c.pending, c.pending_gaps = ([rest[0]], [rest[1]]) if rest is not None else ([], [])
+        c.pending_min_la = int(rest[0]["last_arrive"].min()) if rest is not None else NO_ROWS
         if c._pool is not None:
             c._pool.pmin[c.idx] = c.pending_min_la
-        if keep.any():
-            ops, gaps, win = take(ops, ~keep), gaps[~keep], win[~keep]
         use = self._usable(ops, win)
         if not use.any():
             return None
@@ -215,13 +221,19 @@ class SlowJudge:
         ops = cat(c.p2p_pending)
         win = ops["last_arrive"] // P
         keep = win > closed
-        c.took(take(ops, np.flatnonzero(~keep)[-RECENT_OPS:]) if keep.any() else ops, p2p=True)
-        c.p2p_pending = [take(ops, keep)] if keep.any() else []
-        c.p2p_pending_min_la = int(ops["last_arrive"][keep].min()) if keep.any() else NO_ROWS
+        j = _prefix(keep)
+        if j is not None:
+            rest = ops[j:].copy() if j < len(ops) else None
+            ops, win = ops[:j], win[:j]
+        else:
+            rest = take(ops, keep) if keep.any() else None
+            if rest is not None:
+                ops, win = take(ops, ~keep), win[~keep]
+        c.took(ops[-RECENT_OPS:], p2p=True)
+        c.p2p_pending = [rest] if rest is not None else []
+        c.p2p_pending_min_la = int(rest["last_arrive"].min()) if rest is not None else NO_ROWS
         if c._pool is not None:
             c._pool.p2pmin[c.idx] = c.p2p_pending_min_la
-        if keep.any():
-            ops, win = take(ops, ~keep), win[~keep]
         use = self._usable(ops, win)
         return _subset(ops, use) if use.any() else None
 
@@ -833,6 +845,12 @@ def _share(mask: np.ndarray) -> float:
 
 def _hyp_name(h: blame.Hyp) -> str:
     return f"link {h.link[0]}-{h.link[1]}" if h.is_link else f"rank {h.rank}"
+
+
+def _prefix(keep: np.ndarray) -> int | None:
+    """Where the rows to keep begin when they all come after the others, else None."""
+    j = len(keep) - int(np.count_nonzero(keep))
+    return j if keep[j:].all() else None
 
 
 def _calm(G: np.ndarray, t: float, share: float) -> bool:
