@@ -627,11 +627,12 @@ def test_closed_rows_taken_as_a_prefix_or_by_mask_alike():
             assert got is None or not len(got[0])
         else:
             assert np.array_equal(got[0]["seq"], np.flatnonzero(shut)) and np.array_equal(got[1], gaps[shut])
+            assert np.array_equal(got[2], la[shut] // P)  # each row's window
         kept = np.concatenate(c.pending) if c.pending else np.zeros(0, COMPLETED)
         assert np.array_equal(kept["seq"], np.flatnonzero(~shut))
         if got is not None and c.pending:  # the kept rows hold no memory of the taken ones
             root = c.pending[0]
             while root.base is not None:
                 root = root.base
-            assert root.nbytes == c.pending[0].nbytes
+            assert not np.shares_memory(root, got[0])
         assert c.pending_min_la == (int(la[~shut].min()) if (~shut).any() else NO_ROWS)

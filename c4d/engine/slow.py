@@ -134,8 +134,9 @@ class SlowJudge:
             self.stall_from = None
         if self.next_window is not None:
             self.stalled = [(a, b) for a, b in self.stalled if b >= self.next_window]
-        per_comm: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        per_p2p: dict[int, np.ndarray] = {}
+        # per communicator its rows taken, (its members' compute,) each row's window
+        per_comm: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        per_p2p: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         # only the communicators keeping rows of a window that may now be judged (the pool
         # knows every one's earliest), in index order
         due = comms.values() if pool is None else [comms[i] for i in pool.due((closed + 1) * P).tolist()]
@@ -143,29 +144,29 @@ class SlowJudge:
             got = self._closed_coll(c, closed, P)
             if got is not None:
                 per_comm[c.idx] = got
-            rows = self._closed_p2p(c, closed, P)
-            if rows is not None:
-                per_p2p[c.idx] = rows
+            got_p2p = self._closed_p2p(c, closed, P)
+            if got_p2p is not None:
+                per_p2p[c.idx] = got_p2p
         out: list[SlowFinding] = []
         # the windows the taken rows are of (each communicator's span a window or two: a
-        # np.unique of every row, 2.5 M at 16,384 ranks, was most of the judge's own time)
+        # np.unique of every row, 2.5 M at 16,384 ranks, was most of the judge's own time; the
+        # windows as taken: a read of a field of every kept row is a pass over all their bytes)
         wins = set(self.own.windows(closed))
-        for o in [o for o, _ in per_comm.values()] + list(per_p2p.values()):
-            la = o["last_arrive"]
-            lo, hi = int(la.min()) // P, int(la.max()) // P
-            wins.update((lo, hi) if hi - lo <= 1 else np.unique(la // P).tolist())
+        for win in [x[-1] for x in per_comm.values()] + [x[-1] for x in per_p2p.values()]:
+            lo, hi = int(win.min()), int(win.max())
+            wins.update((lo, hi) if hi - lo <= 1 else np.unique(win).tolist())
         if wins:
             for w in sorted(wins):
                 if any(a <= w <= b for a, b in self.stalled):
                     self.own.drop(int(w))  # its collectives and p2p rows were dropped too (_usable)
                 sel, gaps = {}, {}
-                for i, (o, g) in per_comm.items():
-                    m = o["last_arrive"] // P == w
+                for i, (o, g, win) in per_comm.items():
+                    m = win == w
                     if m.any():  # one window closed is the common case: no copy (_subset)
                         sel[i], gaps[i] = _subset(o, m), (g if m.all() else g[m])
                 sel_p2p = {}
-                for i, o in per_p2p.items():
-                    m = o["last_arrive"] // P == w
+                for i, (o, win) in per_p2p.items():
+                    m = win == w
                     if m.any():
                         sel_p2p[i] = _subset(o, m)
                 out += self._window(ranks, comms, sel, gaps, sel_p2p, int(w), P)
@@ -173,8 +174,8 @@ class SlowJudge:
             self.next_window = int(closed) + 1
         return out
 
-    def _closed_coll(self, c: Comm, closed: int, P: int) -> tuple[np.ndarray, np.ndarray] | None:
-        """Take c's COMPLETED rows (and their members' gaps) of windows that may now be judged."""
+    def _closed_coll(self, c: Comm, closed: int, P: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """Take c's COMPLETED rows (their members' gaps, their windows) of windows that may now be judged."""
         if not c.pending or c.pending_min_la // P > closed:
             return None
         ops = cat(c.pending)
@@ -197,7 +198,9 @@ class SlowJudge:
         use = self._usable(ops, win)
         if not use.any():
             return None
-        return _subset(ops, use), (gaps if use.all() else gaps[use])
+        if use.all():
+            return ops, gaps, win
+        return take(ops, use), gaps[use], win[use]
 
     def _usable(self, ops: np.ndarray, win: np.ndarray) -> np.ndarray:
         """Which taken rows a window may judge: not reduced before the members' clocks were
@@ -214,8 +217,8 @@ class SlowJudge:
         self.stalled_ops += int(stalled.sum())
         return use & ~stalled
 
-    def _closed_p2p(self, c: Comm, closed: int, P: int) -> np.ndarray | None:
-        """Take c's P2P_DONE rows of windows that may now be judged."""
+    def _closed_p2p(self, c: Comm, closed: int, P: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """Take c's P2P_DONE rows (and their windows) of windows that may now be judged."""
         if not c.p2p_pending or c.p2p_pending_min_la // P > closed:
             return None  # nothing closed yet: no copy (most ticks, for every p2p link)
         ops = cat(c.p2p_pending)
@@ -235,7 +238,9 @@ class SlowJudge:
         if c._pool is not None:
             c._pool.p2pmin[c.idx] = c.p2p_pending_min_la
         use = self._usable(ops, win)
-        return _subset(ops, use) if use.any() else None
+        if not use.any():
+            return None
+        return (ops, win) if use.all() else (take(ops, use), win[use])
 
     # -- one window --------------------------------------------------------------------
     def _window(
