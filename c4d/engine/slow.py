@@ -181,15 +181,7 @@ class SlowJudge:
         ops = cat(c.pending)
         gaps = np.concatenate(c.pending_gaps) if len(c.pending_gaps) > 1 else c.pending_gaps[0]
         win = ops["last_arrive"] // P
-        keep = win > closed
-        j = _prefix(keep)
-        if j is not None:  # the closed rows come first (the usual order): views, the rest copied
-            rest = (ops[j:].copy(), gaps[j:].copy()) if j < len(ops) else None
-            ops, gaps, win = ops[:j], gaps[:j], win[:j]
-        else:
-            rest = (take(ops, keep), gaps[keep]) if keep.any() else None
-            if rest is not None:
-                ops, gaps, win = take(ops, ~keep), gaps[~keep], win[~keep]
+        (ops, gaps, win), rest = _split(win > closed, ops, gaps, win)
         c.took(ops[-RECENT_OPS:], p2p=False)
         c.pending, c.pending_gaps = ([rest[0]], [rest[1]]) if rest is not None else ([], [])
         c.pending_min_la = int(rest[0]["last_arrive"].min()) if rest is not None else NO_ROWS
@@ -223,18 +215,10 @@ class SlowJudge:
             return None  # nothing closed yet: no copy (most ticks, for every p2p link)
         ops = cat(c.p2p_pending)
         win = ops["last_arrive"] // P
-        keep = win > closed
-        j = _prefix(keep)
-        if j is not None:
-            rest = ops[j:].copy() if j < len(ops) else None
-            ops, win = ops[:j], win[:j]
-        else:
-            rest = take(ops, keep) if keep.any() else None
-            if rest is not None:
-                ops, win = take(ops, ~keep), win[~keep]
+        (ops, win), rest = _split(win > closed, ops, win)
         c.took(ops[-RECENT_OPS:], p2p=True)
-        c.p2p_pending = [rest] if rest is not None else []
-        c.p2p_pending_min_la = int(rest["last_arrive"].min()) if rest is not None else NO_ROWS
+        c.p2p_pending = [rest[0]] if rest is not None else []
+        c.p2p_pending_min_la = int(rest[0]["last_arrive"].min()) if rest is not None else NO_ROWS
         if c._pool is not None:
             c._pool.p2pmin[c.idx] = c.p2p_pending_min_la
         use = self._usable(ops, win)
@@ -852,10 +836,21 @@ def _hyp_name(h: blame.Hyp) -> str:
     return f"link {h.link[0]}-{h.link[1]}" if h.is_link else f"rank {h.rank}"
 
 
-def _prefix(keep: np.ndarray) -> int | None:
-    """Where the rows to keep begin when they all come after the others, else None."""
+Cut = tuple[np.ndarray, ...]
+
+
+def _split(keep: np.ndarray, *cols: np.ndarray) -> tuple[Cut, Cut | None]:
+    """Row-aligned arrays cut into the rows taken and those kept (``keep``; None: none). When
+    the kept come after the others (the usual order) the taken are views and the kept copied:
+    a window's rows at 16,384 ranks are ~1 GiB, copied once more by masks."""
     j = len(keep) - int(np.count_nonzero(keep))
-    return j if keep[j:].all() else None
+    if keep[j:].all():
+        return tuple(a[:j] for a in cols), (tuple(a[j:].copy() for a in cols) if j < len(keep) else None)
+
+    def pick(a: np.ndarray, m: np.ndarray) -> np.ndarray:  # whole records (numpy copies fields one by one)
+        return take(a, m) if a.dtype.names else a[m]
+
+    return tuple(pick(a, ~keep) for a in cols), tuple(pick(a, keep) for a in cols)
 
 
 def _calm(G: np.ndarray, t: float, share: float) -> bool:
