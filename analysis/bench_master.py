@@ -173,11 +173,28 @@ def _master_rss_mib(m) -> tuple[float, float]:
 def _cpu(m=None) -> float:
     """CPU seconds of this process (the master) and of its engine process, if any."""
     r = resource.getrusage(resource.RUSAGE_SELF)
-    out = r.ru_utime + r.ru_stime
-    if m is not None and (pid := _engine_pid(m)) is not None:
-        with open(f"/proc/{pid}/stat") as f:
-            utime, stime = f.read().rsplit(")", 1)[1].split()[11:13]
-        out += (int(utime) + int(stime)) / os.sysconf("SC_CLK_TCK")
+    return r.ru_utime + r.ru_stime + (_engine_cpu(m) or 0.0)
+
+
+def _engine_cpu(m) -> float | None:
+    """CPU seconds of the master's engine process; None without one."""
+    if m is None or (pid := _engine_pid(m)) is None:
+        return None
+    with open(f"/proc/{pid}/stat") as f:
+        utime, stime = f.read().rsplit(")", 1)[1].split()[11:13]
+    return (int(utime) + int(stime)) / os.sysconf("SC_CLK_TCK")
+
+
+def _cores(cpu: float, e0: float | None, e1: float | None, n: int, rate: float) -> dict:
+    """The cores each of the master's processes needs at the job's rate (``rate`` records/s), from
+    the CPU it spent per record: the engine's process is one thread, so more than 1.0 there is
+    more than any number of cores gives it (with ``--engine-process``; else the loop's is all)."""
+    if not n:
+        return {}
+    eng = (e1 - e0) if e0 is not None and e1 is not None else 0.0
+    out = {"loop_cores_at_job_rate": round((cpu - eng) / n * rate, 2)}
+    if e0 is not None:
+        out["engine_cores_at_job_rate"] = round(eng / n * rate, 2)
     return out
 
 
@@ -192,7 +209,7 @@ def capacity(shape: Shape, agents: bool, seconds: float, engine_process: bool = 
                                           ready, sent, lag, None, prio), daemon=True)  # fmt: skip
     p.start()
     ready.wait(600)
-    w0, c0 = time.perf_counter(), _cpu(m)
+    w0, c0, e0 = time.perf_counter(), _cpu(m), _engine_cpu(m)
     while True:
         m.step(timeout_s=0.02)
         if not p.is_alive() and (m.collector.records >= sent.value or p.exitcode):
@@ -203,8 +220,9 @@ def capacity(shape: Shape, agents: bool, seconds: float, engine_process: bool = 
         raise SystemExit(f"bench_master: the sender failed (exit {p.exitcode})")
     m.tick(time.time_ns())  # the last records evaluated
     m.settle()  # (an engine in a process of its own: until it has evaluated them)
-    wall, cpu = time.perf_counter() - w0, _cpu(m) - c0
+    wall, cpu, e1 = time.perf_counter() - w0, _cpu(m) - c0, _engine_cpu(m)
     n = m.collector.records
+    job_rate = sent.value * shape.rate / rounds
     p.join(10)
     rss, peak = _master_rss_mib(m)  # this process is the master alone (_fresh), its sender forked off
     out = {
@@ -216,7 +234,8 @@ def capacity(shape: Shape, agents: bool, seconds: float, engine_process: bool = 
         "cpu_s": round(cpu, 3),
         "records_per_s": round(n / wall),
         "records_per_cpu_s": round(n / cpu) if cpu else None,
-        "job_records_per_s": round(sent.value * shape.rate / rounds),  # what the job (its agents) sent
+        "job_records_per_s": round(job_rate),  # what the job (its agents) sent
+        **_cores(cpu, e0, e1, n, job_rate),
         "sender_nice": prio.value,
         "master_rss_mib": round(rss, 1),
         "master_peak_rss_mib": round(peak, 1),
@@ -248,7 +267,7 @@ def paced(shape: Shape, agents: bool, seconds: float, hang_at_s: float, engine_p
     backlog = []
     seen_ms = None
     seen_d = None
-    c0 = _cpu(m)
+    c0, e0 = _cpu(m), _engine_cpu(m)
     last = time.perf_counter()
 
     def seen(new) -> None:
@@ -272,7 +291,8 @@ def paced(shape: Shape, agents: bool, seconds: float, hang_at_s: float, engine_p
     seen(m.tick(time.time_ns()))
     seen(m.settle())  # (an engine in a process of its own: until it has taken every record)
     drain = time.perf_counter() - done
-    cpu = _cpu(m) - c0
+    cpu, e1 = _cpu(m) - c0, _engine_cpu(m)
+    job_rate = sent.value * shape.rate / rounds
     rss, peak = _master_rss_mib(m)
     hang_ns = t0 + k_h * shape.period_ns
     T = shape.hang_timeout_us / 1e6
@@ -283,7 +303,8 @@ def paced(shape: Shape, agents: bool, seconds: float, hang_at_s: float, engine_p
         "engine_process": engine_process,
         "seconds": seconds,
         "records": m.collector.records,
-        "job_records_per_s": round(sent.value * shape.rate / rounds),  # what the job (its agents) sent
+        "job_records_per_s": round(job_rate),  # what the job (its agents) sent
+        **_cores(cpu, e0, e1, m.collector.records, job_rate),
         "sender_late_s": round(lag.value, 3),
         "sender_nice": prio.value,
         "drain_s": round(drain, 3),
@@ -456,6 +477,13 @@ def main() -> int:
     return 0
 
 
+def _cores_text(r: dict) -> str:
+    if "engine_cores_at_job_rate" not in r:
+        return ""
+    return (f"; at the job's rate the loop needs {r['loop_cores_at_job_rate']} of a core, the engine's "
+            f"process {r['engine_cores_at_job_rate']}")  # fmt: skip
+
+
 def _sizes(sizes: list[int], cap_s: float, T: int, args) -> int:
     """--ranks: one capacity run per size through agents (and with --paced a paced one), each in
     a master of its own."""
@@ -469,8 +497,8 @@ def _sizes(sizes: list[int], cap_s: float, T: int, args) -> int:
         verdict = "real time" if c["records_per_s"] >= c["job_records_per_s"] else "falls behind"
         print(f"agents {n:>6} ranks, {cap_s:g} s of the job: master ingests {c['records_per_s']:,} records/s "
               f"({c['records_per_cpu_s'] or 0:,} per CPU s); the job makes {c['job_records_per_s']:,}/s: "
-              f"{verdict}; master RSS {c['master_rss_mib']:,.0f} MiB (peak {c['master_peak_rss_mib']:,.0f})",
-              flush=True)  # fmt: skip
+              f"{verdict}; master RSS {c['master_rss_mib']:,.0f} MiB (peak {c['master_peak_rss_mib']:,.0f})"
+              f"{_cores_text(c)}", flush=True)  # fmt: skip
         if args.paced:
             # the hang 3 s before the end: the windows closed before it are judged while the job
             # goes on (a hang in progress holds the slow judge: docs/engine.md)
@@ -480,7 +508,7 @@ def _sizes(sizes: list[int], cap_s: float, T: int, args) -> int:
                   f"backlog at most {r['backlog_max_records']:,} records, "
                   f"sender late {r['sender_late_s']} s), "
                   f"master RSS {r['master_rss_mib']:,.0f} MiB, hang diagnosed after {r['hang_latency_s']} s "
-                  f"(T = {r['hang_timeout_s']} s)", flush=True)  # fmt: skip
+                  f"(T = {r['hang_timeout_s']} s){_cores_text(r)}", flush=True)  # fmt: skip
     if args.json:
         print(json.dumps({"capacity": out, "paced": paced_out, "window_s": args.window_s,
                           "engine_process": args.engine_process, "pp_every": args.pp_every}))  # fmt: skip

@@ -43,6 +43,16 @@ def test_bench_master_sizes():
     assert run["records"] > 0 and run["dropped"] == 0
     assert 0 < run["master_rss_mib"] <= run["master_peak_rss_mib"]
     assert run["sender_nice"] == (-10 if _may_lower_nice() else 0)
+    assert run["loop_cores_at_job_rate"] > 0 and "engine_cores_at_job_rate" not in run  # one process
+
+
+def test_bench_master_engine_process_cores():
+    """With --engine-process each process's cores at the job's rate: the engine's is one thread,
+    so its figure says whether more cores would help."""
+    out = _last_json("bench_master.py", "--ranks", "64", "--seconds", "0.5", "--engine-process")
+    (run,) = out["capacity"]
+    assert run["engine_process"] is True
+    assert run["loop_cores_at_job_rate"] > 0 and run["engine_cores_at_job_rate"] > 0
 
 
 def test_bench_engine_quick():
