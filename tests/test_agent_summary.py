@@ -157,7 +157,7 @@ def test_summaries_grouped_or_interleaved_keep_the_same_rows():
         ing.engine.flush()
         assert not ing.failures and not ing.edge.rejected
         eng = ing.engine
-        rows = {c.id: schema.join_records(c.pending) for c in eng.comms.values()}
+        rows = {c.id: schema.join_records(c.kept()) for c in eng.comms.values()}
         return rows, eng._pool.member["op_done"].copy()
 
     (a, done_a), (b, done_b) = kept(grouped), kept(rr)

@@ -832,13 +832,11 @@ class Engine:
         u = np.flatnonzero(use)
         # the OP records they stand for (the live view's rate): one per member
         self._pool.rate.note(self._chunk_recv, idx[u], (tails - heads)[u] * cn[u])
-        for i, h, t, la in zip(
-            idx[u].tolist(), heads[u].tolist(), tails[u].tolist(), la_min[u].tolist(), strict=True
-        ):
+        self._pool.keep_summaries(out, gaps, idx[u], heads[u], tails[u], la_min[u])
+        for i in idx[u].tolist():
             c = comms[i]
             c.version += 1
             c.has_coll = True
-            c._completed(out[h:t], gaps[h:t, : c.n], la)
 
     @staticmethod
     def _shares_events(ops: np.ndarray, cols: OpCols) -> np.ndarray:

@@ -140,6 +140,8 @@ class SlowJudge:
         # only the communicators keeping rows of a window that may now be judged (the pool
         # knows every one's earliest), in index order
         due = comms.values() if pool is None else [comms[i] for i in pool.due((closed + 1) * P).tolist()]
+        if pool is not None and due:  # a window closed: the node summaries to their communicators
+            pool.settle()
         for c in due:
             got = self._closed_coll(c, closed, P)
             if got is not None:

@@ -131,6 +131,7 @@ RATE_WINDOW_NS = 5_000_000_000  # the live view's ops/s is measured over this mu
 RECENT_OPS = 256  # completed ops kept per communicator: what the live view summarises
 NO_ROWS = 1 << 62  # the earliest last arrival of no rows
 PENDING_PARTS = 16  # chunks' rows a communicator keeps as views for the slow judge (Comm._completed)
+MAX_BLOCKS = 256  # chunks' node summaries the pool keeps before it hands them out (Pool.settle)
 
 
 def _grow(a: np.ndarray, n: int, fill) -> np.ndarray:
@@ -624,6 +625,38 @@ class RateLog:
             self.total[i], self.first[i] = 0, -1
 
 
+class SummaryBlock:
+    """One chunk's node summaries as the engine kept them (Pool.keep_summaries)."""
+
+    __slots__ = ("_at", "gaps", "head", "idx", "out", "tail")
+
+    def __init__(self, out: np.ndarray, gaps: np.ndarray, idx: np.ndarray, head: np.ndarray,
+                 tail: np.ndarray) -> None:  # fmt: skip
+        self.out = out  # COMPLETED rows, each communicator's a run
+        self.gaps = gaps  # float32 (rows, OPSUM_MAX_MEMBERS): the members' compute
+        self.idx = idx  # per run: its communicator's index (-1: handed out already)
+        self.head = head  # per run: its first row
+        self.tail = tail  # per run: past its last row
+        self._at: dict[int, int] | None = None  # communicator index -> its run (made when asked)
+
+    def run_of(self, i: int) -> int:
+        """The run of communicator ``i`` here; -1 when it has none."""
+        if self._at is None:
+            self._at = dict(zip(self.idx.tolist(), range(len(self.idx)), strict=True))
+        return self._at.get(i, -1)
+
+    def drop(self, i: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """Communicator ``i``'s rows and compute here (views), taken out of the block."""
+        k = self.run_of(i)
+        if k < 0:
+            return None
+        assert self._at is not None
+        del self._at[i]
+        self.idx[k] = -1
+        h, t = int(self.head[k]), int(self.tail[k])
+        return self.out[h:t], self.gaps[h:t]
+
+
 class Pool:
     """The per-member and per-slot arrays that a chunk's collective rows update (membership,
     ``op_done``, ``last_cum``; the ring's ``tag``, ``opk``, ``processed``) of every
@@ -656,6 +689,80 @@ class Pool:
         # communicators whose window closed (6,176 at 16,384 ranks, five ticks a second)
         self.pmin = np.full(0, NO_ROWS, np.int64)
         self.p2pmin = np.full(0, NO_ROWS, np.int64)
+        # node agents' summaries of each chunk, kept for the slow judge as the chunk's rows
+        # (Summaries: every communicator's run of rows, in seq order) until a window closes
+        # (settle): handing each communicator its rows as they came was a Python call per
+        # communicator per chunk, ~8 us each (2,048 a chunk at 16,384 ranks: 15-20% of the
+        # engine's ingest)
+        self.blocks: list[SummaryBlock] = []
+        self.blocked = np.zeros(0, bool)  # by communicator index: it has rows in the blocks
+
+    def keep_summaries(self, out: np.ndarray, gaps: np.ndarray, idx: np.ndarray, head: np.ndarray,
+                       tail: np.ndarray, la_min: np.ndarray) -> None:  # fmt: skip
+        """A chunk's summaries (COMPLETED rows and their members' compute, ``idx[k]``'s rows
+        ``head[k]:tail[k]``, earliest last arrival ``la_min[k]``; distinct communicators)."""
+        self.blocks.append(SummaryBlock(out, gaps, idx.copy(), head, tail))
+        self.pmin[idx] = np.minimum(self.pmin[idx], la_min)
+        self.blocked[idx] = True
+        if len(self.blocks) > MAX_BLOCKS:  # a window held open (a hang in progress): bounded
+            self.settle(join=True)
+
+    def settle(self, join: bool = False) -> None:
+        """Every chunk's summaries kept so far handed to their communicators (``Comm.pending``,
+        as views; ``join``: each one's parts joined into one), in the order they came."""
+        blocks, self.blocks = self.blocks, []
+        if not blocks:
+            return
+        self.blocked[:] = False
+        idx = np.concatenate([b.idx for b in blocks])
+        which = np.repeat(np.arange(len(blocks)), [len(b.idx) for b in blocks])
+        head = np.concatenate([b.head for b in blocks])
+        tail = np.concatenate([b.tail for b in blocks])
+        o = np.argsort(idx, kind="stable")  # each communicator's runs in the order they came
+        idx, which, head, tail = idx[o], which[o], head[o], tail[o]
+        starts = np.flatnonzero(np.r_[True, idx[1:] != idx[:-1]])
+        ends = np.r_[starts[1:], len(idx)].tolist()
+        which_l, head_l, tail_l = which.tolist(), head.tolist(), tail.tolist()
+        for i, a, z in zip(idx[starts].tolist(), starts.tolist(), ends, strict=True):
+            c = self.comms.get(i)
+            if c is None:  # freed since
+                continue
+            n = c.n
+            rows = [blocks[which_l[k]].out[head_l[k] : tail_l[k]] for k in range(a, z)]
+            gaps = [blocks[which_l[k]].gaps[head_l[k] : tail_l[k], :n] for k in range(a, z)]
+            c.pending.extend(rows)
+            c.pending_gaps.extend(gaps)
+            c.pending_min_la = min(c.pending_min_la, int(self.pmin[i]))
+            if join and len(c.pending) > PENDING_PARTS:
+                c.pending, c.pending_gaps = [cat(c.pending)], [np.concatenate(c.pending_gaps)]
+                c.pending_views = 0
+
+    def settle_one(self, c: Comm) -> None:
+        """Communicator ``c``'s summaries not handed out yet, handed to it (before rows of its
+        own come after them: Comm._completed)."""
+        for b in self.blocks:
+            got = b.drop(c.idx)
+            if got is not None:
+                c.pending.append(got[0])
+                c.pending_gaps.append(got[1][:, : c.n])
+        c.pending_min_la = min(c.pending_min_la, int(self.pmin[c.idx]))
+        self.blocked[c.idx] = False
+
+    def kept_of(self, i: int, rows: int | None = None) -> list[np.ndarray]:
+        """Communicator ``i``'s summaries not handed out yet (views, in the order they came):
+        the latest, at least ``rows`` of them where there are; all without ``rows``."""
+        out: list[np.ndarray] = []
+        if i >= len(self.blocked) or not self.blocked[i]:
+            return out
+        got = 0
+        for b in reversed(self.blocks):
+            k = b.run_of(i)
+            if k >= 0:
+                out.append(b.out[int(b.head[k]) : int(b.tail[k])])
+                got += len(out[-1])
+                if rows is not None and got >= rows:
+                    break
+        return out[::-1]
 
     def attach(self, c: Comm) -> None:
         free = self.free.get(c.n)
@@ -696,6 +803,7 @@ class Pool:
             self.cbase = _grow(self.cbase, size, -1)
             self.pmin = _grow(self.pmin, size, NO_ROWS)
             self.p2pmin = _grow(self.p2pmin, size, NO_ROWS)
+            self.blocked = _grow(self.blocked, size, False)
         self.cbase[c.idx] = c.mbase
         self.pmin[c.idx] = c.pending_min_la
         self.p2pmin[c.idx] = c.p2p_pending_min_la
@@ -867,7 +975,15 @@ class Comm:
 
     def recent_ops(self) -> np.ndarray:
         """Its latest RECENT_OPS completed collectives (RECENT rows), oldest first."""
-        return _tail(self.pending, self.recent_taken, RECENT)
+        return _tail(self.kept(RECENT_OPS), self.recent_taken, RECENT)
+
+    def kept(self, rows: int | None = None) -> list[np.ndarray]:
+        """Its COMPLETED rows not judged yet, in the order they came: ``pending``, then node
+        summaries the pool has not handed out yet (Pool.settle; ``rows``: the latest, at least
+        that many where there are)."""
+        if self._pool is None or not self._pool.blocks:
+            return self.pending
+        return self.pending + self._pool.kept_of(self.idx, rows)
 
     def recent_transfers(self) -> np.ndarray:
         """Its latest RECENT_OPS measured p2p transfers (RECENT_XFER rows), oldest first."""
@@ -1024,6 +1140,8 @@ class Comm:
     def _completed(self, out: np.ndarray, gaps: np.ndarray, la_min: int | None = None) -> None:
         """Keep COMPLETED rows (and their members' compute, ops x n) for the slow windows and the
         live view. ``la_min``: their earliest last arrival, when the caller has it."""
+        if self._pool is not None and self.idx < len(self._pool.blocked) and self._pool.blocked[self.idx]:
+            self._pool.settle_one(self)  # node summaries of it came before these rows
         self.pending.append(out)
         if len(out):
             la = int(out["last_arrive"].min()) if la_min is None else la_min
