@@ -85,17 +85,24 @@ def test_the_live_view_reads_summaries_still_in_the_pool():
     assert (a.recent_ops() == recent).all()  # the same rows, handed out
 
 
-def test_blocks_kept_are_bounded_while_no_window_closes(monkeypatch):
-    """A window held open (a hang in progress) hands the pool's blocks out every MAX_BLOCKS
-    chunks, each communicator's parts joined into one."""
+def test_blocks_kept_are_bounded_between_window_closes(monkeypatch):
+    """The pool hands its blocks out every MAX_BLOCKS chunks, each communicator's new parts
+    joined into one (the blocks freed; the parts joined before are not copied again)."""
     monkeypatch.setattr(state, "MAX_BLOCKS", 4)
     pool, (a,) = _pool(4)
-    monkeypatch.setattr(state, "PENDING_PARTS", 2)
-    for k in range(5):
+    for k in range(3):
         _chunk(pool, {a: [2 * k, 2 * k + 1]})
+    blocks = [(b.out, b.gaps) for b in pool.blocks]
+    _chunk(pool, {a: [6, 7]})
     assert pool.blocks == [] and len(a.pending) == 1 == len(a.pending_gaps)
-    assert a.pending[0]["seq"].tolist() == list(range(10))
-    _chunk(pool, {a: [10]})
+    first = a.pending[0]
+    assert first["seq"].tolist() == list(range(8))
+    assert not any(np.shares_memory(first, o) or np.shares_memory(a.pending_gaps[0], g) for o, g in blocks)
+    for k in range(4, 8):
+        _chunk(pool, {a: [2 * k, 2 * k + 1]})
+    assert len(a.pending) == 2 and a.pending[0] is first
+    assert cat(a.pending)["seq"].tolist() == list(range(16))
+    _chunk(pool, {a: [16]})
     assert len(pool.blocks) == 1 and a.pending_min_la == 10**9
 
 

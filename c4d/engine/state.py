@@ -131,7 +131,10 @@ RATE_WINDOW_NS = 5_000_000_000  # the live view's ops/s is measured over this mu
 RECENT_OPS = 256  # completed ops kept per communicator: what the live view summarises
 NO_ROWS = 1 << 62  # the earliest last arrival of no rows
 PENDING_PARTS = 16  # chunks' rows a communicator keeps as views for the slow judge (Comm._completed)
-MAX_BLOCKS = 256  # chunks' node summaries the pool keeps before it hands them out (Pool.settle)
+# chunks' node summaries the pool keeps before it hands them out joined (Pool.settle): every
+# communicator's views keep a block alive until the judge took them all, so a window's blocks
+# were its summaries twice at the judge's peak (RSS 4.0 GiB at 16,384 ranks through agents)
+MAX_BLOCKS = 32
 
 
 def _grow(a: np.ndarray, n: int, fill) -> np.ndarray:
@@ -704,12 +707,12 @@ class Pool:
         self.blocks.append(SummaryBlock(out, gaps, idx.copy(), head, tail))
         self.pmin[idx] = np.minimum(self.pmin[idx], la_min)
         self.blocked[idx] = True
-        if len(self.blocks) > MAX_BLOCKS:  # a window held open (a hang in progress): bounded
+        if len(self.blocks) >= MAX_BLOCKS:  # handed out joined: the blocks freed
             self.settle(join=True)
 
     def settle(self, join: bool = False) -> None:
         """Every chunk's summaries kept so far handed to their communicators (``Comm.pending``,
-        as views; ``join``: each one's parts joined into one), in the order they came."""
+        as views; ``join``: each one's new parts joined into one), in the order they came."""
         blocks, self.blocks = self.blocks, []
         if not blocks:
             return
@@ -733,9 +736,9 @@ class Pool:
             c.pending.extend(rows)
             c.pending_gaps.extend(gaps)
             c.pending_min_la = min(c.pending_min_la, int(self.pmin[i]))
-            if join and len(c.pending) > PENDING_PARTS:
-                c.pending, c.pending_gaps = [cat(c.pending)], [np.concatenate(c.pending_gaps)]
-                c.pending_views = 0
+            if join:  # the parts just handed out joined into one (those joined before stay)
+                _join_latest(c.pending, len(rows), cat)
+                _join_latest(c.pending_gaps, len(gaps), np.concatenate)
 
     def settle_one(self, c: Comm) -> None:
         """Communicator ``c``'s summaries not handed out yet, handed to it (before rows of its
