@@ -730,12 +730,9 @@ class Pool:
             c = self.comms.get(i)
             if c is None:  # freed since
                 continue
-            n = c.n
             rows = [blocks[which_l[k]].out[head_l[k] : tail_l[k]] for k in range(a, z)]
-            gaps = [blocks[which_l[k]].gaps[head_l[k] : tail_l[k], :n] for k in range(a, z)]
-            c.pending.extend(rows)
-            c.pending_gaps.extend(gaps)
-            c.pending_min_la = min(c.pending_min_la, int(self.pmin[i]))
+            gaps = [blocks[which_l[k]].gaps[head_l[k] : tail_l[k]] for k in range(a, z)]
+            self._hand(c, rows, gaps)
             if join:  # the parts just handed out joined into one (those joined before stay)
                 _join_latest(c.pending, len(rows), cat)
                 _join_latest(c.pending_gaps, len(gaps), np.concatenate)
@@ -743,13 +740,16 @@ class Pool:
     def settle_one(self, c: Comm) -> None:
         """Communicator ``c``'s summaries not handed out yet, handed to it (before rows of its
         own come after them: Comm._completed)."""
-        for b in self.blocks:
-            got = b.drop(c.idx)
-            if got is not None:
-                c.pending.append(got[0])
-                c.pending_gaps.append(got[1][:, : c.n])
-        c.pending_min_la = min(c.pending_min_la, int(self.pmin[c.idx]))
+        got = [x for x in (b.drop(c.idx) for b in self.blocks) if x is not None]
+        self._hand(c, [r for r, _ in got], [g for _, g in got])
         self.blocked[c.idx] = False
+
+    def _hand(self, c: Comm, rows: list[np.ndarray], gaps: list[np.ndarray]) -> None:
+        """Runs of ``c``'s summaries (views of blocks) appended to what it keeps: its members'
+        compute columns only, its earliest last arrival the pool's."""
+        c.pending.extend(rows)
+        c.pending_gaps.extend(g[:, : c.n] for g in gaps)
+        c.pending_min_la = min(c.pending_min_la, int(self.pmin[c.idx]))
 
     def kept_of(self, i: int, rows: int | None = None) -> list[np.ndarray]:
         """Communicator ``i``'s summaries not handed out yet (views, in the order they came):
