@@ -46,6 +46,7 @@ class Fault:
     link: tuple[int, int] | None = None
     step: int = 0
     factor: float = 4.0
+    until: int | None = None  # slow kinds: the first step no longer slowed (a transient fault)
 
     def touches(self, a: int, b: int) -> bool:
         if self.rank is not None:
@@ -209,7 +210,7 @@ class Model:
         return prog
 
     def _faults(self, kind: str, step: int) -> list[Fault]:
-        return [f for f in self.job.faults if f.kind == kind and step >= f.step]
+        return [f for f in self.job.faults if f.kind == kind and f.step <= step < (f.until or INF)]
 
     def _link_bw(self, a: int, b: int, step: int) -> float:
         """bytes per ns over link a->b at ``step``; 0 = hung."""

