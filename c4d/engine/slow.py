@@ -588,6 +588,12 @@ class SlowJudge:
         line = self.cfg.slow_bw_ratio
         return u.ratio is not None and u.ratio < P2P_STRONG * line and u.slow_share(line) >= STRONG_SHARE
 
+    def _sure(self, u: _Unit, w: int) -> bool:
+        """A collective named by a weak verdict (exclusion, suspects) as a p2p link is named at
+        all (_comm_slow): nearly all its ops far below the line, or its communicator below the
+        degraded line the window before too."""
+        return u.link is not None or self._strong(u) or self._low_before(u.key, w)
+
     def _low_now(self, key: tuple, w: int) -> None:
         latest = self.low.get(key, (-9, -9))[0]
         if latest != w:  # (a p2p link's other direction may have been seen in this window already)
@@ -647,6 +653,8 @@ class SlowJudge:
         links = ", ".join(d.get("slow_links", []))
         h = v.hyp
         if h is None:
+            if not self._sure(u, w):
+                return None  # as a link by exclusion (below): the weakest verdicts wait
             return localize(
                 kind, How.none, Target.suspects, v.suspects or u.members,
                 "the slow communicator's ranks and links explain it equally",
@@ -700,13 +708,12 @@ class SlowJudge:
                 refine="ambiguous", link=(a, b),
             )  # fmt: skip
         how = How.peer_progress if peer is not None and len(cands) == 1 else How.exclusion
-        if how is How.exclusion and u.link is None and not (self._strong(u) or self._low_before(u.key, w)):
+        if how is How.exclusion and not self._sure(u, w):
             # A link inside a collective named only because its ranks' other units are clear is
-            # the weakest verdict we give (calibration: RankCommSlow:exclusion/link), and one
-            # window of it is what a host that descheduled the pair for half a second looks
-            # like (CI, a clean 16-rank job: a TP pair at 0.33 of its siblings for one window).
-            # As a p2p link's (_comm_slow): named when nearly all its ops are far below the
-            # line, or its communicator was below the degraded line the window before too.
+            # the weakest verdict we give but one (calibration: RankCommSlow:exclusion/link; the
+            # weakest: no verdict, the unit's suspects), and one window of it is what a host
+            # that descheduled the pair for half a second looks like (CI, a clean 16-rank job:
+            # a TP pair at 0.33 of its siblings for one window).
             return None
         return localize(
             kind, how, Target.link, (a, b),
