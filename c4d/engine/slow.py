@@ -583,8 +583,9 @@ class SlowJudge:
         )  # fmt: skip
 
     def _strong(self, u: _Unit) -> bool:
-        """Slow beyond what a busy host's few stretched ops give: far below the line in nearly
-        all its ops (a unit of few ops, or of two ranks, is slow in its first window only so)."""
+        """Slow beyond what a busy host's stretched ops give: far below the line in nearly all
+        its ops (a p2p link, or a collective only a weak verdict names, counts in its first
+        window only so: _comm_slow, _sure)."""
         line = self.cfg.slow_bw_ratio
         return u.ratio is not None and u.ratio < P2P_STRONG * line and u.slow_share(line) >= STRONG_SHARE
 
