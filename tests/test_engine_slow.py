@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from factories import Fault, Job, run_cached
+from factories import T0, Fault, Job, build_cached, run_cached
 
 from c4d.engine import DiagKind, How, Level, Target
 from c4d.engine.state import Comm
@@ -185,6 +185,32 @@ def test_a_weak_verdict_waits_for_a_second_window_unless_the_slowdown_is_far_bel
         assert all(d.localization.how is how for d in ds)
         assert sorted(ds[0].ranks) == ([0, 1] if how is How.exclusion else [0, 1, 2, 3])
         assert 0 < ds[0].time - run.onset_s() <= periods * PERIOD_S
+
+
+def test_a_slow_rank_explains_its_ring_not_a_ring_members_one_window_hiccup():
+    """Rank 9 slowed for good: the data-parallel ring of the odd ranks is slow from then on,
+    and it is rank 9's. A one-window hiccup of TP pair 6-7 (rank 7 is in that ring) is not a
+    second slow unit of rank 7: nothing names 7. A simulated 24-rank tp2 job on a busy host
+    named rank 7 (and 1, 3, 11, 13) cross-comm this way. Slowed for good, the pair is named
+    (its link: rank 7's ring is rank 9's, so the two cannot be told apart)."""
+    shape = dict(tp=2, pp=1, dp=8, ranks_per_node=2, skew_ms=50.0, period_s=PERIOD_S, steps=200)
+    rank9 = Fault("comm-slow", rank=9, step=40, factor=4.0)
+    starts = build_cached(Job(**shape, faults=[rank9]))[0].step_start
+    w = int(starts[40] / 1e9) + 3  # a window after rank 9 is named: its steps, start to end
+    lo, hi = w * 1e9 + 20 * 1e6, (w + 1) * 1e9
+    inside = [s for s, t in sorted(starts.items()) if t >= lo and starts.get(s + 1, 2e18) < hi]
+    assert len(inside) >= 8, inside
+    hiccup = Fault("comm-slow", link=(6, 7), step=inside[0], factor=3.0, until=inside[-1] + 1)
+    run = run_cached(Job(**shape, faults=[rank9, hiccup]))
+    said = [d.summary() for d in run.diagnoses]
+    assert run.diagnoses and all(set(d.ranks) == {9} for d in run.diagnoses), said
+    lasting = Fault("comm-slow", link=(6, 7), step=inside[0], factor=3.0)
+    run = run_cached(Job(**shape, faults=[rank9, lasting]))
+    pair = [d for d in run.diagnoses if set(d.ranks) != {9}]
+    assert pair and all(sorted(d.ranks) == [6, 7] and d.localization.target is Target.link for d in pair), [
+        d.summary() for d in pair
+    ]
+    assert 0 < pair[0].time - (T0 + starts[inside[0]]) / 1e9 <= 3 * PERIOD_S
 
 
 @pytest.mark.parametrize("skews", [[50, -50], [0, 50, -50, 20]])

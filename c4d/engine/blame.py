@@ -19,6 +19,12 @@ among the others, the one that explains the most degraded units wins. A rank tha
 or more units (two of its links show the fault) is named; a link is named when it alone is
 left, or when it ties with its own ends (only one link shows the fault: the rank and the link
 look the same, DESIGN.md says name the link). Anything else leaves suspects.
+
+A slow unit that a culprit named in the last few windows explains (``named``: it affects the
+unit) is that culprit's, not evidence against another rank of the unit: it supports only
+candidates that share a rank with the culprit (explaining away). Without it, every rank of a
+slow rank's data-parallel ring had one slow unit already, so a host's one-window hiccup of any
+of their tensor-parallel pairs made a second "slow unit" and named that rank cross-comm.
 """
 
 from __future__ import annotations
@@ -109,18 +115,26 @@ class Verdict:
 TIE = 0.75  # a candidate whose score is within this share of the best one ties with it
 
 
-def decide(candidates: list[Hyp], units: list[UnitShape]) -> Verdict:
+def explained(h: Hyp, u: UnitShape, named: tuple[Hyp, ...]) -> bool:
+    """Is the slow or degraded unit ``u`` another culprit's, so that it says nothing of ``h``?
+    It is when a named culprit affects it and ``h`` shares no rank with that culprit (a named
+    link's ends stay as likely as before: one link's verdict cannot tell them from it)."""
+    return u.weight > 0 and any(affects(c, u) and not set(h.ranks()) & set(c.ranks()) for c in named)
+
+
+def decide(candidates: list[Hyp], units: list[UnitShape], named: tuple[Hyp, ...] = ()) -> Verdict:
     """Pick the candidate that explains the window (see module doc). A candidate's score is
     the summed weight (log of the slowdown) of the slow and degraded units it explains, so a
     barely degraded unit (noise on a loaded host) cannot outvote a clearly slow one; a
-    candidate within ``TIE`` of the best ties with it."""
+    candidate within ``TIE`` of the best ties with it. Units ``named`` culprits explain do not
+    count for others (``explained``)."""
     bad: list[Hyp] = []
     ok: list[tuple[float, int, Hyp]] = []
     for h in sorted(set(candidates)):
         if any(u.state == "clear" and must_show(h, u) for u in units):
             bad.append(h)
             continue
-        hit = [u for u in units if u.weight > 0 and affects(h, u)]
+        hit = [u for u in units if u.weight > 0 and affects(h, u) and not explained(h, u, named)]
         ok.append((sum(u.weight for u in hit), len(hit), h))
     if not ok:
         return Verdict(None, _ranks_of(candidates), 0, "", tuple(bad))

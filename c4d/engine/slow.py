@@ -80,6 +80,7 @@ class SlowJudge:
         self.baseline: dict[tuple, deque[float]] = {}  # unit base key -> clean windows' bw
         self.slow_ranks: dict[int, int] = {}  # global rank -> last window it was reported slow in
         self.comm_slow_ranks: dict[int, int] = {}  # global rank -> last window it was named RankCommSlow
+        self.comm_slow_links: dict[tuple[int, int], int] = {}  # undirected link -> the same
         self.slow_units: dict[tuple, int] = {}  # unit key -> last window it was slow in
         self.last_judged: dict[tuple, int] = {}  # unit key -> last window it had enough ops in
         self.unit_members: dict[tuple, tuple[int, ...]] = {}  # unit key -> global ranks
@@ -516,6 +517,7 @@ class SlowJudge:
             self.slow_units[key] = w
         self.unit_shapes.update(shapes)
         located: list[tuple[_Unit, dict[str, Any], Localization]] = []
+        named = self._named(w)
         for key in sorted(slow):
             u = slow[key]
             d: dict[str, Any] = {
@@ -525,7 +527,7 @@ class SlowJudge:
                 "ratio": round(u.ratio or 0.0, 3),
                 "compared_with": u.compared,
             }
-            loc = self._localize(ranks, comms, u, list(shapes.values()), d, w)
+            loc = self._localize(ranks, comms, u, list(shapes.values()), d, w, named)
             if loc is None:
                 continue  # waits a window for its ranks' other units (see _localize)
             located.append((u, d, loc))
@@ -545,6 +547,8 @@ class SlowJudge:
                 self.slow_ranks[g] = w
             if loc.target is Target.rank:
                 self.comm_slow_ranks[loc.ranks[0]] = w
+            elif loc.target is Target.link and loc.localized:
+                self.comm_slow_links[blame.link_of(*loc.ranks)] = w
             out.append(SlowFinding(DiagKind.RankCommSlow, c, u.op, u.seq, loc.ranks, loc, d))
         return out
 
@@ -582,6 +586,13 @@ class SlowJudge:
             prior=0.7, refine="held",
         )  # fmt: skip
 
+    def _named(self, w: int) -> tuple[blame.Hyp, ...]:
+        """The ranks and links named RankCommSlow in the last ``HELD_WINDOWS`` windows: the
+        slow units they affect are theirs (blame.explained)."""
+        rs = [blame.Hyp(rank=r) for r, w0 in self.comm_slow_ranks.items() if w - w0 <= HELD_WINDOWS]
+        ls = [blame.Hyp(link=lk) for lk, w0 in self.comm_slow_links.items() if w - w0 <= HELD_WINDOWS]
+        return tuple(rs + ls)
+
     def _strong(self, u: _Unit) -> bool:
         """Slow beyond what a busy host's stretched ops give: far below the line in nearly all
         its ops (a p2p link, or a collective only a weak verdict names, counts in its first
@@ -613,6 +624,7 @@ class SlowJudge:
         shapes: list[blame.UnitShape],
         d: dict[str, Any],
         w: int,
+        named: tuple[blame.Hyp, ...] = (),
     ) -> Localization | None:
         """Rank or link behind a slow unit (blame.py): candidates from the unit, narrowed by PEER
         pace setters in a ring, checked against every unit of the window. When only one link
@@ -648,7 +660,7 @@ class SlowJudge:
             ]  # fmt: skip
         else:
             cands = [blame.Hyp(rank=g) for g in u.members] + [blame.Hyp(link=lk) for lk in sorted(u.links)]
-        v = blame.decide(cands, shapes)
+        v = blame.decide(cands, shapes, named)
         if v.contradicted:
             d["ruled_out"] = [_hyp_name(h) for h in v.contradicted][:16]
         links = ", ".join(d.get("slow_links", []))
@@ -686,13 +698,17 @@ class SlowJudge:
             a, b = (int(c.grank[r]) for r in peer.ranks)  # the direction that set the pace
         if v.refine == "ambiguous":
             # an end's other units that could still tell: not judged in this window (known from
-            # earlier ones), or judged neither slow nor clear
+            # earlier ones), judged neither slow nor clear, or slow by another named culprit
+            # (it hides the end's own pace: a one-window hiccup of a pair in a slowed rank's
+            # data-parallel ring is not named at once)
             now = {x.key: x for x in shapes}
             ends = [blame.Hyp(rank=r) for r in h.link]
             undecided = [
                 x for key, x in self.unit_shapes.items()
-                if key != u.key and (key not in now or now[key].state == "unknown")
-                and any(blame.must_show(e, x) for e in ends)
+                if key != u.key and any(
+                    blame.must_show(e, x) and (key not in now or now[key].state == "unknown"
+                                               or blame.explained(e, now[key], named))
+                    for e in ends)
             ]  # fmt: skip
             if undecided and self.deferred.get(u.key) != w - 1:
                 self.deferred[u.key] = w
