@@ -24,7 +24,7 @@ engine; no trace) in this process:
   RSS at its end and its peak: the master's memory at a size it does not keep up with (run
   it for 2.5 windows, ``--seconds 25`` with 10 s windows, so that windows are judged); with
   ``--paced`` a paced run follows each, its hang 3 s before the end (the windows closed
-  before it are judged while the job runs: a hang in progress holds the slow judge).
+  before it are judged while the job runs: windows a hang covers are not).
 
 The sender stands in for the job's node agents, each on a host of its own: it runs ahead of the
 master (nice ``SENDER_NICE``) where the system lets it, so that the master it measures cannot
@@ -501,7 +501,7 @@ def _sizes(sizes: list[int], cap_s: float, T: int, args) -> int:
               f"{_cores_text(c)}", flush=True)  # fmt: skip
         if args.paced:
             # the hang 3 s before the end: the windows closed before it are judged while the job
-            # goes on (a hang in progress holds the slow judge: docs/engine.md)
+            # goes on (the windows a hang covers are not: docs/engine.md, Stalls)
             r = _fresh(paced, shape, True, cap_s, max(cap_s / 3, cap_s - 3.0), args.engine_process)
             paced_out.append(r)
             print(f"agents {n:>6} ranks paced {cap_s:g} s: kept up {r['kept_up']} (drain {r['drain_s']} s, "

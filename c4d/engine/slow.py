@@ -94,9 +94,11 @@ class SlowJudge:
         self.own = OwnPace(cfg)  # ranks no collective compares with others (own_pace.py)
         # A window waits while a wait that began before it closed is still in progress (its
         # ops may yet turn out to be a stall's). A stall (a wait longer than min(T, period), a
-        # hang in the making): the windows it covered are dropped when it ends. Their ops ran
-        # while the rest of the job blocked, then caught up; their pace says nothing of a rank
-        # (a 32-rank hang on two cores named bystander tp pairs RankCommSlow).
+        # hang in the making): the windows it covers are dropped, as they close while it lasts
+        # (held, a hang of one group while the rest of the job went on kept every row: the
+        # master grew by ~100 MiB a second at 16,384 ranks) and up to its end's when it ends.
+        # Their ops ran while the rest of the job blocked, then caught up; their pace says
+        # nothing of a rank (a 32-rank hang on two cores named bystander tp pairs RankCommSlow).
         self.stall_from: int | None = None  # first window of the stall in progress
         self.stalled: list[tuple[int, int]] = []  # windows [a, b] of ended stalls, not judged
         self.stalled_ops = 0
@@ -127,9 +129,10 @@ class SlowJudge:
         closed = (now - grace - ranks.delivery_lag_ns) // P - 1
         waited = now - oldest_wait if oldest_wait is not None else 0
         since = (oldest_wait or 0) // P  # the window the oldest wait began in
-        if waited > grace:  # not the ops in flight right now: a wait since before a window closed
+        stalling = waited > min(th.hang_timeout_ns, P)
+        if waited > grace and not stalling:  # a wait since before a window closed: it may be a stall's
             closed = min(closed, since - 1)
-        if waited > min(th.hang_timeout_ns, P):
+        if stalling:
             self.stall_from = since if self.stall_from is None else min(self.stall_from, since)
         elif self.stall_from is not None:
             self.stalled.append((self.stall_from, now // P))
@@ -161,7 +164,7 @@ class SlowJudge:
             wins.update((lo, hi) if hi - lo <= 1 else np.unique(win).tolist())
         if wins:
             for w in sorted(wins):
-                if any(a <= w <= b for a, b in self.stalled):
+                if self._in_stall(w):
                     self.own.drop(int(w))  # its collectives and p2p rows were dropped too (_usable)
                 sel, gaps = {}, {}
                 for i, (o, g, win) in per_comm.items():
@@ -198,20 +201,27 @@ class SlowJudge:
             return ops, gaps, win
         return take(ops, use), gaps[use], win[use]
 
+    def _in_stall(self, w: int) -> bool:
+        """Does a stall, ended or in progress, cover window ``w``?"""
+        in_progress = self.stall_from is not None and w >= self.stall_from
+        return in_progress or any(a <= w <= b for a, b in self.stalled)
+
     def _usable(self, ops: np.ndarray, win: np.ndarray) -> np.ndarray:
         """Which taken rows a window may judge: not reduced before the members' clocks were
-        known, not late (their window was judged), not of windows an ended stall covered (the
-        late and stalled ones counted)."""
-        use = ops["aligned"].copy()
-        if self.next_window is not None:
-            late = win < self.next_window
-            self.late_ops += int(late.sum())
-            use &= ~late
+        known, not of windows a stall covers, not late (their window was judged) (the stalled
+        and late ones counted)."""
         stalled = np.zeros(len(win), bool)
+        if self.stall_from is not None:
+            stalled |= win >= self.stall_from
         for a, b in self.stalled:
             stalled |= (win >= a) & (win <= b)
         self.stalled_ops += int(stalled.sum())
-        return use & ~stalled
+        use = ops["aligned"] & ~stalled
+        if self.next_window is not None:
+            late = use & (win < self.next_window)
+            self.late_ops += int(late.sum())
+            use &= ~late
+        return use
 
     def _closed_p2p(self, c: Comm, closed: int, P: int) -> tuple[np.ndarray, np.ndarray] | None:
         """Take c's P2P_DONE rows (and their windows) of windows that may now be judged."""
