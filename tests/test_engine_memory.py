@@ -41,8 +41,12 @@ def test_rows_of_windows_a_lasting_stall_covers_are_let_go_as_they_close():
     the stall covers will not be judged, so their rows are dropped as each closes instead of
     kept until the stall ends (bench_master's 16,384-rank hang grew the master past 3.8 GiB in
     22 s). analysis/master_load.py makes the job (the benches' synthetic TP x PP x DP load)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "analysis"))
-    from master_load import Load, Shape
+    analysis = str(Path(__file__).resolve().parents[1] / "analysis")
+    sys.path.insert(0, analysis)
+    try:
+        from master_load import Load, Shape
+    finally:
+        sys.path.remove(analysis)  # as test_conformance_gpu_validate: the benches stay off the path
 
     from c4d.engine import DiagKind, Engine, EngineConfig
 
