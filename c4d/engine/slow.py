@@ -95,11 +95,11 @@ class SlowJudge:
         # A window waits while a wait that began before it closed is still in progress (its
         # ops may yet turn out to be a stall's). A stall (a wait longer than min(T, period), a
         # hang in the making): the windows it covers are dropped, each as it closes while the
-        # stall lasts and the rest up to the one it ends in when it ends (held until its end, a
-        # hang of one TP group while the rest of the job went on kept every row: ~75 MiB more
-        # a second at 16,384 ranks).
-        # Their ops ran while the rest of the job blocked, then caught up; their pace says
-        # nothing of a rank (a 32-rank hang on two cores named bystander tp pairs RankCommSlow).
+        # stall lasts and the rest up to the one it ends in when it ends. Their ops ran while
+        # the rest of the job blocked, then caught up; their pace says nothing of a rank (a
+        # 32-rank hang on two cores named bystander tp pairs RankCommSlow). Held until the
+        # stall ended, as before, a hang of one TP group while the rest of the job went on
+        # kept every row of the job: ~75 MiB more a second at 16,384 ranks.
         self.stall_from: int | None = None  # first window of the stall in progress
         self.stalled: list[tuple[int, int]] = []  # windows [a, b] of ended stalls, not judged
         self.stalled_ops = 0
