@@ -3,6 +3,7 @@
     python analysis/bench_analyze.py                    # 256 MiB and 1 GiB traces
     python analysis/bench_analyze.py --sizes-mib 64 512
     python analysis/bench_analyze.py --quick --json     # 4 and 16 MiB: a smoke run; figures on the last line
+    python analysis/bench_analyze.py --sizes-mib 1024 --report --before main   # c4d report's peak RSS too
 
 The trace is synthetic but valid, and written by the real trace writer (c4d.trace.TraceWriter,
 format 2 frames, master TICKs every 200 ms): tests/factories.py models a 64-rank job (tp 8,
@@ -14,6 +15,8 @@ heartbeats only at the end). Then ``c4d analyze TRACE --json`` (and the text rep
 the largest) runs in a child process, and the bench reports its wall and CPU time, records/s
 (records in the file / wall time) and peak RSS (``os.wait4``). Streaming means the peak RSS
 does not grow with the file: the two sizes are side by side, and their ratio is printed.
+``--report`` also runs ``c4d report`` on the largest and reports its peak RSS (VmHWM, sampled as
+tests/hostile_files.py does); ``--before REV`` the same by git revision REV's c4d package.
 """
 
 from __future__ import annotations
@@ -149,6 +152,87 @@ def run_analyze(trace: Path, json_out: bool) -> dict:
     }
 
 
+# another checkout's c4d, past the editable install's import redirect (as tests/hostile_files.py)
+_BOOT = (
+    "import runpy, sys; sys.meta_path[:] = [f for f in sys.meta_path if 'Editable' not in type(f).__name__ "
+    "and 'Redirecting' not in type(f).__name__]; sys.path.insert(0, {src!r}); "
+    "runpy.run_module('c4d', run_name='__main__')"
+)
+
+
+def checkout(rev: str, into: Path) -> Path:
+    """The c4d package of git revision ``rev`` (the figures before a change), unpacked under ``into``."""
+    into.mkdir(parents=True, exist_ok=True)
+    archive = subprocess.run(["git", "archive", rev, "c4d"], cwd=ROOT, capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return into
+
+
+def _vm_hwm_kib(pid: int) -> int:
+    """A live process's peak resident memory (KiB; as tests/hostile_files.py reads it), 0 once gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def run_c4d(args: list[str], src: Path = ROOT, timeout: float = 3600.0) -> dict:
+    """``c4d ARGS`` in a child (from checkout ``src``): wall and CPU time, and the child's own peak
+    RSS (VmHWM sampled every 20 ms: wait4's ru_maxrss would start from this process's size)."""
+    env = dict(os.environ, PYTHONPATH=str(src) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    boot = ["-m", "c4d"] if src == ROOT else ["-c", _BOOT.format(src=str(src))]
+    with tempfile.TemporaryFile() as out:
+        t = time.perf_counter()
+        p = subprocess.Popen(
+            [sys.executable, *boot, *args], stdout=out, stderr=subprocess.STDOUT, env=env, cwd=src
+        )
+        hwm = 0
+        while True:
+            hwm = max(hwm, _vm_hwm_kib(p.pid))
+            pid, status, ru = os.wait4(p.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.perf_counter() - t > timeout:
+                p.kill()
+                _, status, ru = os.wait4(p.pid, 0)
+                break
+            time.sleep(0.02)
+        wall = time.perf_counter() - t
+        out.seek(0)
+        text = out.read().decode(errors="replace")
+    code = os.waitstatus_to_exitcode(status)
+    if code not in (0, 2):
+        raise SystemExit(f"c4d {args[0]} failed ({code}):\n{text[-2000:]}")
+    return {
+        "wall_s": round(wall, 2),
+        "cpu_s": round(ru.ru_utime + ru.ru_stime, 2),
+        "peak_rss_mib": round(hwm / 1024),
+        "output": text[-500:],
+    }
+
+
+def _report_figures(path: Path, root: Path, before: str | None) -> dict:
+    """`c4d report` of ``path`` by this checkout (and by ``before``): wall, CPU, peak RSS."""
+    out: dict[str, dict] = {}
+    runs = [("after", ROOT)]  # first: a checkout being edited is read at its start
+    if before:
+        runs.append((f"before ({before})", checkout(before, root / "before")))
+    for name, src in runs:
+        r = run_c4d(["report", str(path), "-o", str(root / f"report-{name.split()[0]}")], src=src)
+        r.pop("output")
+        print(
+            f"  c4d report, {name}: {r['wall_s']:.1f} s wall, {r['cpu_s']:.1f} s CPU, "
+            f"peak RSS {r['peak_rss_mib']} MiB",
+            flush=True,
+        )
+        out[name.split()[0]] = r
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes-mib", type=int, nargs="+", default=[256, 1024], help="trace sizes to analyze")
@@ -156,6 +240,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dir", type=Path, help="write the traces here (default: a temporary directory)")
     ap.add_argument("--quick", action="store_true", help="4 and 16 MiB: a smoke run")
     ap.add_argument("--json", action="store_true", help="the figures as one JSON object on the last line")
+    ap.add_argument(
+        "--report", action="store_true", help="also `c4d report` of the largest trace: peak RSS (VmHWM), time"
+    )
+    ap.add_argument(
+        "--before",
+        metavar="REV",
+        help="with --report: the same `c4d report` by git revision REV (e.g. the main before a change)",
+    )
+    ap.add_argument("--trace", type=Path, help="use this trace (kept) instead of writing one per size")
+    ap.add_argument("--report-only", action="store_true", help="with --report: no `c4d analyze` runs")
     args = ap.parse_args(argv)
     if args.quick:
         args.sizes_mib, args.steps = [4, 16], 8
@@ -165,12 +259,20 @@ def main(argv: list[str] | None = None) -> int:
     root = args.dir or Path(tmp or ".")
     root.mkdir(parents=True, exist_ok=True)
     figs: dict[str, dict] = {}
+    if args.trace:
+        args.sizes_mib = [round(args.trace.stat().st_size / 2**20)]
     try:
         for size in sorted(args.sizes_mib):
-            path = root / f"bench-{size}mib.c4d"
-            n, gen_s = write_trace(path, size, args.steps)
+            path = args.trace or root / f"bench-{size}mib.c4d"
+            if args.trace:
+                n = args.trace.stat().st_size // 128  # about: frames and header aside
+            else:
+                n, _ = write_trace(path, size, args.steps)
             mib = path.stat().st_size / 2**20
-            print(f"trace: {mib:.0f} MiB, {n:,} records, written in {gen_s:.1f} s", flush=True)
+            print(f"trace: {mib:.0f} MiB, {n:,} records", flush=True)
+            if args.report and args.report_only:
+                figs[f"{size}"] = {"file_mib": round(mib), "report": _report_figures(path, root, args.before)}
+                continue
             r = run_analyze(path, json_out=True)
             r.update(records=n, file_mib=round(mib), records_per_s=round(n / r["wall_s"]))
             r["records_per_cpu_s"] = round(n / r["cpu_s"])
@@ -187,10 +289,16 @@ def main(argv: list[str] | None = None) -> int:
                     f"  c4d analyze (text report): {t['wall_s']:.1f} s wall, peak RSS {t['peak_rss_mib']} MiB"
                 )
                 r["text_peak_rss_mib"] = t["peak_rss_mib"]
-            path.unlink()
+                if args.report:
+                    r["report"] = _report_figures(path, root, args.before)
+            if not args.trace:
+                path.unlink()
     finally:
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)
+    if args.report and args.report_only:
+        print(json.dumps({"load_average": round(os.getloadavg()[0], 1), "sizes": figs}))
+        return 0
     small, big = figs[str(min(args.sizes_mib))], figs[str(max(args.sizes_mib))]
     summary = {
         "records_per_s": big["records_per_s"],

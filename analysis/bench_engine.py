@@ -23,6 +23,13 @@ together, as bench_master sends them).
 ``--baseline DIR`` measures another checkout (DIR/analysis/bench_engine.py with the same
 options, in a subprocess: DIR's c4d) before and after this one, and prints its figures beside
 ours ("was ..."): side by side in one run, on the same load of the machine.
+``--instructions`` adds instructions per record of the coalesced variants: each run once more in
+a process under callgrind, counting only the timed part (instrumentation turned on and off
+around it with callgrind_control; the toggling costs under 5 instructions per record of a
+``--seconds 0.2`` load). A count, not a time: the same code gives the same figure on any x86-64
+host whatever its load. Python under callgrind runs ~50x slower, so the count is taken on
+``--instruction-seconds`` of the job (default 0.2). With ``--baseline`` the other checkout's
+engine is counted too, on this checkout's load.
 """
 
 from __future__ import annotations
@@ -30,10 +37,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import shutil
 import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +51,10 @@ import numpy as np
 
 _ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(_ROOT), str(_ROOT / "tests")]
+if len(sys.argv) > 2 and sys.argv[1] == "--instructions-child":
+    # the c4d under count, named (an editable install's finder would import its own checkout's)
+    sys.path.insert(0, sys.argv[2])
+    sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in type(f).__module__.lower()]
 import factories  # noqa: E402
 
 from c4d.engine import Engine, EngineConfig  # noqa: E402
@@ -49,8 +63,14 @@ from c4d.validate import Edge  # noqa: E402
 
 
 def drive(
-    batches, tick_ns: int, coalesce_ns: int | None, edge: bool = False, steady: bool = False
+    batches,
+    tick_ns: int,
+    coalesce_ns: int | None,
+    edge: bool = False,
+    steady: bool = False,
+    around: Callable[[bool], None] | None = None,
 ) -> tuple[float, int, int]:
+    """``around(True)`` just before the timed part, ``around(False)`` just after it."""
     eng: Any = Engine(EngineConfig())
     if edge:
         eng = Ingest(eng, Edge())
@@ -67,6 +87,8 @@ def drive(
         feeds = [((k + 1) * coalesce_ns, np.concatenate(v)) for k, v in sorted(groups.items())]
     else:
         feeds = batches
+    if around:
+        around(True)
     start = time.process_time()
     last_tick, next_tick, i = t0, tick_ns, 0
     end = feeds[-1][0] + tick_ns
@@ -78,7 +100,52 @@ def drive(
         last_tick = t0 + next_tick
         diags += len(eng.tick(last_tick))
         next_tick += tick_ns
-    return time.process_time() - start, n, len(feeds)
+    dt = time.process_time() - start
+    if around:
+        around(False)
+    return dt, n, len(feeds)
+
+
+COLLECTED = re.compile(r"Collected : (\d+)")
+_COUNTED = {"records_per_s": (50_000_000, False), "records_per_s_edge": (50_000_000, True)}
+
+
+def _callgrind_toggle(on: bool) -> None:
+    """Instrumentation of this process (run under callgrind) on or off; returns once it took."""
+    subprocess.run(["callgrind_control", "-i", "on" if on else "off", str(os.getpid())],
+                   check=True, capture_output=True, timeout=600)  # fmt: skip
+
+
+def _instructions_child(argv: list[str]) -> int:
+    """Under callgrind: one variant's timed part; prints the records it took and whose c4d."""
+    _root, key, synthetic, seconds, steady = argv[:5]
+    co, edge = _COUNTED[key]
+    batches = _synthetic(int(synthetic), float(seconds))
+    _dt, n, _feeds = drive(batches, 200_000_000, co, edge, steady=steady == "1", around=_callgrind_toggle)
+    import c4d
+
+    print(f"records={n} c4d={Path(c4d.__file__).resolve().parents[1]}")
+    return 0
+
+
+def instructions_per_record(args, key: str, c4d_from: Path | None = None) -> float:
+    """One variant's instructions per record, counted by callgrind in a process of its own."""
+    import c4d
+
+    root = c4d_from.resolve() if c4d_from else Path(c4d.__file__).resolve().parents[1]  # (this process's)
+    cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--callgrind-out-file=/dev/null",
+           sys.executable, str(Path(__file__).resolve()), "--instructions-child",
+           str(root), key, str(args.synthetic),
+           str(args.instruction_seconds), "1" if args.steady else "0"]  # fmt: skip
+    env = dict(os.environ, PYTHONHASHSEED="0")
+    env.pop("PYTHONPATH", None)
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
+    m, n = COLLECTED.search(p.stderr), re.search(r"records=(\d+)", p.stdout)
+    if p.returncode != 0 or not m or not n:
+        raise SystemExit(
+            f"bench_engine: callgrind run failed ({p.returncode}):\n{p.stdout}{p.stderr[-3000:]}"
+        )
+    return int(m[1]) / int(n[1])
 
 
 def _synthetic(ranks: int, seconds: float) -> list[tuple[int, np.ndarray]]:
@@ -88,8 +155,8 @@ def _synthetic(ranks: int, seconds: float) -> list[tuple[int, np.ndarray]]:
     sys.path.insert(0, str(_ROOT / "analysis"))
     from master_load import Load, Shape
 
-    # six times Megatron's p2p rate (the engine's costliest rows are p2p halves): as measured
-    # since 2026-11-24 (README), before the job's default became 1F1B's rate
+    # six times Megatron's p2p rate (the engine's costliest rows are p2p halves), as the figures in
+    # docs/performance.md were measured, before the job's default became 1F1B's rate
     shape = Shape(tp=8, pp=min(4, max(1, ranks // 8)), dp=max(1, ranks // 32), pp_every=25)
     load = Load(shape, factories.T0)
     out = [(0, load.hello())]
@@ -99,6 +166,8 @@ def _synthetic(ranks: int, seconds: float) -> list[tuple[int, np.ndarray]]:
 
 
 def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1] == "--instructions-child":
+        return _instructions_child(sys.argv[2:])
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--ranks-per-node", type=int, default=8)
@@ -117,7 +186,15 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=5,
                     help="runs of each variant, interleaved; the median is reported (a run of the "
                          "1,024-rank job is 0.3 s of CPU: one alone varies by 20%%)")  # fmt: skip
+    ap.add_argument("--instructions", action="store_true",
+                    help="with --synthetic: instructions per record too (callgrind; minutes)")  # fmt: skip
+    ap.add_argument("--instruction-seconds", type=float, default=0.2, metavar="S",
+                    help="seconds of the job the instructions are counted on (default 0.2)")  # fmt: skip
     args = ap.parse_args()
+    if args.instructions and not args.synthetic:
+        ap.error("--instructions needs --synthetic")
+    if args.instructions and not (shutil.which("valgrind") and shutil.which("callgrind_control")):
+        ap.error("--instructions needs valgrind and callgrind_control on the PATH")
     if args.baseline and not (args.baseline / "analysis" / "bench_engine.py").is_file():
         print(f"bench_engine: --baseline {args.baseline}: no analysis/bench_engine.py there", file=sys.stderr)
         return 1
@@ -174,6 +251,18 @@ def main() -> int:
                 f"{label:>28}: {out[key]:>10,.0f} records/s  was {lo:,.0f}-{hi:,.0f}  ({out[key] / hi:.2f}x)"
             )
         out.update({f"was_{k}": min(w[k] for w in was) for k in was[0]})
+    if args.instructions:
+        print(f"instructions per record (callgrind, {args.instruction_seconds:g} s of the job):")
+        labels = {key: label for label, *_, key in variants}
+        for key in _COUNTED:
+            ipr = instructions_per_record(args, key)
+            out[f"instructions_per_record{key.removeprefix('records_per_s')}"] = round(ipr, 1)
+            line = f"{labels[key]:>28}: {ipr:>10,.0f} instructions/record"
+            if args.baseline:
+                was_i = instructions_per_record(args, key, args.baseline)
+                out[f"was_instructions_per_record{key.removeprefix('records_per_s')}"] = round(was_i, 1)
+                line += f"  was {was_i:,.0f}  ({ipr / was_i:.2f}x)"
+            print(line)
     if args.json:
         print(json.dumps(out))
     return 0

@@ -87,7 +87,10 @@ def _sender(endpoint: str, shape: Shape, agents: bool, rounds: int, paced: bool,
     load = Load(shape, t0_ns, agents=agents, hang=hang)
     pre = [load.messages(a, b) for a, b in wins]  # built before the clock starts: sending is all it does
     h = load.hello()
-    hello = [h[i : i + 8192] for i in range(0, len(h), 8192)]  # under the master's message limit
+    from c4d.collector import MAX_MESSAGE_BYTES
+
+    per = MAX_MESSAGE_BYTES // h.itemsize - 1  # rows under the master's message limit
+    hello = [h[i : i + per] for i in range(0, len(h), per)]
     ready.set()
     from c4d import wire
 
@@ -199,8 +202,13 @@ def _cores(cpu: float, e0: float | None, e1: float | None, n: int, rate: float) 
 
 
 # -- capacity ----------------------------------------------------------------------------
-def capacity(shape: Shape, agents: bool, seconds: float, engine_process: bool = False) -> dict:
-    """Records/s the master ingests (engine on) when a sender pushes as fast as it takes them."""
+def capacity(
+    shape: Shape, agents: bool, seconds: float, engine_process: bool = False, profile: str | None = None
+) -> dict:
+    """Records/s the master ingests (engine on) when a sender pushes as fast as it takes them.
+    ``profile``: a file the engine's process writes its cProfile statistics to (C4D_ENGINE_PROFILE)."""
+    if profile:
+        os.environ["C4D_ENGINE_PROFILE"] = profile  # (this process is the run's own: _fresh)
     m = _master(engine_process=engine_process)
     rounds = int(seconds * shape.rate)
     ctx = mp.get_context("fork")
@@ -243,7 +251,35 @@ def capacity(shape: Shape, agents: bool, seconds: float, engine_process: bool = 
         "failures": dict(m.ingest.failures),
     }
     m.close()
+    if profile:
+        out["engine_profile"] = _profile_summary(profile)
     return out
+
+
+def _profile_summary(path: str, top: int = 20) -> dict:
+    """Where the engine's process spent its time: each of the ``top`` functions by time
+    including what they call, as a share of the process's profiled time (cumulative, so shares
+    nest and add up to more than 1), and the file for ``python -m pstats``."""
+    import pstats
+
+    if not os.path.exists(path):
+        return {"file": path, "error": "not written (the engine's process did not stop in time?)"}
+    st = pstats.Stats(path)
+    total = st.total_tt or 1.0  # type: ignore[attr-defined]
+    rows = []
+    for (file, line, name), (_cc, _nc, tt, ct, _callers) in st.stats.items():  # type: ignore[attr-defined]
+        rows.append((ct, tt, f"{Path(file).name}:{line}:{name}"))
+    rows.sort(reverse=True)
+    return {
+        "file": path,
+        "total_s": round(total, 2),
+        "cumulative": [
+            {"fn": f, "share": round(ct / total, 3), "own": round(tt / total, 3)} for ct, tt, f in rows[:top]
+        ],
+        "own": [
+            {"fn": f, "share": round(tt / total, 3)} for _ct, tt, f in sorted(rows, key=lambda r: -r[1])[:top]
+        ],
+    }
 
 
 # -- real time -----------------------------------------------------------------------------
@@ -397,11 +433,17 @@ def main() -> int:
     ap.add_argument("--paced", action="store_true",
                     help="with --ranks: a paced run (the job at its own pace, a hang injected) after each "
                          "capacity run")  # fmt: skip
+    ap.add_argument("--profile", metavar="FILE", default=None,
+                    help="with --ranks and --engine-process: the engine's process profiled (cProfile, "
+                         "C4D_ENGINE_PROFILE) in each capacity run, its statistics written to FILE "
+                         "(its size appended) and summarised")  # fmt: skip
     ap.add_argument("--pp-every", type=int, default=Shape.pp_every, metavar="ROUNDS",
                     help="a pipeline send/recv every ROUNDS tensor-parallel rounds (default %(default)s; "
                          "156 is Megatron's 1F1B at the issue's arithmetic: 4 p2p ops per micro-batch, "
                          "8 micro-batches per 5 s step)")  # fmt: skip
     args = ap.parse_args()
+    if args.profile and not (args.ranks and args.engine_process):
+        ap.error("--profile profiles the engine's process of --ranks runs: give --ranks and --engine-process")
     _quiet()
     print(f"uptime: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f} "
           f"(load average, {os.cpu_count()} cores)")  # fmt: skip
@@ -492,13 +534,19 @@ def _sizes(sizes: list[int], cap_s: float, T: int, args) -> int:
     for n in sizes:
         shape = Shape(tp=8, pp=min(4, max(1, n // 8)), dp=max(1, n // 32), hang_timeout_us=T,
                       window_s=args.window_s, pp_every=args.pp_every)  # fmt: skip
-        c = _fresh(capacity, shape, True, cap_s, args.engine_process)
+        prof = f"{args.profile}.{n}" if args.profile else None
+        c = _fresh(capacity, shape, True, cap_s, args.engine_process, prof)
         out.append(c)
         verdict = "real time" if c["records_per_s"] >= c["job_records_per_s"] else "falls behind"
         print(f"agents {n:>6} ranks, {cap_s:g} s of the job: master ingests {c['records_per_s']:,} records/s "
               f"({c['records_per_cpu_s'] or 0:,} per CPU s); the job makes {c['job_records_per_s']:,}/s: "
               f"{verdict}; master RSS {c['master_rss_mib']:,.0f} MiB (peak {c['master_peak_rss_mib']:,.0f})"
               f"{_cores_text(c)}", flush=True)  # fmt: skip
+        if prof:
+            ep = c["engine_profile"]
+            print(f"  the engine's process, {ep.get('total_s')} s profiled ({ep['file']}):", flush=True)
+            for r in ep.get("cumulative", []):
+                print(f"    {r['share']:6.1%} (own {r['own']:5.1%})  {r['fn']}", flush=True)
         if args.paced:
             # the hang 3 s before the end: the windows closed before it are judged while the job
             # goes on (the windows a hang covers are not: docs/engine.md, Stalls)

@@ -7,6 +7,7 @@ fault benchmark with calibration of the engine's confidence against outcomes.
     python analysis/evaluate.py --random 120 --seed 2 --learn   # measure the bases, write the table
     python analysis/evaluate.py --learn-from s2.jsonl s3.jsonl  # the table from recorded --results
     python analysis/evaluate.py --rescore s1.jsonl     # their calibration under the current table
+    python analysis/evaluate.py --quick --agents       # + each job's trace through node agents
 
 Per diagnosis kind: faults, recall (observable faults found), diagnoses, precision (diagnoses
 about an injected fault of that kind), localization (those naming exactly the culprit: the
@@ -14,7 +15,8 @@ rank, the link, the node's ranks, the cycle), latency from onset to the first WA
 (hangs) or INFO (slow kinds). Then false alarms on clean jobs, transient faults (a hang that
 was only a stall, a slowdown that recovered: never an ERROR, never a blacklist), and
 calibration: per confidence bucket, how many diagnoses said it and the share that named the
-culprit exactly (c4d/engine/calibration.py). ``--learn`` writes each basis's counts into
+culprit exactly, or the node it is on where the diagnosis names a node
+(c4d/engine/calibration.py). ``--learn`` writes each basis's counts into
 c4d/engine/calibration_table.py; learn on one seed, check on another.
 
 A fault is *observable* when its rank reached the fault's step and the job then ran long
@@ -43,6 +45,8 @@ from rich.table import Table
 
 from c4d import scenarios
 from c4d.engine.calibration import confidence, wilson_lower
+from c4d.engine.types import DiagKind, Diagnosis, How, Level, Localization, Target
+from c4d.incidents import Incidents
 
 T_S, TIMES, PERIOD_S = 1.0, 3, 1.0
 BUCKETS = [(0.0, 0.2), (0.2, 0.4), (0.4, 0.6), (0.6, 0.8), (0.8, 0.9), (0.9, 1.01)]
@@ -61,6 +65,7 @@ class FaultResult:
     error_s: float | None = None
     info_s: float | None = None
     errors: int = 0  # ERROR diagnoses about it
+    incidents: int = 0  # incidents (c4d.incidents) whose first diagnosis is about it
     blacklisted: bool = False
     effect: float = math.inf  # comm-slow: how much it slows the most affected communicator
     measured: float | None = None  # comm-slow: the slowdown the trace shows (scenarios.measured_slowdown)
@@ -75,6 +80,8 @@ class JobResult:
     faults: list[FaultResult]
     labels: list[tuple[int, bool]] = field(default_factory=list)  # per diagnosis: (fault index or -1, exact)
     uptime: str = ""
+    healthy_isolated: list[str] = field(default_factory=list)  # blacklisted nodes no fault is on
+    on_node: list[bool] = field(default_factory=list)  # per diagnosis: names the node its fault is on
 
 
 def _uptime() -> str:
@@ -103,14 +110,15 @@ def score(o: scenarios.Outcome) -> JobResult:
         hidden = effect < 1.5  # the faulty link never paces a communicator (see slow_effect)
         frs.append(FaultResult(e, onset, bool(ran) and not short and not hidden, transient, effect=effect,
                                measured=o.slowdowns.get(spec)))  # fmt: skip
-    labels = []
+    labels, on_node = [], []
     for d in o.diagnoses:
-        idx, exact = -1, False
+        idx, exact, node = -1, False, False
         for i, fr in enumerate(frs):
             if fr.expect.matches(d):
-                idx, exact = i, fr.expect.exact(d)
+                idx, exact, node = i, fr.expect.exact(d), fr.expect.on_its_node(d, sc.ranks_per_node)
                 break
         labels.append((idx, exact))
+        on_node.append(node)
         if idx < 0:
             continue
         fr = frs[idx]
@@ -124,15 +132,52 @@ def score(o: scenarios.Outcome) -> JobResult:
             key = {"WARNING": "warn_s", "ERROR": "error_s", "INFO": "info_s"}[d["level"]]
             if getattr(fr, key) is None:
                 setattr(fr, key, lat)
-    return JobResult(sc, o.status, o.seconds, o.diagnoses, frs, labels)
+    for inc in _incidents(o.diagnoses):
+        for fr in frs:
+            if fr.expect.matches(inc):
+                fr.incidents += 1
+                break
+    faulty = {f"node-{r // sc.ranks_per_node}" for fr in frs for r in fr.expect.ranks}
+    healthy = [n for n in o.blacklist if n not in faulty]
+    return JobResult(
+        sc, o.status, o.seconds, o.diagnoses, frs, labels, healthy_isolated=healthy, on_node=on_node
+    )
 
 
-def run_jobs(jobs: list[scenarios.Scenario], con: Console, out: Path | None) -> list[JobResult]:
+def _incidents(diagnoses: list[dict]) -> list[dict]:
+    """The first diagnosis (as JSON) of each incident c4d.incidents folds the job's stream into."""
+    objs = [_diag(d) for d in diagnoses]
+    where = {id(x): i for i, x in enumerate(objs)}
+    return [diagnoses[where[id(inc.first)]] for inc in Incidents.fold(objs)]
+
+
+def _diag(d: dict) -> Diagnosis:
+    """A diagnosis back from its JSON (what the sim printed)."""
+    lj = d.get("localization") or {}
+    loc = Localization(How(lj.get("how", "none")), Target(lj.get("target", "suspects")),
+                       tuple(lj.get("ranks") or d["ranks"]), float(lj.get("confidence") or 0.0),
+                       str(lj.get("basis", "")), str(lj.get("evidence", "")),
+                       tuple(lj["link"]) if lj.get("link") else None)  # type: ignore[arg-type]  # fmt: skip
+    return Diagnosis(round(d["time"] * 1e9), Level[d["level"]], DiagKind(d["kind"]),
+                     int(d["comm"], 16) if d.get("comm") else None, d.get("op"), d.get("seq"),
+                     tuple(d["ranks"]), tuple(d.get("nodes") or ()), int(d.get("hang_times") or 0), loc,
+                     d.get("detail") or {})  # fmt: skip
+
+
+def run_jobs(
+    jobs: list[scenarios.Scenario], con: Console, out: Path | None, agents: list[dict] | None = None
+) -> list[JobResult]:
+    """``agents``: a list to append each job's agents-vs-direct comparison to (c4d.agent.replay)."""
     results = []
     for i, sc in enumerate(jobs):
         up = _uptime()
         with tempfile.TemporaryDirectory(prefix="c4d-eval-") as wd:  # traces are not kept
             o = scenarios.run(sc, Path(wd), timeout=400)
+            if agents is not None and o.trace_path and Path(o.trace_path).exists():
+                from c4d.agent import replay  # (the agents' check: --agents)
+
+                agents.append(replay.compare(Path(o.trace_path)))
+                con.print(replay.job_line(agents[-1]), markup=False, highlight=False)
         r = score(o)
         r.uptime = up
         results.append(r)
@@ -158,8 +203,10 @@ def _dump(r: JobResult) -> dict:
                    for f in r.faults],
         "diagnoses": [
             {"level": d["level"], "kind": d["kind"], "ranks": d["ranks"], "fault": i, "exact": ex,
-             "basis": _loc(d).get("basis"), "confidence": _loc(d).get("confidence")}
-            for d, (i, ex) in zip(r.diagnoses, r.labels, strict=True)
+             "on_node": nd,
+             "basis": _loc(d).get("basis"), "confidence": _loc(d).get("confidence"),
+             "target": _loc(d).get("target"), "alternatives": _loc(d).get("alternatives") or []}
+            for d, (i, ex), nd in zip(r.diagnoses, r.labels, r.on_node, strict=True)
         ],
     }  # fmt: skip
 
@@ -182,14 +229,21 @@ def _loc(d: dict) -> dict:
     return d.get("localization") or {}
 
 
+def _final_exact(r: JobResult, i: int) -> bool:
+    """Is the last diagnosis about fault ``i`` exact (its incident's final verdict), or the node
+    it is on where nothing tells that node's ranks apart?"""
+    last = [k for k, lab in enumerate(r.labels) if lab[0] == i]
+    return bool(last) and (r.labels[last[-1]][1] or r.on_node[last[-1]])
+
+
 def _med_max(vals: list[float]) -> str:
     return f"{statistics.median(vals):.2f} / {max(vals):.2f}" if vals else "-"
 
 
 def report(results: list[JobResult], con: Console, title: str) -> dict:
     t = Table(title=title)
-    cols = ["kind", "faults", "observable", "recall", "diagnoses", "precision", "localization",
-            "→ WARNING (s)", "→ ERROR (s)", "→ INFO (s)"]  # fmt: skip
+    cols = ["kind", "faults", "observable", "recall", "diagnoses", "precision", "localization", "+ node",
+            "final exact", "incidents/fault", "→ WARNING (s)", "→ ERROR (s)", "→ INFO (s)"]  # fmt: skip
     for c in cols:
         t.add_column(c, justify="left" if c == "kind" else "right")
     summary: dict = {"kinds": {}}
@@ -204,15 +258,27 @@ def report(results: list[JobResult], con: Console, title: str) -> dict:
         ]
         about = [lab for _, lab in said if lab[0] >= 0]
         exact = [lab for lab in about if lab[1]]
+        node = [1 for r in results for d, lab, nd in zip(r.diagnoses, r.labels, r.on_node, strict=True)
+                if d["kind"] == kind and lab[0] >= 0 and (lab[1] or nd)]  # fmt: skip
         recall = sum(f.found for f in obs) / len(obs) if obs else math.nan
         precision = len(about) / len(said) if said else math.nan
         loc = len(exact) / len(about) if about else math.nan
+        loc_node = len(node) / len(about) if about else math.nan
+        # per fault found: is the last diagnosis about it exact (its incident's final verdict)
+        final = [_final_exact(r, i) for r in results for i, f in enumerate(r.faults)
+                 if f.found and f.expect.kind == kind]  # fmt: skip
+        fin = sum(final) / len(final) if final else math.nan
+        found = [f for f in frs if f.found]
+        per = sum(f.incidents for f in found) / len(found) if found else math.nan
         t.add_row(kind, str(len(frs)), str(len(obs)), _pct(recall), str(len(said)), _pct(precision),
-                  _pct(loc), _med_max([f.warn_s for f in obs if f.warn_s is not None]),
+                  _pct(loc), _pct(loc_node), _pct(fin), "-" if math.isnan(per) else f"{per:.2f}",
+                  _med_max([f.warn_s for f in obs if f.warn_s is not None]),
                   _med_max([f.error_s for f in obs if f.error_s is not None]),
                   _med_max([f.info_s for f in obs if f.info_s is not None]))  # fmt: skip
         summary["kinds"][kind] = dict(faults=len(frs), observable=len(obs), recall=recall,
-                                      diagnoses=len(said), precision=precision, localization=loc)  # fmt: skip
+                                      diagnoses=len(said), precision=precision, localization=loc,
+                                      localization_node=loc_node, final_exact=fin,
+                                      incidents_per_fault=per)  # fmt: skip
     con.print(t)
     rows = []
     for kind in ("RankNonCommSlow", "RankCommSlow"):
@@ -244,10 +310,16 @@ def report(results: list[JobResult], con: Console, title: str) -> dict:
     bad = [f for f in trans if f.errors or f.blacklisted]
     con.print(f"transient faults: {len(trans)}, found: {sum(f.found for f in trans)}, "
               f"ERROR or blacklist on one: {len(bad)}")  # fmt: skip
+    healthy = [n for r in results for n in r.healthy_isolated]
+    con.print(f"healthy nodes isolated (blacklisted, no injected fault on them): {len(healthy)}"
+              + (f" ({', '.join(f'{r.sc.name}: {n}' for r in results for n in r.healthy_isolated)})"
+                 if healthy else ""))  # fmt: skip
+    summary["healthy_isolated"] = len(healthy)
     mism = [f for r in results for f in r.faults if f.expect.kind == "CollectiveMismatch"]
     con.print(f"mismatch faults blacklisted: {sum(f.blacklisted for f in mism)} of {len(mism)}")
-    labs = [(d.get("localization", {}).get("confidence", 0.0), lab[0] >= 0 and lab[1])
-            for r in results for d, lab in zip(r.diagnoses, r.labels, strict=True)]  # fmt: skip
+    labs = [(d.get("localization", {}).get("confidence", 0.0), lab[0] >= 0 and (lab[1] or nd))
+            for r in results
+            for d, lab, nd in zip(r.diagnoses, r.labels, r.on_node, strict=True)]  # fmt: skip
     summary["calibration"] = calibration(labs, con)
     summary.update(clean_jobs=len(clean), false_alarms=fa, unrelated=unrelated, transient_bad=len(bad),
                    mismatch_blacklisted=sum(f.blacklisted for f in mism))  # fmt: skip
@@ -282,8 +354,14 @@ def rescore(rows: list[dict], con: Console) -> list[dict]:
         for d in job["diagnoses"]:
             b, c = d.get("basis"), d.get("confidence") or 0.0
             conf = confidence(b, c) if b else c
-            labs.append((conf, d["fault"] >= 0 and d["exact"]))
+            labs.append((conf, _right(d)))
     return calibration(labs, con)
+
+
+def _right(d: dict) -> bool:
+    """A dumped diagnosis names its fault's culprit exactly, or the node it is on where that is
+    what the diagnosis claims (a node verdict: its ranks cannot be told apart)."""
+    return d["fault"] >= 0 and (d["exact"] or bool(d.get("on_node")))
 
 
 def _pct(x: float) -> str:
@@ -299,7 +377,7 @@ def learn(results_or_rows: list[dict], path: Path = TABLE_PATH) -> dict[str, tup
                 continue
             c = counts.setdefault(d["basis"], [0, 0])
             c[0] += 1
-            c[1] += int(d["fault"] >= 0 and d["exact"])
+            c[1] += int(_right(d))
     table = {k: (v[0], v[1]) for k, v in sorted(counts.items())}
     body = "\n".join(f"    {json.dumps(k)}: {v!r}," for k, v in table.items())
     path.write_text(
@@ -328,6 +406,10 @@ def main() -> int:
                     help="write the calibration table from --results files (pool several seeds)")  # fmt: skip
     ap.add_argument("--rescore", type=Path, nargs="+", metavar="RESULTS",
                     help="print the calibration of --results files under the current table")  # fmt: skip
+    ap.add_argument("--agents", action="store_true",
+                    help="also replay each job's trace through an agent per node and compare the "
+                    "incidents' final culprits with the direct replay's "
+                    "(with --check: a job where they differ fails)")  # fmt: skip
     ap.add_argument("--only", default="", help="matrix: run only scenarios whose name contains this")
     args = ap.parse_args()
     con = Console(width=max(Console().width, 140))
@@ -350,7 +432,8 @@ def main() -> int:
     else:
         jobs = [sc for sc in scenarios.matrix(full=True) if args.only in sc.name]
         title = f"c4d engine on the scenario matrix ({len(jobs)} jobs)"
-    results = run_jobs(jobs, con, args.results)
+    agents: list[dict] | None = [] if args.agents else None
+    results = run_jobs(jobs, con, args.results, agents)
     summary = report(results, con, f"{title} ({time.time() - t0:.0f} s)")
     con.print(f"uptime before: {up0}")
     con.print(f"uptime after:  {_uptime()}")
@@ -359,11 +442,18 @@ def main() -> int:
     if args.learn:
         table = learn([_dump(r) for r in results])
         con.print(f"wrote {len(table)} bases to {TABLE_PATH}")
+    differ = 0
+    if agents is not None:
+        from c4d.agent import replay
+
+        differ = sum(not a["same"] for a in agents)
+        con.print(replay.summary_line(agents), markup=False, highlight=False)
     if args.check:
         clean_errors = sum(1 for r in results if not r.faults for d in r.diagnoses if d["level"] == "ERROR")
-        bad = summary["transient_bad"] + summary["mismatch_blacklisted"] + clean_errors
+        bad = summary["transient_bad"] + summary["mismatch_blacklisted"] + clean_errors + differ
         if bad:
-            con.print(f"check failed: {bad} transient ERRORs / mismatch blacklists / ERRORs on clean jobs")
+            con.print(f"check failed: {bad} transient ERRORs / mismatch blacklists / ERRORs on clean jobs"
+                      " / jobs whose agents named other final culprits")  # fmt: skip
             return 2
     return 0
 

@@ -1,6 +1,6 @@
 """c4d: find the rank, node or link that makes an NCCL training job hang or crawl.
 
-The command line is DESIGN.md's public contract: extend it, don't break it.
+The command line is a public contract (docs/cli.md): extend it, don't break it.
 
 Exit status of every command (docs/cli.md): 0 success, nothing found; 1 bad input or an
 operational error (usage errors included: one line on stderr); 2 the command worked and
@@ -19,43 +19,16 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from c4d import __version__
-
-EXIT_OK, EXIT_BAD, EXIT_FOUND = 0, 1, 2
-
-
-class Parser(argparse.ArgumentParser):
-    """argparse with one-line usage errors, exit status 1, and a hint instead of the usage block."""
-
-    def error(self, message: str):  # type: ignore[override]
-        self.exit(EXIT_BAD, f"{self.prog}: {message} (see {self.prog} --help)\n")
-
-
-class HelpFormatter(argparse.HelpFormatter):
-    """Shows each option's default (unless it has none, or says it already); keeps the
-    description's paragraphs."""
-
-    def _fill_text(self, text: str, width: int, indent: str) -> str:
-        return "\n\n".join(
-            super(HelpFormatter, self)._fill_text(p, width, indent) for p in text.split("\n\n")
-        )
-
-    def _get_help_string(self, action: argparse.Action) -> str:
-        text = action.help or ""
-        d = action.default
-        if "%(default)" in text or "default" in text or d is None or d is False or d == []:
-            return text
-        if d is argparse.SUPPRESS:
-            return text
-        if action.option_strings or action.nargs in (argparse.OPTIONAL, argparse.ZERO_OR_MORE):
-            text += " (default: %(default)s)"
-        return text
-
-
-def found(diagnoses) -> bool:
-    """Whether a run raised anything at WARNING or above (exit status 2)."""
-    return any(d.level.name in ("WARNING", "ERROR") for d in diagnoses)
-
+from c4d import __version__, signals
+from c4d.cli_common import (
+    EXIT_BAD,
+    EXIT_FOUND,
+    EXIT_HELP,
+    EXIT_OK,
+    HelpFormatter,
+    Parser,
+    found,
+)
 
 LOG_LEVELS = {
     "trace": logging.DEBUG,
@@ -91,13 +64,38 @@ def _positive(kind):
     return conv
 
 
+def _size(text: str) -> int:
+    """``--max-import-bytes``: a byte count, or with a K, M or G suffix (powers of 1024)."""
+    t = text.strip().upper().removesuffix("B").removesuffix("I")
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(t[-1:], 1)
+    try:
+        v = int(float(t[:-1] if mult > 1 else t) * mult)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size like 512M or 2G") from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be > 0")
+    return v
+
+
 def _engine_overrides(args) -> dict:
     out = {}
     if getattr(args, "hang_timeout", None):
         out["hang_timeout_us"] = args.hang_timeout
     if getattr(args, "hang_times", None):
         out["hang_times"] = args.hang_times
+    if getattr(args, "expected_busbw", None) is not None:
+        out["expected_busbw"] = args.expected_busbw
     return out
+
+
+def _expected_busbw(path: str):
+    """--expected-busbw FILE: read now, so a bad file is one line before anything starts."""
+    from c4d.engine.expected import ExpectedBusbw, ExpectedError
+
+    try:
+        return ExpectedBusbw.load(path)
+    except ExpectedError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _add_master_opts(p: argparse.ArgumentParser) -> None:
@@ -109,6 +107,13 @@ def _add_master_opts(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--live", action="store_true", help="show the live view, with the log below it")
     p.add_argument("--blacklist", metavar="FILE", help="append culprit nodes of localized ERRORs here")
+    p.add_argument(
+        "--expected-busbw",
+        type=_expected_busbw,
+        metavar="FILE",
+        help="busbw healthy communicators reach per link class, collective and size (c4d check nccl "
+        "--write-expected; default $C4D_EXPECTED_BUSBW): the reference of one slow from its first step",
+    )
     p.add_argument(
         "--log-level",
         type=_log_level,
@@ -163,10 +168,22 @@ def _make_master(args, meta: dict, bind: str):
         engine_overrides=_engine_overrides(args),
         curve=getattr(args, "curve", None),
         job=getattr(args, "job", None),
+        status=_status_bind(getattr(args, "status_bind", None)),
     )
     if getattr(args, "engine_process", None):
         cfg.engine_process = True
+    if getattr(args, "ranks_may_move", False):  # the job's launcher may restart a rank elsewhere
+        from dataclasses import replace
+
+        from c4d.validate import Limits
+
+        cfg.limits = replace(cfg.limits or Limits.from_env(), ranks_may_move=True)
     return Master(cfg)
+
+
+def _status_bind(value: str | None) -> str | None:
+    """``c4d master --status-bind``: an endpoint, ``auto`` (next to --bind) or ``none``."""
+    return None if value is None or value.lower() == "none" else value
 
 
 def cmd_master(args) -> int:
@@ -183,6 +200,8 @@ def cmd_master(args) -> int:
         print(f"c4d master: cannot bind {args.bind}: {e}", file=sys.stderr)
         return EXIT_BAD
     print(f"c4d master listening on {m.endpoint}", file=sys.stderr, flush=True)
+    if m.status is not None:
+        print(f"c4d master answers status requests on {m.status.endpoint}", file=sys.stderr, flush=True)
     view = None
     try:
         if args.live:
@@ -205,8 +224,10 @@ def cmd_agent(args) -> int:
     from c4d.agent.agent import Agent, AgentConfig
 
     _setup_logging(args.log_level)
-    _signals_raise()
-    cfg = AgentConfig(master=args.master, bind=args.bind, flush_s=args.flush_ms / 1000, trace=args.trace)
+    stop = _stop_on_signals()  # between two steps: a flush in progress completes
+    cfg = AgentConfig(master=args.master, bind=args.bind, flush_s=args.flush_ms / 1000, trace=args.trace,
+                      job=args.job, agree=args.agree,
+                      master_status=None if args.master_status == "none" else args.master_status)  # fmt: skip
     try:
         a = Agent(cfg)
     except (OSError, ValueError) as e:  # zmq errors are OSErrors: a bad or busy endpoint
@@ -214,7 +235,7 @@ def cmd_agent(args) -> int:
         return EXIT_BAD
     print(f"c4d agent listening on {a.endpoint}, forwarding to {args.master}", file=sys.stderr, flush=True)
     try:
-        a.run()
+        a.run(should_stop=stop)
     except KeyboardInterrupt:
         pass
     finally:
@@ -281,17 +302,6 @@ def _sim_config(args):
     return cfg
 
 
-def _signals_raise() -> None:
-    """SIGTERM/SIGHUP unwind like Ctrl-C, so `finally` blocks kill rank processes and close files."""
-    import signal
-
-    def handler(signum, _frame):
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, handler)
-
-
 def _stop_on_signals() -> Callable[[], bool]:
     """SIGINT/SIGTERM/SIGHUP ask a serving loop to stop between two steps (the returned test);
     a second one unwinds at once. An exception raised wherever the signal lands (inside a logging
@@ -313,7 +323,7 @@ def _stop_on_signals() -> Callable[[], bool]:
 def cmd_sim(args) -> int:
     from c4d import faults, sim
 
-    _signals_raise()
+    signals.raise_on_signals()
     _setup_logging(args.log_level)
     try:
         cfg = _sim_config(args)
@@ -333,8 +343,19 @@ def cmd_sim(args) -> int:
     meta = {"command": "sim", "sim": sim_meta}
     master = None
     tmp = None
+    status = None
     if not args.master and os.environ.get("C4D_RUN_ID"):
         args.master = os.environ.get("C4D_MASTER_ADDR")  # under `c4d run`: its master, not our own
+    elif args.master:  # a running master: its status endpoint tells its verdicts (c4d/status.py)
+        from c4d.status import status_endpoint
+
+        status = args.master_status or status_endpoint(args.master)
+        if status is None:
+            logging.getLogger("c4d").warning(
+                "no status endpoint can be derived from %s (give --master-status): this job stops only "
+                "when it ends or at --max-seconds",
+                args.master,
+            )
     try:
         if args.master:
             endpoint = args.master
@@ -355,6 +376,8 @@ def cmd_sim(args) -> int:
                 max_seconds=args.max_seconds,
                 on_poll=(view.update if view else None),
                 agents=getattr(args, "agents", False),
+                status=status,
+                interrupted=signals.check,
             )
             if master is not None:
                 master.finish()
@@ -376,19 +399,7 @@ def cmd_sim(args) -> int:
 
             shutil.rmtree(tmp, ignore_errors=True)
     print(f"c4d sim: {res.reason} ({res.seconds:.1f} s)", file=sys.stderr)
-    return sim_exit_status(res)
-
-
-def sim_exit_status(res) -> int:
-    """2 when something at WARNING or above was diagnosed; 1 when ranks failed with nothing
-    diagnosed; else 0 (finished, or stopped at --max-seconds with nothing found)."""
-    from c4d import sim
-
-    if found(res.diagnoses) or res.status == sim.EXIT_ERROR:
-        return EXIT_FOUND
-    if res.status == sim.EXIT_RANK_FAILED:
-        return EXIT_BAD
-    return EXIT_OK
+    return sim.exit_status(res)
 
 
 def cmd_demo(args) -> int:
@@ -426,28 +437,23 @@ def cmd_analyze(args) -> int:
     _report_edge(ingest)
     if args.json:
         return _print_json(diags)
+    from c4d.incidents import heard_stamps
     from c4d.trace import from_raw
 
     tr = from_raw(raw)
     s = analyze.summary(tr)
+    heard, _ = heard_stamps(raw.raw, int(raw.meta.get("created_ns", 0)))
     return _print_analysis(
-        args, diags, s, tr.nodes, len(tr.ops), analyze.end_ns(tr.raw), analyze.start_s(tr.raw)
+        args, diags, s, tr.nodes, len(tr.ops), analyze.end_ns(tr.raw), analyze.start_s(tr.raw), heard
     )
 
 
 def _is_c4d_trace(args) -> bool:
     """PATH is a c4d trace file (by --format or its magic): analyzed as a stream."""
-    from c4d.trace import MAGIC
+    from c4d.analyze import is_c4d
 
-    fmt = getattr(args, "format", None)
-    p = Path(args.path)
-    if fmt not in (None, "c4d") or not p.is_file():
-        return False
-    try:
-        with open(p, "rb") as f:
-            return fmt == "c4d" or f.read(len(MAGIC)) == MAGIC
-    except OSError:
-        return False
+    fmt = getattr(args, "input_format", None) or getattr(args, "format", None)
+    return is_c4d(args.path, fmt if fmt in FORMATS else None)
 
 
 def _analyze_stream(args) -> int:
@@ -455,11 +461,11 @@ def _analyze_stream(args) -> int:
     with the file (the summary table's quantiles go approximate past 1 M ops, and say so)."""
     from c4d import analyze
     from c4d.ingest import Ingest
-    from c4d.trace import TraceError, TraceStream
+    from c4d.trace import TraceError, open_stream
     from c4d.validate import Edge, Limits
 
     try:
-        st = TraceStream(args.path)
+        st = open_stream(args.path)
     except TraceError as e:
         print(f"c4d analyze: {e}", file=sys.stderr)
         return EXIT_BAD
@@ -503,6 +509,7 @@ def _analyze_stream(args) -> int:
         summ.n_ops,
         summ.end_ns,
         int(created) / 1e9 if created else None,
+        summ.heard_ns,
     )
     if summ.approximate:
         print(
@@ -517,7 +524,7 @@ def _print_json(diags) -> int:
     return EXIT_FOUND if found(diags) else EXIT_OK
 
 
-def _print_analysis(args, diags, s, nodes_of: dict, n_ops: int, end_ns, start_s) -> int:
+def _print_analysis(args, diags, s, nodes_of: dict, n_ops: int, end_ns, start_s, heard_ns=None) -> int:
     """The text report: the ops summary table, then one line per incident."""
     from c4d import texttable
     from c4d.incidents import Incidents, table_lines
@@ -536,7 +543,7 @@ def _print_analysis(args, diags, s, nodes_of: dict, n_ops: int, end_ns, start_s)
         print(f"every diagnosis ({len(diags)}):")
         for d in diags:
             print(d.summary())
-    incidents = Incidents.fold(diags, end_ns)
+    incidents = Incidents.fold(diags, end_ns, heard_ns)
     if not incidents:
         print("no diagnoses")
         return status
@@ -587,14 +594,21 @@ def _load_for_offline(args, frames: bool = True):
 
     over = _engine_overrides(args)
     opts = ImportOptions(**{k: v for k, v in over.items() if k in ("hang_timeout_us", "hang_times")})
+    budget = {  # an import's budget (c4d analyze --max-import-bytes/--max-import-seconds)
+        k: getattr(args, a)
+        for k, a in (("max_bytes", "max_import_bytes"), ("max_seconds", "max_import_seconds"))
+        if getattr(args, a, None) is not None
+    }
 
     def warn(line: str) -> None:
         print(f"c4d {args.command}: {line}", file=sys.stderr)
 
     try:
         if not frames:
-            return load_raw(args.path, getattr(args, "format", None), opts=opts, on_warning=warn)
-        return load(args.path, getattr(args, "format", None), opts=opts, on_warning=warn, overrides=over)
+            return load_raw(args.path, getattr(args, "format", None), opts=opts, on_warning=warn, **budget)
+        return load(
+            args.path, getattr(args, "format", None), opts=opts, on_warning=warn, overrides=over, **budget
+        )
     except (TraceError, OSError, ValueError) as e:
         print(f"c4d {args.command}: {e}", file=sys.stderr)
         return None
@@ -602,37 +616,100 @@ def _load_for_offline(args, frames: bool = True):
 
 def cmd_report(args) -> int:
     from c4d import report
+    from c4d.trace import TraceError
 
-    tr = _load_for_offline(args)
-    if tr is None:
-        return EXIT_BAD
-    out = report.write(report.from_trace(tr), Path(args.out))
+    if _is_c4d_trace(args):  # read and replayed in pieces: memory does not grow with the trace
+        try:
+            inp, sp = report.from_stream(args.path, _engine_overrides(args))
+        except (TraceError, OSError) as e:
+            print(f"c4d report: {e}", file=sys.stderr)
+            return EXIT_BAD
+        _report_damage(sp.stream)
+    else:
+        tr = _load_for_offline(args)
+        if tr is None:
+            return EXIT_BAD
+        inp = report.from_trace(tr)
+    out = report.write(inp, Path(args.out))
     for name, p in out.items():
         print(f"{name}: {p}")
     return 0
 
 
 def cmd_export(args) -> int:
+    from c4d import analyze
+    from c4d.trace import TraceError
+
+    out_fmt = args.format if args.format in EXPORT_FORMATS else "parquet"
+    if args.format in FORMATS:
+        args.input_format = args.format
+    select = {"ranks": args.ranks, "comms": args.comms, "start_s": args.start, "end_s": args.end}
+    if _is_c4d_trace(args):  # read and replayed in pieces: memory does not grow with the trace
+        try:
+            if out_fmt == "perfetto":
+                from c4d import perfetto
+
+                done = perfetto.write(
+                    args.path, args.out, analyze.Selection.of(**select), _engine_overrides(args)
+                )
+                print(f"wrote {done['events']:,} events ({done['ops']:,} ops on {done['ranks']} ranks, "
+                      f"{done['incidents']} incidents) to {args.out}")  # fmt: skip
+                return 0
+            sp = analyze.to_parquet(
+                args.path, args.out, args.table, overrides=_engine_overrides(args), **select
+            )
+        except (TraceError, OSError, ValueError) as e:
+            print(f"c4d export: {e}", file=sys.stderr)
+            return EXIT_BAD
+        _report_damage(sp.stream)
+        late = (
+            f" ({sp.join.expired:,} without a split: their op did not complete in time)"
+            if sp.join.expired
+            else ""
+        )
+        print(f"wrote {sp.rows_written:,} rows of {args.table} to {args.out}{late}")
+        return 0
+    if out_fmt == "perfetto" or any(v is not None for v in select.values()):
+        print("c4d export: --format perfetto and the selections need a c4d trace (or a directory of them)",
+              file=sys.stderr)  # fmt: skip
+        return EXIT_BAD
+    args.format = args.input_format
     tr = _load_for_offline(args)
     if tr is None:
         return EXIT_BAD
-    df = hex_ids(tr.table(args.table))
-    if args.table == "diagnoses":
-        df = df.assign(detail=df["detail"].map(json.dumps))
+    df = analyze.parquet_frame(tr.table(args.table), args.table)
     df.to_parquet(args.out, engine="pyarrow", index=False)
     print(f"wrote {len(df):,} rows of {args.table} to {args.out}")
     return 0
 
 
-ID_COLUMNS = ("comm_id", "parent_id", "comm")
-
-
 def hex_ids(df):
-    """Communicator ids as 16-digit hex strings, as everywhere else (logs, JSON, live view)."""
-    for col in ID_COLUMNS:
-        if col in df.columns and df[col].dtype.kind in "iu":
-            df = df.assign(**{col: df[col].map(lambda v: f"{int(v) & (2**64 - 1):016x}")})
-    return df
+    """Communicator ids as 16-digit hex strings (c4d.analyze.hex_ids)."""
+    from c4d.analyze import hex_ids
+
+    return hex_ids(df)
+
+
+EXPORT_FORMATS = ["parquet", "perfetto"]
+
+
+def _rank_list(text: str) -> list[int]:
+    """'0-3,7' -> [0, 1, 2, 3, 7]."""
+    out: list[int] = []
+    try:
+        for part in text.split(","):
+            lo, _, hi = part.strip().partition("-")
+            out += range(int(lo), int(hi or lo) + 1)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a rank list like 0-3,7: {text!r}") from None
+    return out
+
+
+def _comm_list(text: str) -> list[int]:
+    try:
+        return [int(c.strip(), 16) for c in text.split(",") if c.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not communicator ids (hex, comma-separated): {text!r}") from None
 
 
 FORMATS = ["c4d", "fr", "inspector", "nccl-tests"]
@@ -692,6 +769,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve only this job id (the ranks' C4D_JOB_ID, TORCHELASTIC_RUN_ID or SLURM_JOB_ID); "
         "default: the first job heard",
     )
+    p.add_argument(
+        "--ranks-may-move",
+        action="store_true",
+        help="the job's launcher may restart a rank on another node (default: a restarted rank must "
+        "register on its first node; $C4D_RANKS_MAY_MOVE=1; docs/reliability.md)",
+    )
+    p.add_argument(
+        "--status-bind",
+        default="auto",
+        metavar="EP",
+        help="answer status requests (c4d sim --master learns the verdicts there) on EP; auto: the port "
+        "below --bind's (ipc: PATH.status); none: nowhere (default: auto)",
+    )
     _add_master_opts(p)
     p.set_defaults(func=cmd_master)
 
@@ -733,12 +823,21 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="SPEC",
-        help="inject KIND@rank=R|node=NAME|link=R-S[,dir=fwd|rev][,step=S][,until=U][,secs=X][,factor=F]; "
-        "KIND one of noncomm-hang, comm-hang, noncomm-slow, comm-slow, crash, mismatch (repeatable)",
+        help="inject KIND@rank=R|node=NAME|link=R-S[,dir=fwd|rev][,step=S][,until=U][,secs=X][,factor=F]"
+        "[,what=W]; KIND one of noncomm-hang, comm-hang, noncomm-slow, comm-slow, crash, mismatch "
+        "(repeatable; docs/cli.md, Fault SPEC)",
     )
     _add_quick(p)
     p.add_argument(
-        "--master", metavar="EP", help="send to a running c4d master at EP instead of an in-process one"
+        "--master",
+        metavar="EP",
+        help="send to a running c4d master at EP instead of an in-process one (its verdicts come from its "
+        "status endpoint: the job stops on its ERROR)",
+    )
+    p.add_argument(
+        "--master-status",
+        metavar="EP",
+        help="that master's status endpoint, when it is not the default (c4d master --status-bind)",
     )
     p.add_argument(
         "--agents",
@@ -791,6 +890,27 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--flush-ms", type=_positive(int), default=100, metavar="MS", help="forward to the master this often"
+    )
+    p.add_argument(
+        "--job",
+        metavar="JOB",
+        help="serve only this job id, refusing any other from the first message (default: $C4D_JOB_ID, "
+        "$TORCHELASTIC_RUN_ID or $SLURM_JOB_ID; none: the first job --agree ranks register with)",
+    )
+    p.add_argument(
+        "--agree",
+        type=_positive(int),
+        default=2,
+        metavar="N",
+        help="with no job named: ranks that must register with one job before it is served (default 2; "
+        "$C4D_AGENT_AGREE)",
+    )
+    p.add_argument(
+        "--master-status",
+        default="auto",
+        metavar="EP",
+        help="the master's status endpoint, asked which job it serves: a job it refuses is not forwarded "
+        "(auto: the port below --master's, as c4d master --status-bind auto; none: not asked)",
     )
     p.add_argument(
         "--log-level",
@@ -850,6 +970,21 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="analyze a trace that lost records to damage (exit 1 otherwise)",
     )
+    from c4d.formats.budget import DEFAULT_MAX_BYTES, DEFAULT_MAX_SECONDS
+
+    p.add_argument(
+        "--max-import-bytes",
+        type=_size,
+        metavar="BYTES",
+        help="memory an import of another tool's files may fill (suffix K, M, G; default "
+        f"{DEFAULT_MAX_BYTES >> 30}G): past it, or a file built to expand past it, it is refused",
+    )
+    p.add_argument(
+        "--max-import-seconds",
+        type=_positive(float),
+        metavar="S",
+        help=f"time an import may take (default {DEFAULT_MAX_SECONDS:g}); past it, it is refused",
+    )
     p.set_defaults(func=cmd_analyze)
 
     p = add("report", "tables and plots (PNG + one HTML page) of a trace")
@@ -862,19 +997,42 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add(
         "export",
-        "write a trace's table as Parquet (pyarrow)",
+        "write a trace's table as Parquet (pyarrow), or its timeline for Perfetto",
         "Writes one table of a trace as Parquet; communicator ids are 16-digit hex strings, as in "
-        "the logs and the JSON.",
+        "the logs and the JSON. --format perfetto writes a timeline (Chrome trace-event JSON, gzip "
+        "when OUT ends in .gz) that ui.perfetto.dev opens: per rank its ops, wait and transfer "
+        "apart, and the incidents as markers. A c4d trace or a directory of node traces is read "
+        "in pieces, in memory that does not grow with it.",
     )
-    p.add_argument("path", metavar="PATH", help="a trace (any format c4d analyze reads)")
-    p.add_argument("out", metavar="OUT", help="the Parquet file to write")
+    p.add_argument(
+        "path", metavar="PATH", help="a trace (any format c4d analyze reads), or a directory of traces"
+    )
+    p.add_argument("out", metavar="OUT", help="the file to write")
     p.add_argument(
         "--table",
         default="ops",
         choices=["ops", "registrations", "heartbeats", "comms", "peers", "diagnoses"],
         help="which table",
     )
-    p.add_argument("--format", choices=FORMATS, default=None, help=FORMAT_HELP)
+    p.add_argument(
+        "--format",
+        choices=EXPORT_FORMATS + FORMATS,
+        default=None,
+        help="what to write: parquet (default) or perfetto; or, as before, how to read PATH ("
+        + FORMAT_HELP
+        + ")",
+    )
+    p.add_argument("--input-format", choices=FORMATS, default=None, help=FORMAT_HELP)
+    p.add_argument("--ranks", type=_rank_list, metavar="LIST", help="only these global ranks (0-3,7)")
+    p.add_argument(
+        "--comms", type=_comm_list, metavar="IDS", help="only these communicators (hex ids, comma-separated)"
+    )
+    p.add_argument(
+        "--start", type=float, metavar="S", help="only records from S seconds after the trace started"
+    )
+    p.add_argument(
+        "--end", type=float, metavar="S", help="only records before S seconds after the trace started"
+    )
     p.set_defaults(func=cmd_export)
 
     from c4d.run.cli import add_parser as add_run
@@ -887,12 +1045,6 @@ def build_parser() -> argparse.ArgumentParser:
     else:
         add_check(sub)
     return ap
-
-
-EXIT_HELP = (
-    "exit status: 0 ok, nothing found; 1 bad input or operational error; "
-    "2 found a problem (a diagnosis at WARNING or above, a failed check)"
-)
 
 
 def main(argv: list[str] | None = None) -> int:

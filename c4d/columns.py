@@ -1,8 +1,8 @@
 """Fields of 128-byte records read as contiguous columns.
 
 A field read straight from record rows (``rows["seq"]``) is a strided pass over every record:
-one cache line per row per field, ~90 ns a row for the 14 fields an OPSUM check reads. Here
-the rows' 16 little-endian words are transposed once (one pass, ~25 ns a row), and a field is
+one cache line per row per field, a dozen passes for the fields an OPSUM check reads. Here
+the rows' 16 little-endian words are transposed once (one pass), and a field is
 cut from its word(s): an aligned 8-byte field is a view of its word's row, any other a pass over
 one or a few contiguous words. Reads only, bit for bit what the structured view gives.
 """
@@ -33,7 +33,7 @@ class Columns:
         n = len(rows)
         m = np.ascontiguousarray(rows).view(np.uint64).reshape(n, _WORDS)
         w = np.empty((_WORDS, n), np.uint64)
-        for a in range(0, n, _BLOCK):  # blocks that stay in cache: 1.35x the whole transpose's speed
+        for a in range(0, n, _BLOCK):  # blocks that stay in cache, faster than the whole transpose
             w[:, a : a + _BLOCK] = m[a : a + _BLOCK].T
         return cls(w, rows.dtype if dtype is None else dtype)
 
@@ -46,8 +46,8 @@ class Columns:
         return Columns(self.words, dtype, self._cache)
 
     def take(self, idx: np.ndarray) -> Columns:
-        """The rows ``idx`` (indices or a mask): np.take / np.compress along the rows, 1.4-2x
-        ``words[:, idx]``'s speed (a chunk's summaries sorted by communicator were 5% of the engine)."""
+        """The rows ``idx`` (indices or a mask): np.take / np.compress along the rows, faster
+        than ``words[:, idx]`` (a chunk's summaries are sorted by communicator this way)."""
         idx = np.asarray(idx)
         if idx.dtype == bool:
             return Columns(np.compress(idx, self.words, axis=1), self.dtype)

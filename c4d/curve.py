@@ -113,3 +113,14 @@ def load(key_dir: str | os.PathLike) -> Keys:
             f"--curve: {sec_f} holds no matching public-key and secret-key (40 Z85 characters each)"
         )
     return Keys(public=public, secret=secret, public_file=d / PUBLIC)
+
+
+def server_key(value: str) -> bytes:
+    """A master's public key as a client needs it: 40 Z85 characters, or a certificate file
+    (``c4d keygen``)."""
+    if len(value) == 40 and not os.path.exists(value):
+        return value.encode()
+    public, _ = zmq.auth.load_certificate(value)
+    if not public or len(public) != 40:
+        raise ValueError(f"{value}: no public key in it")
+    return public

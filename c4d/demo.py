@@ -6,7 +6,9 @@ preloaded in every rank. Part-way through, a rank's GPU stream stops making prog
 shows the job, the master diagnoses the culprit, raises WARNING then ERROR, and blacklists
 its node. Thresholds are scaled down (``DEMO_ENV``: 2 s × 3, 2 s slow windows; ``--quick``:
 ``c4d.sim.QUICK_ENV``) so every fault kind shows within seconds. The trace and the blacklist
-are kept in ``--out`` (default ``./c4d-demo``) for ``c4d analyze`` / ``c4d report``.
+are kept in ``--out`` (default ``./c4d-demo``, which .gitignore lists) for ``c4d analyze`` /
+``c4d report``, and nothing is written anywhere else but temporary folders it removes: the
+demo says where at its start, and points ``c4d report`` into that folder too.
 """
 
 from __future__ import annotations
@@ -63,7 +65,9 @@ def run_demo(args) -> int:
         f"16 ranks on 4 simulated nodes (tp 2 × pp 2 × dp 4), libc4d.so preloaded in every rank.\n"
         f"Injected fault: [bold]{spec}[/]. Thresholds: C4D_HANG_TIMEOUT={shown_env['C4D_HANG_TIMEOUT']} µs, "
         f"C4D_HANG_TIMES={shown_env['C4D_HANG_TIMES']}, "
-        f"C4D_CONN_BW_CHECK_PERIOD={shown_env['C4D_CONN_BW_CHECK_PERIOD']} s."
+        f"C4D_CONN_BW_CHECK_PERIOD={shown_env['C4D_CONN_BW_CHECK_PERIOD']} s.\n"
+        f"The trace and the blacklist are kept in {out.resolve()}/",
+        soft_wrap=True,
     )
     logging.basicConfig(
         level=logging.INFO, stream=sys.stderr, format="c4d %(levelname)s %(message)s", force=True
@@ -95,9 +99,8 @@ def run_demo(args) -> int:
         master.close()
         shutil.rmtree(sock, ignore_errors=True)
     _print_outcome(con, master, res, blacklist, trace_path)
-    from c4d.cli import sim_exit_status
 
-    return sim_exit_status(res)
+    return sim.exit_status(res)
 
 
 def _print_outcome(con: Console, master: Master, res, blacklist: Path, trace_path: Path) -> None:
@@ -133,7 +136,8 @@ def _print_outcome(con: Console, master: Master, res, blacklist: Path, trace_pat
         soft_wrap=True,
     )
     con.print(
-        f"trace: {trace_path}  (next: c4d analyze {trace_path}; c4d report {trace_path} -o report/)",
+        f"trace: {trace_path}  (next: c4d analyze {trace_path}; c4d report {trace_path} -o "
+        f"{trace_path.parent / 'report'})",
         soft_wrap=True,
     )
     con.print(f"c4d sim: {res.reason} after {res.seconds:.1f} s")

@@ -50,7 +50,7 @@ log = logging.getLogger("c4d.engine")
 
 FEED, APART, FREE, TICK, STATE, SPLIT, STOP = b"F", b"A", b"X", b"T", b"S", b"P", b"Q"
 START_S = 60.0  # the engine's process imports numpy and c4d: seconds on a loaded host
-QUEUE_MESSAGES = 16  # ~0.1-0.2 GiB of rows at 16,384 ranks; a thousand was 2.5 GiB more memory
+QUEUE_MESSAGES = 16  # each up to a chunk of rows: the queue's memory is this many chunks
 _CALLS = {TICK: "tick", STATE: "state", SPLIT: "take_split"}  # the answered calls, as failures name them
 POLL_MS = 500  # how often a wait for an answer checks that the process is still alive
 
@@ -93,9 +93,31 @@ class EngineGone(RuntimeError):
 
 
 def _serve(endpoint: str, overrides: dict[str, Any], split: bool, level: int) -> None:
-    """The engine's process: take calls in order until STOP or until the master is gone."""
+    """The engine's process: take calls in order until STOP or until the master is gone.
+    ``C4D_ENGINE_PROFILE=PATH``: the process profiled (cProfile), its statistics written to
+    PATH (``{pid}`` in it: the process's id) when it stops: where an engine's process spends
+    its time, measured where it runs (analysis/bench_master.py --profile)."""
+    path = os.environ.get("C4D_ENGINE_PROFILE", "").strip()
+    if not path:
+        return _loop(endpoint, overrides, split, level)
+    import cProfile
+
+    prof = cProfile.Profile()
+    prof.enable()
+    try:
+        _loop(endpoint, overrides, split, level)
+    finally:
+        prof.disable()
+        path = path.replace("{pid}", str(os.getpid()))
+        try:
+            prof.dump_stats(path)
+        except OSError as e:  # the engine served all the same; only its profile is lost
+            log.error("C4D_ENGINE_PROFILE: the profile could not be written to %s: %s", path, e)
+
+
+def _loop(endpoint: str, overrides: dict[str, Any], split: bool, level: int) -> None:
     from c4d import heap
-    from c4d.analyze import make_engine
+    from c4d.engine import make_engine
 
     # the engine's own log lines (records it drops) on the master's stderr, as the master's
     logging.basicConfig(level=level, stream=sys.stderr, format="c4d %(levelname)s %(message)s")
@@ -145,7 +167,8 @@ def _serve(endpoint: str, overrides: dict[str, Any], split: bool, level: int) ->
                 try:
                     if op == TICK:  # with what the metrics read, when the master has them
                         out: Any = list(engine.tick(arg))
-                        out = (out, (engine.state(), engine.take_split()) if split else None)
+                        drops = engine.drops()  # the byte budgets' refusals (c4d_records_rejected)
+                        out = (out, (engine.state(), engine.take_split()) if split else None, drops)
                     elif op == STATE:
                         out = engine.state()
                     else:
@@ -170,6 +193,7 @@ class EngineProcess:
         self.overrides, self.split = dict(overrides or {}), split
         self.failures: Counter[str] = Counter()  # the engine process's own, as the master heard them
         self.failed_records = 0
+        self._drops: dict[str, int] = {}  # what the engine's byte budgets refused, as of its last tick
         self.local: Any = None  # the in-process engine taken up when the process died
         self._asked: deque[tuple[bytes, int]] = deque()  # the calls still to be answered, in order
         self._ready: list[Any] = []  # diagnoses of ticks answered, not handed out yet
@@ -271,7 +295,7 @@ class EngineProcess:
                 self._proc.kill()
                 self._proc.wait(5)
         self._sock.close(0)
-        self._ctx.term()
+        self._ctx.destroy(linger=0)  # term() waits for every socket of the context to close
         shutil.rmtree(self._dir, ignore_errors=True)
 
     # -- the wire -------------------------------------------------------------------------
@@ -302,12 +326,19 @@ class EngineProcess:
             log.error("the engine's process failed a %s: %s", _CALLS[kind], out)
             out = ([], None) if kind == TICK else None
         if kind == TICK:
-            diags, metrics = out
+            diags, metrics, *rest = out
+            if rest:
+                self._drops = dict(rest[0])
             self._ready.extend(diags)
             if metrics is not None:
                 self._metrics.append(metrics)
             return kind, diags
         return kind, out
+
+    def drops(self) -> dict[str, int]:
+        """What the engine's byte budgets refused, by reason: as of the process's last answered
+        tick, or the in-process engine's once it took over."""
+        return self.local.drops() if self.local is not None else dict(self._drops)
 
     def take_metrics(self) -> tuple[Any, Any]:
         """What the metrics read at a tick, without waiting for the engine: its latest state and
@@ -354,7 +385,7 @@ class EngineProcess:
         return self._sock.recv()
 
     def _take_over(self, why: str) -> Any:
-        from c4d.analyze import make_engine
+        from c4d.engine import make_engine
 
         if self.local is not None:  # (once: one ERROR line, one engine taking over)
             return self.local

@@ -8,14 +8,13 @@ freed, to 32 MiB at most) afresh and unmaps it when freed, and gives the top of 
 beyond twice that threshold, so many of the next chunk's arrays are fresh pages the kernel
 zeroes as they are first touched (huge pages with numpy's madvise): one more pass over their
 bytes. Raising both thresholds serves them from the heap and keeps freed heap memory mapped, so
-a chunk reuses the pages of the one before: 16,384 ranks through agents, the master took 948k
-and 958k records/s beside 847k and 909k without (2026-11-29). Memory held at the peak is not
-given back, which is what the master needs again at the next peak anyway.
+a chunk reuses the pages of the one before (the gain is in docs/performance.md). Memory held at
+the peak is not given back, which is what the master needs again at the next peak anyway.
 
 Python's cyclic collector runs a pass over the young objects every 700 containers allocated
-(and not freed yet), and over every object (the engine's state for 16,384 ranks: ~90 ms) whenever a
-tenth of them are new: at 16,384 ranks through agents it ran 19 full passes in 12 s of the job,
-5-10% of the engine's CPU. The master's arrays are not containers and its objects form few
+(and not freed yet), and over every object (all of a large job's engine state) whenever a
+tenth of them are new, which at a large job's record rate is a full pass every second or so.
+The master's arrays are not containers and its objects form few
 cycles (they are freed when their count drops), so a young pass every 50,000 and
 the older generations 20 times rarer cost nothing of note and hold little garbage longer.
 """

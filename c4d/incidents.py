@@ -17,12 +17,15 @@ one definition both use:
 * **Start.** Its first diagnosis (WARNING for hangs, INFO for the slow kinds).
 * **End.** *resolved*: no report came when the next one was due (a hang is re-counted every T,
   so none for T and a half means it cleared; a slow finding repeats every period, so none for
-  three periods means it stopped); *superseded*: a newer incident of the hang family names a
+  three periods means it stopped) while the job was still sending; *stopped with the job*: the
+  reports stopped because the job did (nothing came from any rank after the next report was
+  due: it was killed or ended, e.g. by ``c4d sim`` or ``c4d run`` on an ERROR, under a master
+  that runs on); *superseded*: a newer incident of the hang family names a
   culprit set overlapping this one's (the engine's view of one event got sharper: more ranks of
   a node confirmed, a silent rank now lost); *open at end*: the run or the trace ended while it
   lasted.
 
-``--json`` and ``c4d analyze --all`` keep the full stream (DESIGN.md: ``--json`` prints every
+``--json`` and ``c4d analyze --all`` keep the full stream (docs/cli.md: ``--json`` prints every
 diagnosis); incidents only decide what is *shown once*.
 """
 
@@ -33,6 +36,8 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from c4d.engine.types import Diagnosis, Level
 
@@ -54,6 +59,8 @@ class End(enum.Enum):
     """A newer incident names an overlapping culprit set for the same event."""
     open_at_end = "open at end"
     """Still going when the run or the trace ended."""
+    stopped = "stopped with the job"
+    """Its reports stopped because the job stopped sending (killed or ended), not because it cleared."""
 
 
 class Change(enum.Enum):
@@ -62,6 +69,8 @@ class Change(enum.Enum):
     opened = "opened"
     escalated = "escalated"
     """WARNING -> ERROR."""
+    revised = "revised"
+    """Its culprit moved as more evidence was judged (link -> rank -> node, suspects -> rank)."""
     ended = "ended"
 
 
@@ -85,19 +94,23 @@ class Incident:
     end: End | None = None
     end_s: float | None = None
     superseded_by: int | None = None
+    revisions: list[str] = field(default_factory=list)
+    """How its localization moved as evidence came ("+3.0s: link 1-7 -> rank 7"), first first."""
+    current: Diagnosis | None = None
+    """The diagnosis that set its culprits (the first, or the latest revision)."""
 
     # -- identity ------------------------------------------------------------------------
     @property
     def key(self) -> tuple:
-        return incident_key(self.first)
+        return incident_key(self.current or self.first)
 
     @property
     def ranks(self) -> tuple[int, ...]:
-        return self.first.ranks
+        return (self.current or self.first).ranks
 
     @property
     def nodes(self) -> tuple[str, ...]:
-        return self.first.nodes
+        return (self.current or self.first).nodes
 
     @property
     def is_slow(self) -> bool:
@@ -147,17 +160,9 @@ class Incident:
         return bool(self.last.localized)
 
     def culprit(self) -> str:
-        link = self.last.detail.get("link")
-        if (
-            isinstance(link, list | tuple)
-            and len(link) == 2
-            and tuple(sorted(link)) == tuple(sorted(self.ranks))
-        ):
-            return f"link {link[0]}-{link[1]}"
         if not self.ranks:
             return "-"
-        word = "rank" if len(self.ranks) == 1 else "ranks"
-        return f"{word} {_ranges(self.ranks)}"
+        return _who(self.current or self.first)
 
     def where(self) -> str:
         """The latest report's communicator and op (+N: on N more communicators or ops)."""
@@ -226,6 +231,20 @@ def incident_key(d: Diagnosis) -> tuple:
     return (d.kind.value, tuple(sorted(d.ranks)))
 
 
+def _who(d: Diagnosis) -> str:
+    """A diagnosis's culprit in a few words ("link 3<->4", "rank 7", "node node-1", "suspects 1,7")."""
+    loc = getattr(d, "localization", None)
+    target = getattr(getattr(loc, "target", None), "value", "rank")
+    if target == "link" and getattr(loc, "link", None):
+        arrow = "->" if getattr(loc, "directed", False) else "<->"  # as Diagnosis.summary writes it
+        return f"link {loc.link[0]}{arrow}{loc.link[1]}"  # type: ignore[union-attr]
+    if target == "node":
+        return f"node {','.join(d.nodes)}"
+    if target == "suspects":
+        return f"suspects {_ranges(d.ranks)}"
+    return f"rank {_ranges(d.ranks)}" if len(d.ranks) == 1 else f"ranks {_ranges(d.ranks)}"
+
+
 def _site(d: Diagnosis) -> str:
     if d.comm is None:
         return ""
@@ -264,6 +283,30 @@ def _gap_s(d: Diagnosis) -> float:
     return RESOLVE_AFTER_T * float(t) if isinstance(t, int | float) and t > 0 else DEFAULT_GAP_S
 
 
+def _due_s(d: Diagnosis) -> float:
+    """When the incident's next report is due after ``d`` (T for hangs, a period for slow kinds)."""
+    per = RESOLVE_AFTER_PERIODS if d.kind.value in SLOW_KINDS else RESOLVE_AFTER_T
+    return _gap_s(d) / per
+
+
+def heard_stamps(raw: Any, last_tick_ns: int) -> tuple[np.ndarray, int]:
+    """When the job was heard in a piece of a trace: the master time each record was fed at (the
+    TICK before it, ``last_tick_ns`` before the piece's first TICK), once each; and the piece's
+    last TICK. What ``Incidents.heard`` saw live, for ``fold``."""
+    from c4d import schema
+
+    is_tick = raw["kind"] == schema.Kind.TICK
+    if not len(raw):
+        return np.empty(0, np.int64), last_tick_ns
+    pos = np.maximum.accumulate(np.where(is_tick, np.arange(len(raw)), -1))
+    # a record's stamp is the latest TICK before it (the TICK itself is not a record)
+    prev = np.concatenate(([-1], pos[:-1]))
+    times = raw["time_ns"].astype(np.int64)
+    stamp = np.where(prev >= 0, times[np.maximum(prev, 0)], last_tick_ns)
+    last = int(times[pos[-1]]) if pos[-1] >= 0 else last_tick_ns
+    return np.unique(stamp[~is_tick]), last
+
+
 def _ranges(ranks: Iterable[int]) -> str:
     """0,1,2,3,7 -> '0-3,7'."""
     rs = sorted(set(ranks))
@@ -285,14 +328,44 @@ class Incidents:
     end. Offline: ``fold(diagnoses, end_s)`` does all three.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, heard_ns: np.ndarray | None = None) -> None:
         self.all: list[Incident] = []
         self.open: dict[tuple, Incident] = {}
+        # when the job was heard (master times records were fed at): live the latest (``heard``),
+        # offline every one, sorted (``heard_stamps``); neither: every end found by time is resolved
+        self._heard = heard_ns
+        self._last_heard: int | None = None
+
+    def heard(self, stamp_ns: int) -> None:
+        """Records of the job were fed at master time ``stamp_ns``: it is still sending."""
+        if self._last_heard is None or stamp_ns > self._last_heard:
+            self._last_heard = stamp_ns
+
+    def _last_heard_by(self, now_ns: int) -> int | None:
+        if self._heard is not None:
+            i = int(np.searchsorted(self._heard, now_ns, side="right"))
+            return int(self._heard[i - 1]) if i else None
+        return self._last_heard
+
+    def _ended_by_time(self, inc: Incident, now_ns: int) -> End:
+        """Resolved, unless the job went quiet before the next report was due."""
+        if self._heard is None and self._last_heard is None:
+            return End.resolved
+        last = self._last_heard_by(now_ns)
+        due_ns = inc.last.time_ns + int(_due_s(inc.last) * 1e9)
+        return End.stopped if last is None or last < due_ns else End.resolved
 
     def observe(self, d: Diagnosis) -> list[Event]:
         out = self.expire(d.time_ns)
         key = incident_key(d)
-        inc = self.open.get(key)
+        inc = self.open.get(key) or self._revised_by(d)
+        if inc is not None and _who(inc.current or inc.first) != _who(d):
+            del self.open[inc.key]
+            was = _who(inc.current or inc.first)
+            inc.revisions.append(f"+{d.time - inc.first.time:.1f}s: {was} -> {_who(d)}")
+            inc.current = d
+            self.open[key] = inc
+            out.append(Event(Change.revised, inc, d))
         if inc is not None:
             inc.last = d
             inc.reports += 1
@@ -301,7 +374,7 @@ class Incidents:
                 inc.level = d.level
                 out.append(Event(Change.escalated, inc, d))
             return out
-        inc = Incident(len(self.all) + 1, d.kind.value, d, d, d.level)
+        inc = Incident(len(self.all) + 1, d.kind.value, d, d, d.level, current=d)
         inc._note(d)
         for old in self._superseded_by(d):
             del self.open[old.key]
@@ -312,8 +385,16 @@ class Incidents:
         out.append(Event(Change.opened, inc, d))
         return out
 
+    def _revised_by(self, d: Diagnosis) -> Incident | None:
+        """The open incident of the same kind whose culprits overlap ``d``'s: the same fault, its
+        localization revised (one incident per fault, it keeps its number)."""
+        new = set(d.ranks)
+        same = [inc for inc in self.open.values() if inc.kind == d.kind.value and new & set(inc.ranks)]
+        return min(same, key=lambda i: i.id) if same else None
+
     def _superseded_by(self, d: Diagnosis) -> list[Incident]:
-        """Open hang-family incidents whose culprits overlap a new hang-family diagnosis's."""
+        """Open hang-family incidents of another kind whose culprits overlap a new hang-family
+        diagnosis's (a silent rank now lost)."""
         if d.kind.value in SLOW_KINDS:
             return []
         new = set(d.ranks)
@@ -326,7 +407,7 @@ class Incidents:
         for key, inc in list(self.open.items()):
             if now - inc.last.time > _gap_s(inc.last):
                 del self.open[key]
-                inc.end, inc.end_s = End.resolved, inc.last.time
+                inc.end, inc.end_s = self._ended_by_time(inc, now_ns), inc.last.time
                 out.append(Event(Change.ended, inc))
         return out
 
@@ -340,9 +421,12 @@ class Incidents:
         return out
 
     @classmethod
-    def fold(cls, diagnoses: Iterable[Diagnosis], end_ns: int | None = None) -> list[Incident]:
-        """Every incident of a finished stream (``end_ns``: when the run or trace ended)."""
-        inc = cls()
+    def fold(
+        cls, diagnoses: Iterable[Diagnosis], end_ns: int | None = None, heard_ns: np.ndarray | None = None
+    ) -> list[Incident]:
+        """Every incident of a finished stream (``end_ns``: when the run or trace ended; ``heard_ns``:
+        when the job was heard, ``heard_stamps``, so that an incident whose job stopped says so)."""
+        inc = cls(None if heard_ns is None else np.sort(np.asarray(heard_ns, np.int64)))
         for d in sorted(diagnoses, key=lambda d: d.time_ns):
             inc.observe(d)
         inc.close(end_ns)

@@ -90,12 +90,13 @@ class Ingest:
                 self.engine.free_comms(freed)
                 for cb in self.on_free:
                     cb(freed)
-            return list(self.engine.tick(now_ns))
+            return self._lost(list(self.engine.tick(now_ns)))
         except Exception as e:
             self.failed("tick", e, 0)
             return []
         finally:
             self._heard()
+            self._engine_drops()
             self.flush_logs()
 
     def settle(self) -> list[Any]:
@@ -103,12 +104,32 @@ class Ingest:
         (its answers come a tick late: c4d.engine_process); none with an in-process engine."""
         drain = getattr(self.engine, "drain", None)
         try:
-            return list(drain()) if drain is not None else []
+            return self._lost(list(drain())) if drain is not None else []
         except Exception as e:
             self.failed("tick", e, 0)
             return []
         finally:
             self._heard()
+
+    def _lost(self, diagnoses: list[Any]) -> list[Any]:
+        """Tell the edge which ranks the engine declared lost: a new incarnation of each may
+        register (c4d/validate.py, ``Edge.lost``)."""
+        for d in diagnoses:
+            if getattr(getattr(d, "kind", None), "name", None) == "RankLost":
+                self.edge.lost(d.ranks)
+        return diagnoses
+
+    def _engine_drops(self) -> None:
+        """Records the engine's byte budgets refused after the edge admitted them (op rings, PEER
+        rows, p2p counters, rows kept for the slow judge: c4d/engine/state.py, Pool) counted with
+        the edge's refusals, by reason (c4d_records_rejected). An engine in a process of its own
+        hands them over with each tick's answer (EngineProcess.drops)."""
+        drops = getattr(self.engine, "drops", None)
+        if drops is None:
+            return
+        for reason, total in drops().items():
+            if not reason.endswith("evicted") and total > self.edge.rejected[reason]:
+                self.edge.rejected[reason] = total
 
     def _heard(self) -> None:
         """Count what an engine in a process of its own failed at there (handed over with its

@@ -33,8 +33,9 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from c4d import heap
-from c4d.analyze import make_engine
 from c4d.collector import DEFAULT_ENDPOINT, Collector
+from c4d.engine import make_engine
+from c4d.engine.consistency import PendingWatch
 from c4d.incidents import Change, Incidents, incident_key
 from c4d.ingest import Ingest
 from c4d.received import Received
@@ -62,6 +63,8 @@ class MasterConfig:
     limits: Limits | None = None  # None: Limits.from_env()
     curve: str | None = None  # KEYDIR of the master's CURVE key pair (c4d.curve); None: no CURVE
     job: str | None = None  # the job served; None: the first one heard (c4d.collector)
+    # answer status requests here (c4d/status.py); "auto": next to the record endpoint; None: nowhere
+    status: str | None = None
     # the engine in a process of its own (c4d.engine_process); c4d run's master too
     engine_process: bool = field(default_factory=engine_process_from_env)
 
@@ -81,6 +84,7 @@ class Master:
         heap.collect_rarely()
         # a collector passed in (c4d run keeps one endpoint across restarts) is the caller's to close
         self._own_collector = collector is None
+        keys = None
         if collector is None:
             from c4d import curve
 
@@ -90,6 +94,17 @@ class Master:
             collector.serve(cfg.job)  # a new attempt may be a new job
         self.collector = collector
         self.endpoint = self.collector.endpoint
+        self.status = None
+        if cfg.status:
+            from c4d.status import StatusServer, status_endpoint
+
+            try:
+                where = status_endpoint(self.endpoint) if cfg.status == "auto" else cfg.status
+                if where is None:
+                    raise OSError(f"none can be derived from {self.endpoint}; give --status-bind")
+                self.status = StatusServer(where, keys)
+            except OSError as e:  # the job is served all the same; only status requests go unanswered
+                log.warning("no status endpoint (c4d sim --master will not hear the verdicts): %s", e)
         self.received = Received()
         # the metrics read the engine's per-rank wait / transfer split (one computation)
         split = cfg.metrics_port is not None
@@ -109,6 +124,10 @@ class Master:
         self.edge = Edge(cfg.limits or Limits.from_env())
         sinks: list[Any] = [lambda ok: self.received.add(ok, time.time_ns(), self.edge.columns_of(ok))]
         on_free: list[Any] = [self.received.forget]
+        # members whose heartbeats complete a disagreement: evaluated when that heartbeat comes
+        self.pending_watch = PendingWatch()
+        sinks.append(lambda ok: self.pending_watch.feed(ok, self.edge.columns_of(ok)))
+        on_free.append(self.pending_watch.forget)
         if (m := self.metrics) is not None:
             sinks.append(m.ingest)
             on_free.append(m.forget)
@@ -118,6 +137,7 @@ class Master:
         # adds evidence gathered outside the engine (c4d run: stacks) before any sink sees a diagnosis
         self.enrich = enrich
         self._next_tick = time.monotonic() + cfg.tick_s
+        self._last_tick_mono = time.monotonic()
         self.started_ns = time.time_ns()
         self.blacklisted: list[str] = []
         self.trace_error: str | None = None
@@ -132,6 +152,8 @@ class Master:
     def step(self, timeout_s: float | None = None) -> list[Any]:
         """Ingest for at most ``timeout_s`` (default: until the next tick), then tick if due."""
         wait = self._next_tick - time.monotonic() if timeout_s is None else timeout_s
+        if self.pending_watch.due:
+            wait = min(wait, self._early_at() - time.monotonic())
         raws = self.collector.poll(max(0.0, wait))
         if self.trace and raws:
             try:
@@ -142,14 +164,26 @@ class Master:
                 self._trace_failed(e)
         if raws:
             self.ingest.feed_many(raws, self._last_tick_ns)
+            self.incidents.heard(self._last_tick_ns)  # the job still sends: its hangs did not just stop
         new: list[Any] = []
         if time.monotonic() >= self._next_tick:
             self._next_tick = time.monotonic() + self.cfg.tick_s
             new = self.tick(time.time_ns())
+        elif self.pending_watch.due and time.monotonic() >= self._early_at():
+            new = self.tick(time.time_ns())  # a TICK like any other: a replay evaluates there too
+        if self.status is not None:
+            self.status.serve(self.diagnoses, self.collector.job)
         return new
+
+    def _early_at(self) -> float:
+        """When a tick the pending watch asks for may come: a quarter period after the last one
+        at the earliest (a stream of disagreements cannot make the master tick on every batch)."""
+        return self._last_tick_mono + self.cfg.tick_s / 4
 
     def tick(self, now_ns: int) -> list[Any]:
         self._last_tick_ns = now_ns
+        self._last_tick_mono = time.monotonic()
+        self.pending_watch.take()
         if self.trace:
             try:
                 self.trace.tick(now_ns)
@@ -261,6 +295,11 @@ class Master:
                 continue
             d = ev.diagnosis
             level = getattr(logging, d.level.name, logging.WARNING)
+            if ev.change is Change.revised:
+                log.log(
+                    level, "#%d revised (%s): %s", inc.id, inc.revisions[-1], d.summary().split(" ", 1)[-1]
+                )
+                continue
             log.log(level, "#%d %s", inc.id, d.summary().split(" ", 1)[-1])  # the logger prints the level
 
     def finish(self) -> None:
@@ -273,6 +312,8 @@ class Master:
             self.finish()
         if self._own_collector:
             self.collector.close()
+        if self.status is not None:
+            self.status.close()
         if self.trace:
             self.trace.close()
         if hasattr(self.engine, "close"):

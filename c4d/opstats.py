@@ -1,4 +1,4 @@
-"""nccl-tests' bandwidth formulas (PERFORMANCE.md), vectorised: ``algbw = S / t`` with S the
+"""nccl-tests' bandwidth formulas (docs/design.md), vectorised: ``algbw = S / t`` with S the
 operation's total data size, ``busbw = algbw × factor(op, n)``.
 
 The wait / transfer split itself is the engine's (c4d/engine/state.py ``Comm._reduce``, handed
@@ -11,14 +11,14 @@ import numpy as np
 
 from c4d.schema import Op
 
-# nccl-tests' bus bandwidth factor (PERFORMANCE.md): scale x (n - 1) / n for these ops (n ranks
+# nccl-tests' bus bandwidth factor (docs/design.md): scale x (n - 1) / n for these ops (n ranks
 # in the communicator), 1 for the others (Broadcast, Reduce, Send, Recv)
 _BUS_SCALE = {Op.AllReduce: 2.0, Op.AllGather: 1.0, Op.ReduceScatter: 1.0, Op.AlltoAll: 1.0,
               Op.Gather: 1.0, Op.Scatter: 1.0}  # fmt: skip
 # ops whose record bytes are one rank's share of a total that is n times larger (nccl-tests' "size")
 _TOTAL_IS_N_TIMES = {Op.AllGather, Op.ReduceScatter, Op.Gather, Op.Scatter}
 
-# both by op code, looked up (a pass per op kind was 1% of the master at 16,384 ranks through agents)
+# both by op code, looked up in one pass (not a pass per op kind)
 _SCALE = np.zeros(256)
 _SCALE[[int(k) for k in _BUS_SCALE]] = list(_BUS_SCALE.values())
 _N_TIMES = np.zeros(256, bool)

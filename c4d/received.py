@@ -43,8 +43,7 @@ class CommInfo:
 
 class Received:
     """Per-rank and per-communicator counters live in arrays (a batch updates them in one numpy
-    call each; a loop over a batch's ranks was a tenth of the master at 4,096 ranks through
-    agents, and one over its communicators 5% at 8,192) and are written into the ``RankInfo``
+    call each, not a loop over a batch's ranks or communicators) and are written into the ``RankInfo``
     and ``CommInfo`` objects when ``ranks`` or ``comms`` is read (the live view, the summary).
     A batch is read through views of its rows (no copy per record kind)."""
 
@@ -56,8 +55,8 @@ class Received:
         self._c = {k: np.zeros(0, np.int64) for k in self._COUNTERS}
         self._final = np.zeros(0, bool)
         self._has_info = np.zeros(0, bool)
-        # what each rank's latest REGISTER said (the shim repeats it every 10 heartbeats: 8,192
-        # a second at 16,384 ranks, and a loop over them was 5% of the master's loop)
+        # what each rank's latest REGISTER said (the shim repeats it every 10 heartbeats:
+        # thousands a second in a large job, so never looped over)
         self._reg_pid = np.zeros(0, np.int64)
         self._reg_node = np.zeros(0, schema.REGISTER["node"])
         self._comms: dict[int, CommInfo] = {}
@@ -205,8 +204,7 @@ class Received:
 
     def _ops(self, v: np.ndarray | Columns, sel: np.ndarray) -> None:
         """OP rows (``v``: the batch viewed as OP records, ``sel`` which rows are), every
-        communicator's at once by its dense index (a per-record loop was a fifth of the master's
-        time with node agents' heartbeats at 1,024 ranks; a sort by communicator 3% at 8,192)."""
+        communicator's at once by its dense index (no per-record loop, no sort by communicator)."""
         at = np.flatnonzero(sel)
         cid, g = v["comm_id"][at], v["rank"][at].astype(np.int64)
         i = self._index(cid)

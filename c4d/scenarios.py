@@ -61,15 +61,25 @@ class Expect:
         return d["kind"] == self.kind and bool(self.ranks & set(d["ranks"]))
 
     def exact(self, d: dict) -> bool:
-        """It names exactly the culprit: the rank(s), the link, or the cycle."""
+        """It names exactly the culprit: the rank(s), the link, the node's ranks, or the cycle."""
         if not self.matches(d) or set(d["ranks"]) != self.ranks:
             return False
         target = (d.get("localization") or {}).get("target")
         if target is None:  # a diagnosis from before typed localizations
             return True
+        if self.fault.node is not None:
+            return target in ("node", "rank")
         return target == (
             "link" if self.is_link else "cycle" if self.kind == "CollectiveMismatch" else "rank"
         )
+
+    def on_its_node(self, d: dict, rpn: int) -> bool:
+        """It names the node the culprit (a rank, or a link inside one node) is on: exact where
+        nothing visible tells the ranks of that node apart."""
+        if not self.matches(d) or (d.get("localization") or {}).get("target") != "node":
+            return False
+        nodes = {r // rpn for r in self.ranks}
+        return len(nodes) == 1 and {r // rpn for r in d["ranks"]} == nodes
 
 
 @dataclass(frozen=True)
@@ -482,14 +492,17 @@ def _fault(
     nodes = -(-ranks // rpn)
     free = [r for r in range(ranks) if r not in taken] or list(range(ranks))
     where = f"rank={rng.choice(free)}"
-    if kind in ("comm-hang", "comm-slow") and rng.random() < 0.4:
+    comm = kind in ("comm-hang", "comm-slow")
+    node = rng.randrange(nodes)
+    whole_node = nodes > 1 and not any(r // rpn == node for r in taken)
+    if comm and rng.random() < 0.35:
         links = [lk for lk in _links(ranks, tp, pp) if not set(lk) & taken] or _links(ranks, tp, pp)
         a, b = rng.choice(links)
-        where = f"link={a}-{b}" + (f",dir={rng.choice(('fwd', 'rev'))}" if rng.random() < 0.2 else "")
-    elif kind in ("noncomm-hang", "crash") and rng.random() < 0.15 and nodes > 1:
-        node = rng.randrange(nodes)
-        if not any(r // rpn == node for r in taken):
-            where = f"node=node-{node}"
+        where = f"link={a}-{b}" + (f",dir={rng.choice(('fwd', 'rev'))}" if rng.random() < 0.25 else "")
+    elif comm and whole_node and rng.random() < 0.15:
+        where = f"node=node-{node}"  # its host, NIC or switch port: every link of its ranks
+    elif kind in ("noncomm-hang", "crash") and rng.random() < 0.15 and whole_node:
+        where = f"node=node-{node}"
     spec = f"{kind}@{where},step={step}"
     if kind in ("noncomm-slow", "comm-slow"):
         spec += f",factor={math.exp(rng.uniform(math.log(1.5), math.log(10))):.2f}"
@@ -501,11 +514,13 @@ def _fault(
 
 
 def random_jobs(n: int, seed: int, max_ranks: int = 64) -> list[Scenario]:
-    """``n`` jobs drawn from ``seed``: shape (8 to ``max_ranks`` ranks, tp / pp / dp, ranks per
-    node), none (a clean job, 12 %), one or two faults of any kind at any rank, link or node,
-    onset step, factor 1.5–10 (log-uniform), transient faults that recover (20 % of the slow and
-    compute-hang faults), clock skew up to ±0.1 s (half the jobs) and zero to two busy processes
-    loading the machine."""
+    """``n`` jobs drawn from ``seed``: shape (8 to ``max_ranks`` ranks; tp 1, 2, 4 or 8; 1 to 4
+    pipeline stages; 1 to 8 ranks per node, tensor-parallel groups inside a node in most jobs),
+    none (a clean job, 12 %), one or two faults of any kind at any rank, link (one direction in
+    a quarter of them) or node (comm faults too), from step 0 in a fifth of the jobs, factor
+    1.5–10 (log-uniform), transient faults that recover (20 % of the slow and compute-hang
+    faults), clock skew up to ±0.1 s (half the jobs) and zero to two busy processes loading the
+    machine."""
     rng = random.Random(seed)
     sizes = [r for r in RANK_WEIGHTS if r <= max_ranks]
     out = []
@@ -513,14 +528,16 @@ def random_jobs(n: int, seed: int, max_ranks: int = 64) -> list[Scenario]:
         ranks = rng.choices(sizes, [RANK_WEIGHTS[r] for r in sizes])[0]
         shapes = [
             (tp, pp)
-            for tp in (1, 2, 4)
-            for pp in (1, 2, 4)
+            for tp in (1, 2, 4, 8)
+            for pp in (1, 2, 3, 4)
             if ranks % (tp * pp) == 0 and ranks // (tp * pp) >= 2
         ]
         tp, pp = rng.choice(shapes)
-        rpn = rng.choice([x for x in (1, 2, 4, 8) if x < ranks])
+        per_node = [x for x in (1, 2, 3, 4, 6, 8) if x < ranks and ranks % x == 0]
+        inside = [x for x in per_node if x % tp == 0]
+        rpn = rng.choice(inside if inside and rng.random() < 0.75 else per_node)
         post = max(60, 2400 // ranks)  # steps after the onset: a few check periods at any size
-        onset = rng.randint(25, 60)
+        onset = 0 if rng.random() < 0.2 else rng.randint(25, 60)
         specs: list[str] = []
         if rng.random() >= 0.12:
             kinds = list(KIND_WEIGHTS)

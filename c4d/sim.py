@@ -10,7 +10,9 @@ clock offset (it belongs to the node, wherever the ranks go).
 
 ``SimResult.status``: 0 the job finished; 1 a rank failed and nothing was diagnosed;
 2 stopped on an ERROR diagnosis; 3 ``--max-seconds`` reached (``c4d sim`` maps these onto
-the CLI's exit-status convention, c4d/cli.py).
+the CLI's exit-status convention, c4d/cli.py). With a master of its own the diagnoses come
+from stepping it; with a running one (``--master EP``) from that master's status endpoint
+(c4d/status.py), so the job stops on its ERROR all the same.
 
 ``--quick`` (``QUICK_ENV``) scales the thresholds down so that every fault kind is diagnosed
 within seconds of its onset. Warnings the shim or simnccl print in a rank (a malformed
@@ -33,11 +35,13 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from c4d import faults as faultspec
 from c4d import native
+from c4d.cli_common import EXIT_BAD, EXIT_FOUND, EXIT_OK, found
 
 log = logging.getLogger("c4d.sim")
 
@@ -281,6 +285,8 @@ class SimResult:
     seconds: float
     diagnoses: list = field(default_factory=list)
     returncodes: list = field(default_factory=list)
+    heard: list = field(default_factory=list)
+    """A running master's diagnoses (``status=``), as the JSON objects its ``--json`` prints."""
 
 
 class _AgentThread(threading.Thread):
@@ -341,12 +347,16 @@ def run(
     on_poll=None,
     stop_on_error: bool = True,
     agents: bool = False,
+    status: str | None = None,
+    interrupted: Callable[[], None] | None = None,
 ) -> SimResult:
     """Run the job to its end (or to an ERROR diagnosis, or to ``max_seconds``).
 
     ``master`` (a c4d.master.Master) is driven in this thread; with ``endpoint`` only
-    (an external master), the job is just supervised. ``agents``: every simulated node's ranks
-    send to that node's agent (c4d/agent), stepped in this thread, which forwards to the master.
+    (an external master), the job is supervised and, given that master's ``status`` endpoint,
+    stopped on its ERROR. ``agents``: every simulated node's ranks send to that node's agent
+    (c4d/agent), stepped in this thread, which forwards to the master. ``interrupted`` is called
+    between two polls: it raises to unwind (c4d/signals.py).
     """
     ep = master.endpoint if master is not None else endpoint
     if ep is None:
@@ -355,18 +365,26 @@ def run(
     node_agents = _start_agents(cfg, ep, sock_dir) if sock_dir else {}
     job = SimJob(cfg, ep, node_endpoints={n: a.endpoint for n, a in node_agents.items()})
     t0 = time.monotonic()
-    status, reason = EXIT_TIMEOUT, f"stopped after --max-seconds {max_seconds:g}"
+    result, reason = EXIT_TIMEOUT, f"stopped after --max-seconds {max_seconds:g}"
     next_scan = t0 + 0.5
+    verdicts = _Verdicts(status, job.job_id, ep) if master is None and status else None
     try:
         job.start()
         while time.monotonic() - t0 < max_seconds:
+            if interrupted is not None:
+                interrupted()
             if time.monotonic() >= next_scan and next_scan - t0 < 10:
                 next_scan += 1.0  # start-up warnings: in the first seconds only
                 _log_config_warnings(job)
             if master is not None:
                 new = master.step()
                 if stop_on_error and any(d.level.name == "ERROR" for d in new):
-                    status, reason = EXIT_ERROR, "stopped on an ERROR diagnosis"
+                    result, reason = EXIT_ERROR, "stopped on an ERROR diagnosis"
+                    break
+            elif verdicts is not None:
+                err = verdicts.poll(0.1, time.monotonic() - t0)
+                if stop_on_error and err is not None:
+                    result, reason = EXIT_ERROR, f"stopped on the master's ERROR diagnosis ({err})"
                     break
             else:
                 time.sleep(0.1)
@@ -376,9 +394,9 @@ def run(
                 failed = job.failed_ranks()
                 if failed:
                     tails = "; ".join(f"rank {r}: {job.log_tail(r, 2)!r}" for r in failed[:3])
-                    status, reason = EXIT_RANK_FAILED, f"ranks {failed} failed ({tails})"
+                    result, reason = EXIT_RANK_FAILED, f"ranks {failed} failed ({tails})"
                 else:
-                    status, reason = EXIT_FINISHED, "the job finished"
+                    result, reason = EXIT_FINISHED, "the job finished"
                 break
         if master is not None:
             # let the last records (final heartbeats) land and be evaluated
@@ -394,10 +412,85 @@ def run(
         job.kill()
         _log_config_warnings(job)
         job.cleanup()
+        if verdicts is not None:
+            verdicts.close()
     return SimResult(
-        status=status,
+        status=result,
         reason=reason,
         seconds=time.monotonic() - t0,
         diagnoses=list(master.diagnoses) if master is not None else [],
         returncodes=rcs,
+        heard=verdicts.heard if verdicts is not None else [],
     )
+
+
+def _culprit(d: dict) -> str:
+    """``RankNonCommHang: rank 6 [node-1]`` of a diagnosis as JSON."""
+    ranks = [str(r) for r in d.get("ranks") or []]
+    who = f" rank{'s' if len(ranks) > 1 else ''} {','.join(ranks)}" if ranks else ""
+    nodes = d.get("nodes") or []
+    return f"{d.get('kind')}:{who}" + (f" [{', '.join(map(str, nodes))}]" if nodes else "")
+
+
+class _Verdicts:
+    """A running master's diagnoses of this job, through its status endpoint (c4d/status.py):
+    each one it raised at WARNING or above is logged here, and the first ERROR stops the job."""
+
+    SILENT_S = 10.0
+    """Say once that the master does not answer after this long."""
+
+    def __init__(self, endpoint: str, job_id: str, master_endpoint: str) -> None:
+        from c4d.collector import job_key
+        from c4d.status import StatusFollower
+
+        self.follower = StatusFollower(endpoint, job=job_key(job_id))
+        self.endpoint, self.master_endpoint = endpoint, master_endpoint
+        self.heard: list[dict] = []
+        self._said: set[object] = set()
+
+    def poll(self, timeout_s: float, elapsed_s: float) -> str | None:
+        """Wait up to ``timeout_s`` for new diagnoses; the first new ERROR's summary, if any."""
+        err = None
+        for d in self.follower.poll(timeout_s):
+            self.heard.append(d)
+            level = d.get("level")
+            if level in ("WARNING", "ERROR"):
+                what = _culprit(d)
+                if (level, what) not in self._said:
+                    self._said.add((level, what))
+                    log.log(getattr(logging, level), "the master at %s: %s", self.master_endpoint, what)
+                if level == "ERROR" and err is None:
+                    err = what
+        if not self.follower.answered and elapsed_s > self.SILENT_S:
+            self._once(
+                "silent",
+                f"no answer from the master's status endpoint {self.endpoint} (c4d master --status-bind): "
+                "this job stops only when it ends or at --max-seconds",
+            )
+        if self.follower.other_job:
+            self._once(
+                "job",
+                f"the master at {self.master_endpoint} serves job {self.follower.other_job}, not this one "
+                "(its diagnoses are not this job's)",
+            )
+        return err
+
+    def _once(self, key: str, line: str) -> None:
+        if key not in self._said:
+            self._said.add(key)
+            log.warning("%s", line)
+
+    def close(self) -> None:
+        self.follower.close()
+
+
+def exit_status(res) -> int:
+    """``c4d sim``'s and ``c4d demo``'s exit status: 2 when something at WARNING or above was
+    diagnosed; 1 when ranks failed with nothing diagnosed; else 0 (finished, or stopped at
+    --max-seconds with nothing found)."""
+    heard = any(d.get("level") in ("WARNING", "ERROR") for d in getattr(res, "heard", []))
+    if found(res.diagnoses) or heard or res.status == EXIT_ERROR:
+        return EXIT_FOUND
+    if res.status == EXIT_RANK_FAILED:
+        return EXIT_BAD
+    return EXIT_OK

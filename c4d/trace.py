@@ -22,6 +22,7 @@ record whose kind or version this reader does not know is skipped and counted.
 from __future__ import annotations
 
 import contextlib
+import heapq
 import json
 import os
 import socket
@@ -36,7 +37,7 @@ import numpy as np
 
 from c4d import __version__, framing, names, schema
 
-if TYPE_CHECKING:  # pandas loads in ~0.5 s: only the DataFrame views import it
+if TYPE_CHECKING:  # pandas is slow to import: only the DataFrame views import it
     import pandas as pd
 
 MAGIC = b"C4DTRACE"
@@ -212,10 +213,149 @@ class TraceStream(_DamageReport):
 
 _KINDS = np.array([int(k) for k in schema.Kind])
 
+_END = 1 << 64  # after every TICK time
+MERGE_TICK_NS = 100_000_000  # a merged set's TICKs at most this often (an agent's flush period)
+
+
+def is_trace(path: str | os.PathLike) -> bool:
+    """A regular file that starts with the trace magic."""
+    try:
+        with open(path, "rb") as f:
+            return os.path.isfile(path) and f.read(len(MAGIC)) == MAGIC
+    except OSError:
+        return False
+
+
+def trace_files(path: str | os.PathLike) -> list[Path]:
+    """The c4d traces directly inside directory ``path`` (sorted by name; other files ignored)."""
+    try:
+        entries = sorted(Path(path).iterdir())
+    except OSError as e:
+        raise TraceError(f"{path}: {e.strerror or e}") from None
+    return [p for p in entries if is_trace(p)]
+
+
+class TraceSet(_DamageReport):
+    """Several traces of one job read as one (``c4d agent --trace``: one file per node), merged by
+    time in a stream: each file's records are cut at its TICKs, and the pieces go out in the order
+    of the TICK that closes them, with a TICK at most every ``MERGE_TICK_NS`` (the agents'
+    flush period; a master's trace split by node keeps its own TICKs). An agent ticks on its
+    node's clock: the merge is as good as the nodes' clock sync, and the replay feeds each
+    record at most one period later than its node's agent forwarded it.
+
+    The same interface as ``TraceStream``: ``chunks()``, then ``damaged`` (file offsets per
+    file in ``damaged_files``), ``truncated_bytes``, ``skipped``, ``records``. Each file is read
+    ``chunk_bytes / files`` at a time (64 KiB at least), so memory does not grow with the files'
+    sizes, only a little with their number.
+    """
+
+    def __init__(self, paths: list[Path], chunk_bytes: int = CHUNK_BYTES, path: str | os.PathLike = ""):
+        if not paths:
+            raise TraceError(f"{path}: no c4d trace in this directory")
+        self.paths = list(paths)
+        self.path = Path(path or self.paths[0].parent)
+        self.chunk_bytes = max(int(chunk_bytes), schema.RECORD_SIZE)
+        each = max(self.chunk_bytes // len(self.paths), 64 << 10)
+        self.streams = [TraceStream(p, each) for p in self.paths]
+        self.size = sum(s.size for s in self.streams)
+        self.format_version = min(s.format_version for s in self.streams)
+        created = [int(s.meta["created_ns"]) for s in self.streams if s.meta.get("created_ns")]
+        self.meta: dict[str, Any] = {
+            **self.streams[0].meta,
+            "merged_from": [p.name for p in self.paths],
+            **({"created_ns": min(created)} if created else {}),
+        }
+        self.truncated_bytes = self.skipped = self.records = 0
+        self.damaged: list[tuple[int, int]] = []
+        self.damaged_files: dict[str, list[tuple[int, int]]] = {}
+        self.ticks_merged = 0  # TICKs of the files folded into a later one
+
+    @staticmethod
+    def _segments(st: TraceStream) -> Iterator[tuple[int, np.ndarray]]:
+        """(TICK time, the records since the previous TICK) of one file; the records after its
+        last TICK come last, at ``_END``."""
+        buf: list[np.ndarray] = []
+        for raw in st.chunks():
+            ticks = np.flatnonzero(raw["kind"] == schema.Kind.TICK)
+            prev = 0
+            for i in ticks.tolist():
+                buf.append(raw[prev:i])
+                yield int(raw["time_ns"][i]), np.concatenate(buf) if len(buf) > 1 else buf[0]
+                buf, prev = [], i + 1
+            if prev < len(raw):
+                buf.append(raw[prev:])
+        if buf:
+            yield _END, np.concatenate(buf)
+
+    def chunks(self) -> Iterator[np.ndarray]:
+        gens = [self._segments(s) for s in self.streams]
+        heap: list[tuple[int, int, np.ndarray]] = []
+        for i, g in enumerate(gens):
+            for t, seg in g:
+                heapq.heappush(heap, (t, i, seg))
+                break
+        out: list[np.ndarray] = []
+        n_out = 0
+        want = max(self.chunk_bytes // schema.RECORD_SIZE, 1)
+        first = last = -1  # the TICK times of the segments since the last TICK written (-1: none)
+
+        def tick(t: int) -> np.ndarray:
+            rec = np.zeros(1, dtype=schema.HEADER)
+            rec["kind"], rec["version"], rec["rank"], rec["time_ns"] = (
+                schema.Kind.TICK,
+                schema.SCHEMA_VERSION,
+                -1,
+                int(t),
+            )
+            return rec
+
+        while heap:
+            t, i, seg = heapq.heappop(heap)
+            # one TICK for the segments that closed within a period: written at the latest of them,
+            # after all their records
+            if first >= 0 and t >= first + MERGE_TICK_NS:
+                out.append(tick(last))
+                n_out += 1
+                first = -1
+            if len(seg):
+                out.append(seg)
+                n_out += len(seg)
+            if t != _END:
+                if first < 0:
+                    first = t
+                else:
+                    self.ticks_merged += 1
+                last = t
+            for t2, seg2 in gens[i]:
+                heapq.heappush(heap, (t2, i, seg2))
+                break
+            if n_out >= want:
+                yield np.concatenate(out)
+                out, n_out = [], 0
+        if first >= 0:
+            out.append(tick(last))
+        if out:
+            yield np.concatenate(out)
+        for s in self.streams:
+            self.truncated_bytes += s.truncated_bytes
+            self.skipped += s.skipped
+            self.records += s.records
+            self.damaged += s.damaged
+            if s.damaged:
+                self.damaged_files[str(s.path)] = s.damaged
+
+
+def open_stream(path: str | os.PathLike, chunk_bytes: int = CHUNK_BYTES) -> TraceStream | TraceSet:
+    """A trace file, or a directory of traces of one job (merged), read piece by piece."""
+    if os.path.isdir(path):
+        return TraceSet(trace_files(path), chunk_bytes, path)
+    return TraceStream(path, chunk_bytes)
+
 
 def read_raw(path: str | os.PathLike) -> RawTrace:
-    """Load every complete record of a trace file (read in pieces, then joined once)."""
-    st = TraceStream(path)
+    """Load every complete record of a trace file, or of a directory of traces merged (read in
+    pieces, then joined once)."""
+    st = open_stream(path)
     parts = list(st.chunks())
     raw = np.concatenate(parts) if parts else np.empty(0, schema.HEADER)
     return RawTrace(
@@ -282,27 +422,32 @@ def load(path: str | os.PathLike) -> Trace:
     return from_raw(read_raw(path))
 
 
-def from_raw(rt: RawTrace) -> Trace:
-    """DataFrames over the records of a RawTrace (a c4d trace or an import)."""
+TABLE_KINDS = {
+    "registrations": schema.Kind.REGISTER,
+    "ops": schema.Kind.OP,
+    "heartbeats": schema.Kind.HEARTBEAT,
+    "comms": schema.Kind.COMM,
+    "peers": schema.Kind.PEER,
+}
+
+
+def decode(table: str, recs: np.ndarray) -> pd.DataFrame:
+    """One table's DataFrame from its records (typed as ``schema.DTYPES`` of its kind)."""
     import pandas as pd
 
+    df = _frame(recs, drop=("version", "kind"))
+    if table == "registrations" and len(df):
+        df["node"] = _names(recs["node"])
+        df["job"] = _names(recs["job"])
+    elif table == "ops":
+        df["op_name"] = pd.Series(schema.OP_NAMES[df["op"].to_numpy()], index=df.index, dtype=object)
+        dur = df["end_ns"].astype("int64") - df["start_ns"].astype("int64")
+        df["duration_ns"] = dur.where((df["end_ns"] > 0) & (df["start_ns"] > 0)).astype("float64")
+    return df
+
+
+def from_raw(rt: RawTrace) -> Trace:
+    """DataFrames over the records of a RawTrace (a c4d trace or an import)."""
     if not rt.kinds:
         rt.kinds = schema.by_kind(rt.raw)
-    k = rt.kinds
-    reg = _frame(k[schema.Kind.REGISTER], drop=("version", "kind"))
-    if len(reg):
-        reg["node"] = _names(k[schema.Kind.REGISTER]["node"])
-        reg["job"] = _names(k[schema.Kind.REGISTER]["job"])
-    ops = _frame(k[schema.Kind.OP], drop=("version", "kind"))
-    ops["op_name"] = pd.Series(schema.OP_NAMES[ops["op"].to_numpy()], index=ops.index, dtype=object)
-    dur = ops["end_ns"].astype("int64") - ops["start_ns"].astype("int64")
-    ops["duration_ns"] = dur.where((ops["end_ns"] > 0) & (ops["start_ns"] > 0)).astype("float64")
-    return Trace(
-        meta=rt.meta,
-        registrations=reg,
-        ops=ops,
-        heartbeats=_frame(k[schema.Kind.HEARTBEAT], drop=("version", "kind")),
-        comms=_frame(k[schema.Kind.COMM], drop=("version", "kind")),
-        peers=_frame(k[schema.Kind.PEER], drop=("version", "kind")),
-        raw=rt,
-    )
+    return Trace(meta=rt.meta, raw=rt, **{t: decode(t, rt.kinds[k]) for t, k in TABLE_KINDS.items()})

@@ -52,6 +52,7 @@ import numpy as np
 
 from c4d import names, schema
 from c4d.columns import Columns
+from c4d.engine.state import Comm
 from c4d.ratelog import RateLimitedLog
 from c4d.schema import Kind, Op, OpFlag
 
@@ -87,6 +88,9 @@ REASONS: tuple[str, ...] = (
     "communicator size changed",
     "communicator budget",
     "destroyed communicator",
+    "job settings changed",
+    "rank identity changed",
+    "communicator bytes",
 )
 _CODE = {r: i for i, r in enumerate(REASONS)}
 
@@ -95,8 +99,7 @@ MAX_COUNT = 1 << 50  # elements or bytes of one op
 MAX_DEVICE = 4096
 # a kind this share of a batch or more is checked on every row where it lies rather than on a
 # gather of its rows: a check is cheap per contiguous element, a gather of a kind's columns is
-# not (node agents' batches, 61% summaries and ~33% OP rows: 150 vs 180 ns a row at a quarter,
-# against three quarters)
+# not (node agents' batches are mostly summaries with about a third OP rows)
 IN_PLACE_SHARE = 0.25
 _TOUCHED_BATCHES = 64  # batches whose namings may wait for the order to be read
 MAX_RESULT = 64  # ncclResult_t: 9 values today (nccl_abi.h), room for new ones
@@ -110,6 +113,9 @@ _ALL_FLAGS = sum(int(f) for f in OpFlag)
 _TOMBSTONES = 65536  # destroyed communicators remembered after they were freed
 _WIRE = np.array([int(k) for k in WIRE_KINDS], np.uint16)
 _REGISTER, _OP, _COMM, _PEER = int(Kind.REGISTER), int(Kind.OP), int(Kind.COMM), int(Kind.PEER)
+_HEARTBEAT = int(Kind.HEARTBEAT)
+# a job's thresholds, set once by its first REGISTER (the engine reads them: EngineConfig.resolve)
+_SETTINGS = ("hang_timeout_us", "hang_times", "bw_check_period_s", "heartbeat_ms")
 _WITH_COMM = np.array([_OP, int(Kind.HEARTBEAT), _COMM, _PEER, int(Kind.OPSUM)], np.uint16)
 _COLLECTIVES = [int(o) for o in Op if o not in (Op.Send, Op.Recv)]
 
@@ -137,8 +143,9 @@ class Limits:
     """C4D_COMMS_PER_RANK: live communicators' members may add up to world size x this."""
     max_comm_members: int = 1 << 18
     """C4D_MAX_COMM_MEMBERS: and to at most this many, whatever world size is registered (a
-    forged REGISTER can claim C4D_MAX_RANKS): ~26 KiB each, so ~6.5 GiB at worst. Enough for a
-    16,384-rank job whose ranks are in 16 communicators each; raise it for larger jobs."""
+    forged REGISTER can claim C4D_MAX_RANKS; their op rings, ~26 KiB a member, are held to
+    C4D_MAX_RING_BYTES by the engine). Enough for a 16,384-rank job whose ranks are in 16
+    communicators each; raise it for larger jobs."""
     max_clock_skew_s: float = 3600.0
     """C4D_MAX_CLOCK_SKEW_S: a rank's clock may be this far from the master's."""
     max_record_age_s: float = 7 * 86400.0
@@ -149,10 +156,19 @@ class Limits:
     destroyed_grace_s: float = 30.0
     """C4D_DESTROYED_GRACE_S: a communicator every member destroyed is freed this long after its
     last record (its last slow-detection window is judged first)."""
+    max_comm_bytes: int = 512 << 20
+    """C4D_MAX_COMM_BYTES: and the tables the master keeps for them (before any op ring: the
+    engine's Comm.table_bytes, ~37 KiB for a communicator of one member, +800 bytes a member) to at
+    most this many bytes (~14,000 one-member communicators, 12,000 of 8 members: the 6,176 of a
+    16,384-rank job with TP 8, PP 4 take ~255 MiB; raise it for jobs past ~30,000 ranks)."""
     evict_silent_s: float = 5.0
     """C4D_EVICT_SILENT_S: when the budget is full, the communicators no record named for this
     long (least recently named first) make room for a new one. A live communicator is named by
     every heartbeat (C4D_HEARTBEAT_MS, 1 s), so only dead or one-shot (forged) ones go."""
+
+    ranks_may_move: bool = False
+    """C4D_RANKS_MAY_MOVE=1 (c4d master --ranks-may-move): the job's launcher may restart a rank
+    on another node; otherwise a new incarnation of a rank must register on its first node."""
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Limits:
@@ -160,9 +176,14 @@ class Limits:
         env = dict(os.environ if env is None else env)
         lim = cls()
         changes: dict[str, Any] = {}
+        move = env.get("C4D_RANKS_MAY_MOVE", "").strip().lower()
+        if move:
+            if move not in ("0", "1", "true", "false", "yes", "no"):
+                log.warning("c4d: C4D_RANKS_MAY_MOVE=%r is not 0 or 1; using 0", env["C4D_RANKS_MAY_MOVE"])
+            changes["ranks_may_move"] = move in ("1", "true", "yes")
         for f in fields(cls):
             var = "C4D_" + f.name.upper()
-            if var not in env:
+            if var not in env or f.name == "ranks_may_move":
                 continue
             kind = int if isinstance(getattr(lim, f.name), int) else float
             try:
@@ -188,8 +209,11 @@ class _Comm:
 class Edge:
     """The validator and admission control of one job. Called from the master thread only."""
 
-    def __init__(self, limits: Limits | None = None, logger: logging.Logger | None = None) -> None:
+    def __init__(
+        self, limits: Limits | None = None, logger: logging.Logger | None = None, who: str = "c4d"
+    ) -> None:
         self.limits = limits or Limits()
+        self.who = who  # what its log lines say they come from (the master's edge or an agent's)
         self.world = 0
         self.node_names: set[str] = set()
         self._comms: OrderedDict[int, _Comm] = OrderedDict()  # least recently named first (``comms``)
@@ -198,6 +222,7 @@ class Edge:
         self._touched: list[tuple[int, np.ndarray]] = []
         self._known: tuple[np.ndarray, np.ndarray] | None = None  # sorted ids and sizes of _comms
         self.slots = 0  # members of the admitted communicators, summed
+        self.comm_bytes = 0  # what the master's tables hold for them (Comm.table_bytes), summed
         self._evicted: dict[int, None] = {}  # made room for others; freed at the next expire()
         self._ended: dict[int, None] = {}  # communicators a member of which finalized, destroyed or aborted
         self.tombstones: OrderedDict[int, None] = OrderedDict()
@@ -205,6 +230,15 @@ class Edge:
         self.rejected: Counter[str] = Counter()
         self.ratelog = RateLimitedLog(logger or log)
         self._last: tuple[np.ndarray, Columns] | None = None  # the latest batch admitted whole
+        # the job's settings, set by its first REGISTER: thresholds, and the world size it claims
+        self.settings: np.ndarray | None = None
+        self.claim = 0
+        # per rank, its incarnation: the first registration's pid and node (pid -1: none yet),
+        # whether it said FINAL or was declared lost, and the master time it was last heard at
+        self._pid = np.full(0, -1, np.int64)
+        self._node = np.zeros(0, schema.REGISTER["node"])
+        self._gone = np.zeros(0, bool)
+        self._heard = np.zeros(0, np.int64)
 
     # -- the batch ----------------------------------------------------------------------
     def admit(self, raw: np.ndarray, recv_ns: int) -> np.ndarray:
@@ -220,6 +254,9 @@ class Edge:
         _flag(code, ~_IS_WIRE[kind], "bad kind")
         ver = cols["version"]
         _flag(code, (ver < 1) | (ver > schema.SCHEMA_VERSION), "bad version")
+        # a heartbeat of schema 1 still in its own layout (inside a current batch: wire.decode
+        # upgrades older batches only) would be read in the current one
+        _flag(code, (ver < 2) & (kind == _HEARTBEAT), "bad version")
         _flag(code, ~_time_ok(cols["time_ns"], lo, hi), "bad time")
 
         reg = np.flatnonzero((code == 0) & (kind == _REGISTER))
@@ -240,6 +277,7 @@ class Edge:
                 code[idx] = check(cols.as_kind(dt), world_row, lo, hi)[idx]
             else:
                 code[idx] = check(cols.take(idx).as_kind(dt), world_row[idx], lo, hi)
+        self._identities(raw, cols, code, int(recv_ns))
         self._admit_comms(raw, cols, code, world_row, int(recv_ns))
 
         keep = code == 0
@@ -248,7 +286,7 @@ class Edge:
         for c in np.flatnonzero(counts[1:]).tolist():
             reason, k = REASONS[c + 1], int(counts[c + 1])
             self.rejected[reason] += k
-            self.ratelog(reason, "c4d: dropped %d record(s): %s", k, reason, n=k)
+            self.ratelog(reason, "%s: dropped %d record(s): %s", self.who, k, reason, n=k)
         if keep.all() and not (kind == _REGISTER).any():
             self._last = (raw, cols)
             return raw  # nothing to drop or rewrite: no copy
@@ -273,8 +311,8 @@ class Edge:
                         self.tombstones[cid] = None
         else:
             # none destroyed: the idle ones lead (least recently named first, master time only
-            # grows), so the scan stops at the first that is not (a scan of all 6,176
-            # communicators of 16,384 ranks at every tick was 1% of the master)
+            # grows), so the scan stops at the first that is not (not a scan of every
+            # communicator at every tick)
             for cid, c in self.comms.items():
                 if c.last_ns >= idle:
                     break
@@ -282,7 +320,9 @@ class Edge:
         if out:
             self._known = None
         for cid in out:
-            self.slots -= self.comms.pop(cid).n
+            gone = self.comms.pop(cid)
+            self.slots -= gone.n
+            self.comm_bytes -= Comm.table_bytes(gone.n)
             self._ended.pop(cid, None)
         out += list(self._evicted)  # forgotten here already
         self._evicted = {}
@@ -306,8 +346,7 @@ class Edge:
     def _apply_touched(self) -> None:
         """Move the communicators named since the last call to the end, by their latest naming
         (batch, then first appearance in it): the order and times one move per communicator
-        per batch gives, in one move per communicator (a batch of 16,384 ranks through agents
-        names 6,176; moving them at every batch was 4% of the master)."""
+        per batch gives, in one move per communicator (a large job's batch names thousands)."""
         t = self._touched
         self._touched = []
         ids = np.concatenate([i for _, i in t])
@@ -352,6 +391,8 @@ class Edge:
             code[reg[bad]] = _CODE["bad registration"]
             good = reg[~bad]
             r = r[~bad]
+            keep = self._job_settings(r, code, good)
+            good, r = good[keep], r[keep]
             ws = r["world_size"].astype(np.int64)
             contrib[good] = np.where(ws > 0, ws, r["rank"].astype(np.int64) + 1)
             contrib[good] = np.minimum(contrib[good], lim.max_ranks)
@@ -360,6 +401,102 @@ class Edge:
             self._cap_node_names(raw, code, reg, world)
         self.world = int(world[-1])
         return world
+
+    def _job_settings(self, r: np.ndarray, code: np.ndarray, at: np.ndarray) -> np.ndarray:
+        """REGISTER rows (``r``, at rows ``at``) that agree with the job's settings, set by its
+        first REGISTER: the thresholds, and the world size it claimed (a later one claiming
+        another is refused, and once claimed, a rank at or above it is not the job's)."""
+        if not len(r):
+            return np.ones(0, bool)
+        sett = np.stack([r[f].astype(np.int64) for f in _SETTINGS], axis=1)
+        if self.settings is None:
+            self.settings = sett[0].copy()
+        ok = (sett == self.settings).all(axis=1)
+        ws = r["world_size"].astype(np.int64)
+        if not self.claim:
+            first = np.flatnonzero(ok & (ws > 0))
+            if len(first):
+                self.claim = int(ws[first[0]])
+                since = np.arange(len(r)) >= first[0]
+            else:
+                since = np.zeros(len(r), bool)
+        else:
+            since = np.ones(len(r), bool)
+        ok &= ~(since & (ws > 0) & (ws != self.claim))
+        code[at[~ok]] = _CODE["job settings changed"]
+        beyond = ok & since & (ws <= 0) & (r["rank"].astype(np.int64) >= self.claim)
+        code[at[beyond]] = _CODE["bad rank"]
+        return ok & ~beyond
+
+    def _identities(self, raw: np.ndarray, cols: Columns, code: np.ndarray, recv_ns: int) -> None:
+        """A rank is its first registration: a REGISTER naming another pid or node is refused,
+        unless it is a new incarnation: a new pid, after the old one said FINAL, was declared
+        lost (``lost``) or was silent for three heartbeat periods, on the same node (any node
+        with ``Limits.ranks_may_move``). Events in row order, so a FINAL then a REGISTER in one
+        batch count as in two."""
+        kind = cols["kind"]
+        live = code == 0
+        rank = cols["rank"].astype(np.int64)
+        if live.any():
+            self._grow(int(rank[live].max()) + 1)
+        reg = np.flatnonzero(live & (kind == _REGISTER))
+        hb = np.flatnonzero(live & (kind == _HEARTBEAT))
+        fin = hb[(cols.as_kind(schema.HEARTBEAT)["hb_flags"][hb] & schema.HBF_FINAL) != 0] if len(hb) else hb
+        if len(reg):
+            r = raw[reg].view(schema.REGISTER)
+            g = rank[reg]
+            same = (self._pid[g] == r["pid"]) & (self._node[g] == r["node"])
+            reg = reg[~same]
+        if len(reg) or len(fin):
+            self._incarnations(raw, rank, live, reg, fin, code, recv_ns)
+        heard = rank[code == 0]
+        if len(heard):
+            self._heard[heard] = recv_ns
+
+    def _incarnations(self, raw, rank, live, reg, fin, code, recv_ns: int) -> None:
+        """The REGISTER rows ``reg`` that differ from what their rank registered and the FINAL
+        heartbeats ``fin``, in row order (few: a job's restarts, or forgeries)."""
+        # whether a row's rank was heard earlier in this batch (at this master time)
+        idx = np.flatnonzero(live)
+        o = idx[np.argsort(rank[idx], kind="stable")]
+        before = np.zeros(len(rank), bool)
+        before[o[1:]] = rank[o[1:]] == rank[o[:-1]]
+        hb_ms = int(self.settings[3]) if self.settings is not None else 1000
+        silent_ns = 3 * hb_ms * 1_000_000
+        regs = set(reg.tolist())
+        v = raw.view(schema.REGISTER)
+        for i in sorted(regs | set(fin.tolist())):
+            g = int(rank[i])
+            if i not in regs:
+                self._gone[g] |= self._pid[g] >= 0  # FINAL: this incarnation exited
+                continue
+            pid, node = int(v["pid"][i]), v["node"][i]
+            if self._pid[g] < 0 or (pid == self._pid[g] and node == self._node[g]):
+                self._pid[g], self._node[g], self._gone[g] = pid, node, False  # its first registration
+                continue
+            silent = not before[i] and recv_ns - int(self._heard[g]) >= silent_ns
+            gone = bool(self._gone[g]) or silent
+            moved = node != self._node[g]
+            if pid != self._pid[g] and gone and (not moved or self.limits.ranks_may_move):
+                self._pid[g], self._node[g], self._gone[g] = pid, node, False  # a new incarnation
+                continue
+            code[i] = _CODE["rank identity changed"]
+
+    def lost(self, ranks) -> None:
+        """Ranks the engine declared lost (RankLost): a new incarnation of each may register."""
+        for g in ranks:
+            if 0 <= int(g) < len(self._gone):
+                self._gone[int(g)] = self._pid[int(g)] >= 0
+
+    def _grow(self, n: int) -> None:
+        have = len(self._pid)
+        if n <= have:
+            return
+        size = max(n, 2 * have, 64)
+        self._pid = np.concatenate([self._pid, np.full(size - have, -1, np.int64)])
+        self._node = np.concatenate([self._node, np.zeros(size - have, self._node.dtype)])
+        self._gone = np.concatenate([self._gone, np.zeros(size - have, bool)])
+        self._heard = np.concatenate([self._heard, np.zeros(size - have, np.int64)])
 
     def _cap_node_names(self, raw: np.ndarray, code: np.ndarray, reg: np.ndarray, world: np.ndarray) -> None:
         reg = reg[code[reg] == 0]
@@ -411,13 +548,15 @@ class Edge:
                     continue
                 n0 = int(nr[sized[0]])
                 budget = min(int(world_row[cand[sized[0]]]) * lim.comms_per_rank, lim.max_comm_members)
-                if not self._room(n0, budget, recv_ns):
-                    code[cand[rows]] = _CODE["communicator budget"]
+                room = self._room(n0, budget, recv_ns)
+                if room:
+                    code[cand[rows]] = _CODE[room]
                     continue
                 c = self.comms[c_id] = _Comm(n=n0, last_ns=recv_ns, gone=np.zeros(n0, bool))
                 self._known = None
                 self._evicted.pop(c_id, None)  # back before the engine forgot it: keep it there
                 self.slots += n0
+                self.comm_bytes += Comm.table_bytes(n0)
             changed = ~peer_row[rows] & (nr[rows] != c.n)
             code[cand[rows[changed]]] = _CODE["communicator size changed"]
             out_of = peer_row[rows] & ((cr[rows] >= c.n) | (pr[rows] >= c.n))
@@ -463,18 +602,27 @@ class Edge:
                 self._ended[c_id] = None
         return True
 
-    def _room(self, n: int, budget: int, recv_ns: int) -> bool:
-        """Whether ``n`` more members fit, evicting communicators silent for ``evict_silent_s``."""
+    def _room(self, n: int, budget: int, recv_ns: int) -> str:
+        """Whether a communicator of ``n`` members fits, evicting communicators silent for
+        ``evict_silent_s``: "" if so, else the reason it does not (members, or bytes)."""
         silent = recv_ns - int(self.limits.evict_silent_s * 1e9)
-        while self.slots + n > budget and self.comms:
+        cost, most = Comm.table_bytes(n), self.limits.max_comm_bytes
+
+        def over() -> str:
+            if self.slots + n > budget:
+                return "communicator budget"
+            return "communicator bytes" if self.comm_bytes + cost > most else ""
+
+        while over() and self.comms:
             cid, c = next(iter(self.comms.items()))
             if c.last_ns > silent:
-                return False
+                break
             del self.comms[cid]
             self._known = None
             self.slots -= c.n
+            self.comm_bytes -= Comm.table_bytes(c.n)
             self._evicted[cid] = None
-        return self.slots + n <= budget
+        return over()
 
     def _sanitize(self, out: np.ndarray) -> None:
         """Node and job names of the REGISTER rows become ``names.clean`` of themselves."""
@@ -564,7 +712,8 @@ def _check_op(a: Columns, world: np.ndarray, lo: int, hi: int) -> np.ndarray:
     code = np.zeros(len(a), np.uint8)
     op = a["op"]
     _flag(code, op >= len(Op), "bad op")
-    _flag(code, a["dtype"] >= len(schema.DTYPE_NAMES), "bad dtype")
+    dt = a["dtype"]  # unknown (255): what importers write where the source does not log it
+    _flag(code, (dt >= len(schema.DTYPE_NAMES)) & (dt != schema.DType.unknown), "bad dtype")
     flags = a["flags"].astype(np.int64)
     p2p = (flags & _P2P) != 0
     _flag(code, ((flags & ~_ALL_FLAGS) != 0) | (p2p != _IS_P2P_OP[op]), "bad flags")
@@ -603,6 +752,9 @@ def _check_heartbeat(a: Columns, world: np.ndarray, lo: int, hi: int) -> np.ndar
     for f in ("n_issued", "n_arrived", "n_done", "dropped", "sent"):
         bad |= a[f] >= MAX_SEQ
     bad |= (a["pend_flags"].astype(np.int64) & ~_ALL_FLAGS) != 0
+    pdt = a["pend_dtype"]  # version 2: the pending op's dtype (255 none or unknown) and count
+    bad |= (pdt >= len(schema.DTYPE_NAMES)) & (pdt != schema.DType.unknown)
+    bad |= a["pend_count"] > MAX_COUNT
     _flag(code, bad, "bad heartbeat")
     _flag(code, (a["device"] < -1) | (a["device"] >= MAX_DEVICE), "bad device")
     t_ok = np.ones(len(a), bool)

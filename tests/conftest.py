@@ -68,16 +68,12 @@ def c4d_cmd(*args: object) -> list[str]:
 
 
 def nccl_tests_data() -> Path:
-    """The captured nccl-tests outputs: $C4D_NCCL_TESTS_DATA, else shared/data/nccl-tests in the
-    checkout's folder or any folder above it (a worktree sits deeper than the main checkout)."""
+    """The captured nccl-tests outputs: $C4D_NCCL_TESTS_DATA, else tests/data/nccl-tests (public
+    runs, each file's first line names its source)."""
     env = os.environ.get("C4D_NCCL_TESTS_DATA")
     if env:
         return Path(env)
-    for parent in Path(__file__).resolve().parents[1:]:
-        d = parent / "shared" / "data" / "nccl-tests"
-        if d.is_dir():
-            return d
-    return Path(__file__).resolve().parents[2] / "shared" / "data" / "nccl-tests"
+    return Path(__file__).resolve().parent / "data" / "nccl-tests"
 
 
 @pytest.fixture
@@ -98,3 +94,28 @@ def jobs():
     yield started
     for j in started:
         j.kill()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--all", action="store_true", help="run the tests marked slow too")
+
+
+_LEFT_OUT = pytest.StashKey[bool]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A run that names no path and no ``-m`` (the README's ``python -m pytest -q``) leaves out
+    the tests marked slow, so that a developer waits minutes, not a quarter of an hour. ``-m
+    slow`` runs only those, ``--all`` everything, and a run that names files or tests runs all of
+    them. xdist's workers get the same arguments, so they decide the same."""
+    if config.getoption("--all") or config.option.markexpr:
+        return
+    if config.args_source == pytest.Config.ArgsSource.TESTPATHS:
+        config.option.markexpr = "not slow"
+        config.stash[_LEFT_OUT] = True
+
+
+def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
+    if config.stash.get(_LEFT_OUT, False) and not hasattr(config, "workerinput"):
+        n = len(terminalreporter.stats.get("deselected", []))
+        terminalreporter.write_line(f"{n} slow tests left out: `python -m pytest -q -m slow` runs them")

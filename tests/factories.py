@@ -9,7 +9,7 @@ The model (true time in ns; every rank's clock = true time + its node's skew):
   all-reduce, [send to p+1]; backward mirrored; then DP all-reduce. A collective starts on
   a rank when its stream reaches it (arrival), finishes for everyone at last arrival +
   transfer; p2p send k pairs with recv k.
-* faults (DESIGN.md SPEC kinds): noncomm-hang (compute of ``step`` never ends), crash (the
+* faults (docs/cli.md SPEC kinds): noncomm-hang (compute of ``step`` never ends), crash (the
   process dies at the start of ``step``), comm-hang (the first op using a link of the rank /
   the link never finishes), noncomm-slow (compute x factor), comm-slow (transfers over the
   rank's / link's links x factor). A ring collective uses links i -> i+1 of its comm ranks.
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -77,6 +78,7 @@ class Job:
     latency_us: float = 300.0
     tick_ms: float = 200.0
     peer: bool = True
+    peer_intra: bool = True  # False: no PEER rows for transfers inside a node (NCCL's profiler sees none)
     hang_timeout_us: int = 1_000_000
     hang_times: int = 3
     period_s: int = 1
@@ -581,6 +583,8 @@ class Stream:
         out = []
         for direction, peer in ((0, (o.crank + 1) % n), (1, (o.crank - 1) % n)):
             link = (r, c.members[peer]) if direction == 0 else (c.members[peer], r)
+            if not self.job.peer_intra and self.job.node_of(link[0]) == self.job.node_of(link[1]):
+                continue
             # simnccl: step s starts at L + s * pace and takes this link's own move time
             last = L + (total - 1) * pace + moves[link]
             row = self._peer_row(r, c, o.seq, o.op, peer, direction, t, L, last, total, total, nb, 0)
@@ -605,6 +609,8 @@ class Stream:
         out = []
         for direction, peer in ((0, (o.crank + 1) % n), (1, (o.crank - 1) % n)):
             a, b = (r, c.members[peer]) if direction == 0 else (c.members[peer], r)
+            if not self.job.peer_intra and self.job.node_of(a) == self.job.node_of(b):
+                continue
             stalled = self.m._link_bw(a, b, s) == 0
             done = 0 if stalled else total  # as simnccl: links that are not hung finish their steps
             state = (9 if direction == 0 else 10) if stalled else 0
@@ -643,15 +649,17 @@ class Stream:
         a["pend_seq"] = schema.UINT64_MAX
         a["pend_op"] = 255
         a["pend_peer"] = -1
+        a["pend_dtype"] = a["pend_redop"] = 255
         if n_done < n_iss:
             o = ops[n_done]
             a["pend_seq"] = o.seq
             a["pend_op"] = o.op
             a["pend_peer"] = o.peer
             a["pend_flags"] = o.flags
+            a["pend_count"], a["pend_dtype"], a["pend_redop"] = o.nbytes // 4, 7, 0  # as its OP record
             a["pend_issue_ns"] = self.clk(r, o.issue)
             a["pend_start_ns"] = self.clk(r, o.arrive) if o.arrive <= t else 0
-        a["p2p_in_flight"] = 0 if is_coll else n_iss - n_done
+        a["p2p_in_flight"] = 0 if is_coll else min(n_iss - n_done, 255)  # (8 bits, saturating)
         a["comm_rank"] = c.members.index(r)
         a["comm_nranks"] = len(c.members)
         return a
@@ -662,6 +670,7 @@ class Stream:
         a["pend_seq"] = schema.UINT64_MAX
         a["pend_op"] = 255
         a["pend_peer"] = -1
+        a["pend_dtype"] = a["pend_redop"] = 255
         a["comm_rank"] = r
         a["comm_nranks"] = self.job.world
         a["hb_flags"] = HBF_FINAL if final else 0
@@ -719,6 +728,54 @@ def run(job: Job, **cfg) -> Run:
     from c4d.engine import Engine, EngineConfig
 
     return replay(job, lambda: Engine(EngineConfig(**cfg)))
+
+
+def as_master(job: Job, batches, agents: bool = False, early: bool = True) -> tuple[list, Any]:
+    """The diagnoses of the stream fed as c4d.master feeds it: stamped with the latest tick's time,
+    a tick every ``tick_ms``, and (``early``) one more when its pending watch
+    (consistency.PendingWatch) says the batch just fed completed a disagreement, a quarter tick
+    after the last tick at the earliest. ``agents``: each node's batches through its own node
+    agent's summariser first (c4d/agent/summary.py), forwarded at once (an agent's 0.1 s flush
+    not counted). (diagnoses, the pending watch)."""
+    from c4d.agent.summary import Summariser
+    from c4d.engine import Engine, EngineConfig
+    from c4d.engine.consistency import PendingWatch
+
+    eng, watch, summ, out = Engine(EngineConfig()), PendingWatch(), {}, []
+    tick = job.tick_ms * MS
+    last, nxt = 0.0, tick  # master times relative to T0
+    end = max(t for t, _ in batches) + 4 * tick
+
+    def evaluate(t: float) -> None:
+        nonlocal last
+        out.extend(eng.tick(int(T0 + t)))
+        last = t
+        watch.take()
+
+    for t, b in batches:
+        while True:  # the ticks due before this batch arrives
+            due = min(nxt, last + tick / 4) if watch.due else nxt
+            if due >= t:
+                break
+            evaluate(due)
+            if due == nxt:
+                nxt += tick
+        rows = b.view(schema.HEADER)
+        if agents:
+            parts = []
+            for node in np.unique(rows["rank"] // job.ranks_per_node).tolist():
+                s = summ.setdefault(node, Summariser())
+                parts.append(s.feed(rows[rows["rank"] // job.ranks_per_node == node]))
+            parts = [p for p in parts if len(p)]
+            rows = schema.join_records(parts, schema.HEADER) if parts else rows[:0]
+        if len(rows):
+            eng.feed(rows, int(T0 + last))
+            if early and watch.feed(rows) and t >= last + tick / 4:
+                evaluate(t)
+    while nxt <= end:
+        evaluate(nxt)
+        nxt += tick
+    return out, watch
 
 
 _BUILT: dict[str, tuple[Model, list]] = {}

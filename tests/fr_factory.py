@@ -2,7 +2,7 @@
 
 No GPU and no torch needed: this builds the dict that ``FlightRecorder::dump()`` pickles
 (top-level ``version``, ``comm_lib_version``, ``pg_config``, ``pg_status``, ``entries``; each entry
-with the keys of ``getCollectiveTrace``, see shared/reference/flight-recorder-format.md) for a
+with the keys of ``getCollectiveTrace``, see docs/design.md) for a
 synthetic job, and writes one pickle per rank named ``<prefix><rank>`` as ``DebugInfoWriter`` does.
 
 The job: ``world = tp * dp`` ranks (``dp`` even). Process groups, named by a global counter as
@@ -76,6 +76,7 @@ class Job:
     elem: tuple[int, ...] = (1024, 1024)
     tensors: int = 1  # tensors per entry (a list of ``tensors`` shapes in input_sizes/output_sizes)
     timeout_ms: int = 600_000
+    used_groups_only: bool = False  # pg_config lists only the groups step_ops uses (one world group)
 
     @property
     def world(self) -> int:
@@ -131,7 +132,10 @@ def build(job: Job) -> dict[int, dict]:
     dumps: dict[int, dict] = {}
     for r in range(job.world):
         mine = of_rank[r]
-        pg_ids = {name: i for i, name in enumerate(mine[g] for g in ("world", "tp", "dp", "pp"))}
+        kinds = ("world", "tp", "dp", "pp")
+        if job.used_groups_only:
+            kinds = tuple(dict.fromkeys(("world", *(g for _, g in job.step_ops))))
+        pg_ids = {name: i for i, name in enumerate(mine[g] for g in kinds)}
         cseq = dict.fromkeys(pg_ids, 0)
         pseq = dict.fromkeys(pg_ids, 0)
         status = {str(i): {"last_enqueued_collective": -1, "last_started_collective": -1,

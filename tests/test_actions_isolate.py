@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from c4d.actions import isolate
+from c4d.actions import factory, isolate
 from c4d.actions.command import CommandAction
 from c4d.actions.kubernetes import Kubernetes
 from c4d.actions.node_name import BadNodeName, check, is_valid
@@ -100,7 +100,7 @@ def test_command_spec_must_name_an_executable_file(tmp_path):
     with pytest.raises(ValueError, match="not executable"):
         CommandAction.from_spec(str(plain))
     with pytest.raises(ValueError, match="kubernetes, slurm or cmd:PATH"):
-        isolate.parse_actions(["ansible"])
+        factory.parse_actions(["ansible"])
 
 
 @pytest.mark.parametrize(

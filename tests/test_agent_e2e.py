@@ -22,6 +22,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 from c4d.master import Master, MasterConfig
 from c4d.sim import QUICK_ENV, SimConfig, SimJob
 from tests.conftest import c4d_cmd, free_port, wait_for
@@ -51,12 +53,20 @@ def _levels(diags: list[dict]) -> dict[tuple, list[str]]:
     return out
 
 
+@pytest.mark.slow
 def test_a_job_through_agents_gets_the_direct_diagnoses():
     direct = _levels(_sim())
     via = _levels(_sim("--agents"))
-    assert ("RankCommSlow", (7,), ("node-3",)) in direct, direct  # the job shows both faults
+    slow7 = ("RankCommSlow", (7,), ("node-3",))
+    assert slow7 in direct and slow7 in via, (direct, via)  # the job shows both faults, both ways
     assert direct[("RankNonCommHang", (2,), ("node-1",))] == ["WARNING", "ERROR"], direct
-    assert via == direct
+    # every WARNING and ERROR alike; an INFO suspect of a window (a slow kind's intermediate
+    # verdict, which a loaded host's timing may or may not produce) is not compared
+    assert _alarms(via) == _alarms(direct)
+
+
+def _alarms(levels: dict[tuple, list[str]]) -> dict[tuple, list[str]]:
+    return {k: v for k, v in levels.items() if v != ["INFO"]}
 
 
 def _agent(master_ep: str, bind: str, tmp_path: Path, name: str) -> subprocess.Popen:
@@ -67,8 +77,12 @@ def _agent(master_ep: str, bind: str, tmp_path: Path, name: str) -> subprocess.P
     return p
 
 
-def _job(tmp_path: Path, master_ep: str, node_eps: dict[str, str], ranks: int, per_node: int) -> SimJob:
-    cfg = SimConfig(ranks=ranks, ranks_per_node=per_node, tp=per_node, steps=100_000, env=dict(QUICK_ENV))
+def _job(
+    tmp_path: Path, master_ep: str, node_eps: dict[str, str], ranks: int, per_node: int, **env: str
+) -> SimJob:
+    cfg = SimConfig(
+        ranks=ranks, ranks_per_node=per_node, tp=per_node, steps=100_000, env={**QUICK_ENV, **env}
+    )
     job = SimJob(cfg, master_ep, job_dir=tmp_path / "job", node_endpoints=node_eps)
     (tmp_path / "job").mkdir(exist_ok=True)
     return job
@@ -80,18 +94,22 @@ def _stop(procs) -> None:
             p.send_signal(signal.SIGTERM)
     for p in procs:
         try:
-            p.wait(10)
+            p.wait(60)  # its exit line is asserted on: a loaded machine may take a while to get there
         except subprocess.TimeoutExpired:
             p.kill()
 
 
+@pytest.mark.slow
 def test_a_lost_agent_is_one_rank_lost_for_its_node(tmp_path):
     ep = f"tcp://127.0.0.1:{free_port()}"
     m = Master(MasterConfig(bind=ep, tick_s=0.1))
     nodes = [f"node-{i}" for i in range(4)]
     eps = {n: f"ipc://{tmp_path}/agent-{i}.sock" for i, n in enumerate(nodes)}
     agents = {n: _agent(ep, eps[n], tmp_path, n) for n in nodes}
-    job = _job(tmp_path, ep, eps, ranks=8, per_node=2)
+    # T = 4 s, not --quick's 1 s: this is about a loss (found after max(3 heartbeats, T)), and
+    # with T = 1 s a live rank the loaded machine holds back for a couple of seconds is a hang
+    # the engine rightly reports
+    job = _job(tmp_path, ep, eps, ranks=8, per_node=2, C4D_HANG_TIMEOUT="4000000")
     job.start()
     try:
         wait_for(lambda: (m.step(0.05), m.engine.ranks.seen[:8].all() if m.engine.ranks.n >= 8 else False)[1],
@@ -100,14 +118,14 @@ def test_a_lost_agent_is_one_rank_lost_for_its_node(tmp_path):
         lost.send_signal(signal.SIGKILL)
         lost.wait(10)
 
-        def rank_lost():
+        def rank_lost(n: int = 1):
             m.step(0.05)
-            return [d for d in m.diagnoses if d.kind.name == "RankLost"]
+            return [d for d in m.diagnoses if d.kind.name == "RankLost" and d.hang_times >= n]
 
         got = wait_for(rank_lost, 60, "RankLost of node-2's ranks")
-        t_first = time.monotonic()
-        while time.monotonic() - t_first < 2.0:  # a second one would come within a couple of ticks
-            m.step(0.05)
+        # its re-count (n=2, T later): by then the engine has judged the loss at many ticks, and a
+        # second RankLost (one per rank, or the node's ranks apart) would have come
+        wait_for(lambda: rank_lost(2), 60, "the RankLost re-counted")
         lost_d = [d for d in m.diagnoses if d.kind.name == "RankLost"]
         assert {d.ranks for d in lost_d} == {(4, 5)}, lost_d
         assert {d.nodes for d in lost_d} == {("node-2",)}

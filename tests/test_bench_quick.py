@@ -1,7 +1,7 @@
 """The benchmarks' ``--quick`` runs (what CI smoke-runs): each finishes, prints its figures as one
 JSON object on the last stdout line, and the figures that do not depend on machine load hold
 (both analyzers name the same culprit; the trace grows and the analyzer's memory does not grow
-with it as much). Speed targets are the benches' business (analysis/, README), not asserted
+with it as much). Speed targets are the benches' business (analysis/, docs/performance.md), not asserted
 here: a shared CI box can't time them."""
 
 from __future__ import annotations

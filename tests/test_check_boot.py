@@ -19,6 +19,8 @@ from c4d.check import faults
 from c4d.check.disk import disk_test
 from c4d.check.result import Status
 
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[1]
 LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d (\w+)( [^:]+)?: (Succeed|Failed|Skipped)( \(.*\))?$")
 
@@ -206,3 +208,39 @@ def test_bad_fault_spec_is_one_clear_line():
         f"{faults.ENV}: ignoring 'explode:rank-0' "
         "(expected KIND:TARGET[:FACTOR], KIND one of slow, fail, crash, corrupt)"
     )
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_a_boot_that_checked_nothing_says_so_and_exits_1(tmp_path, as_json):
+    """No torch, no GPU (no nvidia-smi on PATH), no NCCL, no disk asked: every check is skipped.
+    That is not a pass (it would vouch for a node nothing looked at): one line, exit status 1."""
+    argv = ["boot", *(["--json"] if as_json else [])]
+    code = (
+        "import sys; sys.modules['torch'] = None; from c4d.check.__main__ import main; "
+        f"sys.exit(main({argv!r}))"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PATH": str(tmp_path), "LD_LIBRARY_PATH": str(tmp_path)}
+    env.pop("LD_PRELOAD", None)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    statuses = (
+        [json.loads(s)["status"] for s in p.stdout.splitlines()]
+        if as_json
+        else [LINE.match(s).group(3) for s in p.stdout.splitlines()]
+    )
+    if statuses.count("Skipped") != 5:
+        pytest.skip(f"something is checkable here after all (a libnccl.so.2 the loader finds?): {p.stdout}")
+    assert p.returncode == 1, p.stdout + p.stderr
+    [line] = p.stderr.splitlines()
+    assert line.startswith("c4d check boot: nothing was checked on this node: every check was skipped")
+    assert "GPUTest, CUDAVersion, PyTorchVersion, NCCLVersion, AllReduceTest" in line
+
+
+def test_a_boot_that_checked_something_still_passes_with_skips(tmp_path):
+    """The same node with a disk to test: the disk was checked, the skips fail nothing (exit 0)."""
+    code = (
+        "import sys; sys.modules['torch'] = None; from c4d.check.__main__ import main; "
+        f"sys.exit(main(['boot', '--disk', {str(tmp_path)!r}, '--disk-mb', '1']))"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PATH": str(tmp_path)}
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert p.returncode == 0 and "nothing was checked" not in p.stderr, p.stdout + p.stderr

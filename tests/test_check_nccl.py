@@ -20,6 +20,8 @@ import pytest
 from c4d.actions import blacklist
 from tests.conftest import nccl_tests_data
 
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[1]
 FAKE = REPO / "tests" / "fake_bin" / "all_reduce_perf"
 DATA = nccl_tests_data()
@@ -209,3 +211,46 @@ def test_troubleshoot_that_checked_nothing_gives_no_verdict(tmp_path):
     summary = json.loads(p.stdout.splitlines()[-1])
     assert p.returncode == 1 and summary["passed"] is False and summary["checked"] == 0
     assert "NCCLTest" in summary["skipped"]
+
+
+@needs_data
+def test_write_expected_turns_a_passing_run_into_the_masters_reference(tmp_path):
+    # a real 2-node x 8 H100 capture: class net (its devices are on two hosts), AllReduce per size
+    out = tmp_path / "expected.json"
+    p = check("nccl", "--from", str(DATA / "nccl-tests-sample-1.txt"), "--write-expected", str(out))
+    assert p.returncode == 0, p.stderr
+    assert f"c4d master --expected-busbw {out}" in p.stderr
+    from c4d.engine.expected import ExpectedBusbw
+    from c4d.schema import Op
+
+    table = ExpectedBusbw.load(out)
+    assert set(table.table) == {("net", int(Op.AllReduce))}
+    sizes = [b for b, _ in table.table[("net", int(Op.AllReduce))]]
+    assert sizes == sorted(sizes) and len(sizes) > 10
+    big = table.at("net", int(Op.AllReduce), 1 << 30, 16)
+    assert big is not None and big > 50  # H100s over the network reach tens of GB/s at 1 GiB
+    assert table.at("intra", int(Op.AllReduce), 1 << 30, 16) is None  # not measured: no expectation
+    # a second run of another class merges into the same file; this launcher log does not name
+    # its binary: --test says which
+    args = ["nccl", "--from", str(DATA / "nccl-tests-sample-2.txt"), "--write-expected", str(out)]
+    p = check(*args, "--link-class", "intra")
+    assert p.returncode == 1 and "--test all_reduce_perf" in p.stderr, p.stderr
+    p = check(*args, "--link-class", "intra", "--test", "all_reduce_perf")
+    assert p.returncode == 0, p.stderr
+    assert set(ExpectedBusbw.load(out).table) == {("net", 0), ("intra", 0)}
+
+
+def test_write_expected_from_a_failed_run_writes_nothing(tmp_path):
+    out = tmp_path / "expected.json"
+    p = check("nccl", "--from", str(DATA / "nccl-tests-sample-3.txt"), "--write-expected", str(out))
+    assert p.returncode == 2 and "no passing run" in p.stderr and not out.exists()
+
+
+def test_master_refuses_a_bad_expected_busbw_file_in_one_line(tmp_path):
+    bad = tmp_path / "e.json"
+    row = {"class": "wan", "op": "AllReduce", "bytes": 1, "busbw_gbs": 2}
+    bad.write_text(json.dumps({"version": 1, "rows": [row]}))
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-m", "c4d", "master", "--expected-busbw", str(bad)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env)
+    assert p.returncode == 1 and "row 0: class one of" in p.stderr and "Traceback" not in p.stderr

@@ -1,4 +1,4 @@
-"""The nccl-tests parser against every real capture in shared/data/nccl-tests, and against the
+"""The nccl-tests parser against every real capture in tests/data/nccl-tests, and against the
 layouts nccl-tests' util.cu can print that those captures don't show (built from its format
 strings)."""
 

@@ -8,6 +8,7 @@ import argparse
 import json
 import os
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -15,9 +16,14 @@ from c4d.cli import build_parser
 from tests.conftest import c4d_cmd
 
 
-def run(*args, env=None, timeout=180) -> subprocess.CompletedProcess:
+def run(*args, env=None, timeout=180, cwd=None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        c4d_cmd(*args), capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})}
+        c4d_cmd(*args),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+        cwd=cwd,
     )
 
 
@@ -28,7 +34,10 @@ def run(*args, env=None, timeout=180) -> subprocess.CompletedProcess:
         (("sim", "--ranks", "0"), "argument --ranks: '0' must be > 0"),
         (("sim", "--ranks", "x"), "argument --ranks: 'x' is not a number"),
         (("sim", "--bogus"), "unrecognized arguments: --bogus"),
-        (("sim", "--fault", "explode@rank=1"), "kind must be one of"),
+        (("sim", "--fault", "explode@rank=1"), "unknown kind 'explode': one of noncomm-hang"),
+        (("sim", "--fault", "noncomm-hang:rank=6"), "separated by '@', not ':'"),
+        (("sim", "--fault", "crash@rank=1,color=red"), "unknown key 'color'"),
+        (("sim", "--fault", "comm-slow@rank=1,factor=x"), "factor='x' is not a number"),
         (("sim", "--ranks", "6", "--tp", "4"), "must be a multiple of tp × pp"),
         (("demo", "--fault", "noncomm-hang@rank=99"), "rank 99 outside 0..15"),
         (("analyze",), "the following arguments are required: PATH"),
@@ -91,6 +100,7 @@ def test_sim_surfaces_the_ranks_warnings_about_bad_variables(libc4d, simtrain):
     ]
 
 
+@pytest.mark.slow
 def test_export_writes_hex_comm_ids(tmp_path, libc4d, simtrain):
     import pandas as pd
 
@@ -107,19 +117,37 @@ def test_export_writes_hex_comm_ids(tmp_path, libc4d, simtrain):
     assert set(pd.read_parquet(tmp_path / "ops.parquet")["comm_id"]) <= set(p.stdout.split())
 
 
+@pytest.mark.serial
 @pytest.mark.slow
 def test_demo_keeps_its_trace_and_blacklist(tmp_path, libc4d, simtrain):
-    out = tmp_path / "demo"
-    p = run("demo", "--no-live", "--quick", "--out", out, timeout=300)
+    """By default in ./c4d-demo, which it names at its start, and nowhere else in the folder it runs in
+    (the repository ignores c4d-demo/)."""
+    out = tmp_path / "c4d-demo"
+    p = run("demo", "--no-live", "--quick", timeout=300, cwd=tmp_path)
     assert p.returncode == 2, p.stdout + p.stderr  # it found (and isolated) the injected hang
-    assert (out / "blacklist.txt").read_text() == "node-1\n"
+    assert f"The trace and the blacklist are kept in {out}/" in p.stdout
+    assert {f.relative_to(tmp_path).as_posix() for f in tmp_path.rglob("*")} == {
+        "c4d-demo",
+        "c4d-demo/demo.c4d",
+        "c4d-demo/blacklist.txt",
+    }
+    assert "c4d report c4d-demo/demo.c4d -o c4d-demo/report" in p.stdout  # the report goes there too
+    out = out.relative_to(tmp_path)  # as the demo prints it
+    assert (tmp_path / out / "blacklist.txt").read_text() == "node-1\n"
     assert f"blacklist it would apply: node-1 ({out / 'blacklist.txt'})" in p.stdout
     row = next(line for line in p.stdout.splitlines() if line.startswith("1  RankNonCommHang"))
     assert "ERROR" in row and "rank 6" in row
-    a = run("analyze", out / "demo.c4d", "--json")
+    a = run("analyze", out / "demo.c4d", "--json", cwd=tmp_path)
     assert a.returncode == 2 and any(json.loads(line)["ranks"] == [6] for line in a.stdout.splitlines())
+    written = ["c4d-demo/blacklist.txt", "c4d-demo/demo.c4d"]
+    ignored = subprocess.run(["git", "check-ignore", *written], cwd=Path(__file__).resolve().parents[1],
+                             capture_output=True, text=True)  # fmt: skip
+    if "not a git repository" in ignored.stderr:
+        return  # an unpacked source tree: nothing to ignore
+    assert ignored.stdout.split() == written, "the repository must ignore what c4d demo writes"
 
 
+@pytest.mark.serial
 @pytest.mark.slow
 def test_demo_with_a_slow_fault(tmp_path, libc4d, simtrain):
     out = tmp_path / "demo"

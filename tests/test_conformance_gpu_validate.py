@@ -31,6 +31,7 @@ def run(*args: str, timeout: float = 600, **env: str) -> tuple[subprocess.Comple
     return p, json.loads(lines[-1])
 
 
+@pytest.mark.slow
 def test_sim_run_passes_and_prints_one_json_line():
     p, s = run("--sim")
     assert p.returncode == 0, p.stdout + p.stderr
@@ -62,6 +63,7 @@ def test_sim_run_passes_and_prints_one_json_line():
     assert s["errors"] == [] and s["seconds"] < 300
 
 
+@pytest.mark.slow
 def test_a_preload_that_records_nothing_fails_the_summary(tmp_path):
     """The checks can fail: a 'libc4d.so' that is an empty library sends no record, so the
     records and times checks fail and the exit status is 2 (the run worked, found a problem)."""
@@ -86,6 +88,7 @@ def test_a_preload_that_records_nothing_fails_the_summary(tmp_path):
     assert s["checks"]["overhead"]["ok"] is True  # both loops ran: only the shim's part is missing
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(bool(shutil.which("nvidia-smi")), reason="a GPU machine: the script would validate on it")
 def test_gpu_mode_without_a_gpu_is_an_operational_error():
     """No CUDA PyTorch here: exit 1 with one clear line on stderr and the JSON line on stdout,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import signal
 import stat
 import subprocess
@@ -28,6 +29,8 @@ import yaml
 
 from c4d import schema, trace
 from tests.conftest import free_port, wait_for
+
+pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "deploy.md"
@@ -56,6 +59,11 @@ def test_every_block_is_tested():
         "c4d-master.yaml",
         "train.yaml",
         "kubectl",
+        # the node check's section: run by tests/test_check_nodes_launchers.py
+        "nodes-torchrun",
+        "nodes-slurm",
+        "node-check.yaml",
+        "nodes-kubectl",
     }
     # and no command block on the page escapes the markers
     text = DOC.read_text()
@@ -73,17 +81,19 @@ def tools(tmp_path):
     """A bin/ folder put first on PATH: the c4d wrapper, python, and the fakes."""
     b = tmp_path / "bin"
     b.mkdir()
-    _exe(
-        b / "c4d",
-        f'#!/bin/sh\nPYTHONPATH={ROOT}${{PYTHONPATH:+:$PYTHONPATH}} exec {sys.executable} -m c4d "$@"\n',
-    )
-    (b / "python").symlink_to(sys.executable)
+    py, root = shlex.quote(sys.executable), shlex.quote(str(ROOT))
+    _exe(b / "c4d", f'#!/bin/sh\nPYTHONPATH={root}${{PYTHONPATH:+:$PYTHONPATH}} exec {py} -m c4d "$@"\n')
+    # a wrapper, not a symlink: a virtualenv's interpreter reached through a link elsewhere
+    # finds no pyvenv.cfg beside it and starts without the virtualenv's packages
+    _exe(b / "python", f'#!/bin/sh\nexec {py} "$@"\n')
     _exe(b / "hostname", "#!/bin/sh\necho localhost\n")
     return b
 
 
 def _env(tools: Path, **extra) -> dict[str, str]:
-    env = {**os.environ, "PATH": f"{tools}:{os.environ['PATH']}", "PYTHONPATH": str(ROOT)}
+    # then the interpreter's own bin/ (torchrun, as an activated virtualenv has it)
+    path = f"{tools}:{Path(sys.executable).parent}:{os.environ['PATH']}"
+    env = {**os.environ, "PATH": path, "PYTHONPATH": str(ROOT)}
     env.pop("C4D_MASTER_ADDR", None)
     env.update({k: str(v) for k, v in extra.items()})
     return env
@@ -234,9 +244,15 @@ def test_torchrun_several_nodes_through_agents(tools, tmp_path, libc4d, simtrain
         assert set(local.nodes.values()) == {name} and len(local.ops) > 0
 
 
+# the fakes run on this interpreter: `env python3` may find one without pyyaml, or (a pyenv
+# shim) one that puts another install's bin/ first on PATH
+PY_SHEBANG = f"#!{sys.executable}\n"
+
+
 # -- Slurm ------------------------------------------------------------------------------------
-FAKE_SBATCH = """#!/usr/bin/env python3
-# Recording fake of sbatch: logs its argv (JSON line to $FAKE_LOG), then runs the batch script
+FAKE_SBATCH = (
+    PY_SHEBANG
+    + """# Recording fake of sbatch: logs its argv (JSON line to $FAKE_LOG), then runs the batch script
 # the way the batch host would (bash, in the submit folder, SLURM_* from the environment) and
 # exits with its status (as `sbatch --wait` would).
 import json, os, subprocess, sys
@@ -246,9 +262,11 @@ with open(os.environ["FAKE_LOG"], "a") as f:
 script = [a for a in args if not a.startswith("-")][-1]
 sys.exit(subprocess.run(["bash", script]).returncode)
 """
+)
 
-FAKE_SRUN = """#!/usr/bin/env python3
-# Recording fake of srun: logs its argv and the c4d variables it was given (JSON line to
+FAKE_SRUN = (
+    PY_SHEBANG
+    + """# Recording fake of srun: logs its argv and the c4d variables it was given (JSON line to
 # $FAKE_LOG), then starts $SLURM_NTASKS tasks of the command on this host, $SLURM_NTASKS_PER_NODE
 # per "node" (SLURM_PROCID, SLURM_LOCALID, SLURM_NODEID, SLURMD_NODENAME=node-K), and exits
 # with the worst task status, or $FAKE_SRUN_RC when set (a job that failed).
@@ -265,6 +283,7 @@ procs = [subprocess.Popen(cmd, env={**os.environ, "SLURM_PROCID": str(i), "SLURM
 rc = max(p.wait() for p in procs)
 sys.exit(int(os.environ.get("FAKE_SRUN_RC", rc)))
 """
+)
 
 TRAIN_PY = """import os, sys
 # what a train.py does under srun: Slurm's task ids become the ranks; here the training itself
@@ -430,8 +449,9 @@ def test_kubernetes_init_container_copy_preloads_a_rank(tools, tmp_path, libc4d,
     assert sorted(trace.load(tmp_path / "k.c4d").nodes) == [0, 1]
 
 
-FAKE_KUBECTL = """#!/usr/bin/env python3
-# Recording fake of kubectl: logs its argv (JSON line to $FAKE_LOG). `apply -f F` parses F as
+FAKE_KUBECTL = (
+    PY_SHEBANG
+    + """# Recording fake of kubectl: logs its argv (JSON line to $FAKE_LOG). `apply -f F` parses F as
 # YAML and fails like kubectl on a document without apiVersion/kind/metadata.name; `get pod -o
 # name` prints one pod; `exec ... -- cat FILE` prints $FAKE_BLACKLIST; `cp POD:PATH DST` copies
 # $FAKE_TRACE to DST (a real trace, so that the `c4d analyze` after it runs for real).
@@ -451,6 +471,7 @@ elif a[0] == "exec":
 elif a[0] == "cp":
     shutil.copy(os.environ["FAKE_TRACE"], a[2])
 """
+)
 
 
 def test_kubectl_commands(tools, tmp_path, libc4d, simtrain):

@@ -9,6 +9,7 @@ import logging
 import subprocess
 
 import numpy as np
+import pytest
 
 from c4d import schema, trace
 from c4d.engine import Engine, EngineConfig
@@ -79,6 +80,7 @@ def test_a_heartbeat_of_rank_2_20_minus_1_costs_no_memory():
     assert eng.ranks.n <= 16
 
 
+@pytest.mark.slow
 def test_twenty_thousand_new_communicators_stay_within_the_budget():
     t = H.now_ns()
     eng, ing = _job(t)
@@ -212,6 +214,7 @@ def _memory_per_rank_kib(world: int, span: bool) -> float:
     return g["mib"] * 1024 / world
 
 
+@pytest.mark.slow
 def test_memory_per_rank_is_what_the_docs_say():
     """docs/untrusted-input.md: ~1 KiB per rank plus, per communicator a rank is in, ~26 KiB
     once its op ring is made (an op that spans ingest chunks: a sender can force it), and
@@ -296,8 +299,11 @@ def test_a_poll_whose_validation_raises_loses_only_the_batch_that_raises():
 
 
 def test_a_forged_world_size_still_meets_the_absolute_member_cap():
+    """A sender whose REGISTER is the first the master hears claims the largest world: the
+    communicators it can make still meet the absolute cap."""
     t = H.now_ns()
-    eng, ing = _job(t, Limits(max_comm_members=100))
+    eng = Engine(EngineConfig())
+    ing = Ingest(eng, Edge(Limits(max_comm_members=100)))
     forged = H.registers(1, t)
     forged["world_size"] = Limits().max_ranks  # one REGISTER claiming the largest world accepted
     recs = H.comm_init(np.zeros(5000, int), 0, 1, t)
@@ -306,7 +312,22 @@ def test_a_forged_world_size_still_meets_the_absolute_member_cap():
     ing.tick(t)
     assert ing.edge.world == Limits().max_ranks
     assert ing.edge.slots <= 100 and len(eng.comms) <= 100
-    assert ing.edge.rejected == {"communicator budget": 5000 - (100 - WORLD)}
+    assert ing.edge.rejected == {"communicator budget": 5000 - 100}
+
+
+def test_a_world_size_claimed_after_the_jobs_is_refused():
+    """The job's first REGISTER fixes its world size: a later one claiming the largest world
+    (which would raise the communicator budget to the absolute cap) is refused, and so is a
+    REGISTER of a rank beyond the job's world."""
+    t = H.now_ns()
+    _eng, ing = _job(t)
+    forged = H.registers(1, t)
+    forged["world_size"] = Limits().max_ranks
+    beyond = H.registers(1, t)
+    beyond["rank"], beyond["world_size"] = 1000, -1  # no world claimed: would count as rank + 1
+    assert ing.feed(H.as_header(forged, beyond), t) == 0
+    assert ing.edge.world == WORLD
+    assert ing.edge.rejected == {"job settings changed": 1, "bad rank": 1}
 
 
 def test_communicators_named_across_batches_keep_the_order_and_times_of_one_move_each():
@@ -350,3 +371,67 @@ def test_the_edge_hands_on_the_columns_of_a_batch_it_admitted_whole():
     bad["op"][0] = 200
     ok = edge.admit(H.as_header(bad), t)
     assert len(ok) == len(bad) - 1 and edge.columns_of(ok) is None
+
+
+# -- issue 41: the communicator tables bounded in bytes ----------------------------------------
+def _flood_comms(ing: Ingest, t: int, n: int, first: int = 0x5000_0000, members: int = 1) -> None:
+    """``n`` new communicators of ``members`` ranks each (a COMM init per member), 4,000 rows a batch."""
+    per = max(1, 4000 // members)
+    for c0 in range(0, n, per):
+        k = min(per, n - c0)
+        recs = H.comm_init(np.tile(np.arange(members), k), 0, members, t)
+        recs["comm_id"] = first + c0 + np.repeat(np.arange(k), members)
+        recs["comm_rank"] = np.tile(np.arange(members), k)
+        ing.feed(H.as_header(recs), t)
+
+
+@pytest.mark.slow
+def test_the_table_bytes_charged_cover_what_the_master_holds():
+    """Comm.table_bytes (what C4D_MAX_COMM_BYTES charges) is at least what the edge, the engine and
+    the master's bookkeeping hold for a new communicator, and not far above it."""
+    from c4d.engine.state import Comm
+    from c4d.received import Received
+
+    for members, n in ((1, 4000), (8, 1000), (64, 200)):
+        t = H.now_ns()
+        eng, rec = Engine(EngineConfig()), Received()
+        lim = Limits(max_comm_members=1 << 30, comms_per_rank=1 << 20, max_comm_bytes=1 << 40)
+        ing = Ingest(eng, Edge(lim), sinks=[lambda ok, rec=rec, t=t: rec.add(ok, t)], on_free=[rec.forget])
+        ing.feed(H.as_header(H.registers(64, t)), t)
+        _flood_comms(ing, t, 200, first=0x4000_0000, members=members)  # the pools' first growth
+        ing.tick(t)
+        with H.traced_growth() as g:
+            _flood_comms(ing, t, n, members=members)
+            ing.tick(t + 1)
+        held = g["mib"] * 2**20 / n
+        assert not ing.edge.rejected and len(eng.comms) == 200 + n
+        assert 0.4 * Comm.table_bytes(members) < held <= Comm.table_bytes(members), (members, held)
+
+
+def test_new_communicators_past_the_byte_budget_are_refused_and_counted():
+    """A sender whose REGISTER claims the largest world may make communicators until their tables
+    reach C4D_MAX_COMM_BYTES (the member cap alone let 124,000 of them take 810 MiB); beyond it
+    they are refused as `communicator bytes`, and once the flood is silent the job's own get in."""
+    from c4d.engine.state import Comm
+
+    t = H.now_ns()
+    budget = 200 * Comm.table_bytes(1)
+    eng = Engine(EngineConfig())
+    ing = Ingest(eng, Edge(Limits(max_comm_bytes=budget, evict_silent_s=5)))
+    forged = H.registers(1, t)
+    forged["world_size"] = Limits().max_ranks
+    ing.feed(H.as_header(forged), t)
+    with H.traced_growth() as g:
+        _flood_comms(ing, t, 5000)
+        ing.tick(t)
+    assert len(eng.comms) == 200 and ing.edge.comm_bytes <= budget
+    assert ing.edge.rejected == {"communicator bytes": 5000 - 200}
+    assert g["mib"] * 2**20 < 1.5 * budget, g
+    later = t + 6 * 10**9  # the forged ones silent past evict_silent_s: a new one takes their room
+    ing.feed(H.as_header(H.comm_init([0], 0x7777, 1, later)), later)
+    ing.tick(later)
+    assert (
+        len(eng.comms) == 200
+        and 0x7777 in eng._comm_index
+        and ing.edge.rejected["communicator bytes"] == 5000 - 200
+    )

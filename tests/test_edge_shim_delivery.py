@@ -49,6 +49,7 @@ def _run(tmp_path: Path, endpoint: str, steps: int, compute_us: int = 0, master:
         job.cleanup()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["loopback port nobody listens on", "unreachable host (TEST-NET-1)"])
 def test_nothing_listening_is_said_at_start_and_exit_and_the_job_is_fine(tmp_path, where):
     # "sent" used to read as if it arrived ("406 records sent, 0 dropped" while nothing did)

@@ -81,6 +81,7 @@ def _run(job: Job, batched: bool, monkeypatch, drop_register: tuple[int, ...] = 
     [(SLOW, ()), (CUT, ()), (HANG, ()), (SLOW, (1, 6)), (WIDE, ())],
     ids=["slow", "chunks-cut-ops", "hang", "slow-unregistered", "wide-data-parallel"],
 )
+@pytest.mark.slow
 def test_batched_reduction_equals_one_communicator_at_a_time(job, drop, monkeypatch):
     d1, made1, sp1, clk1 = _run(job, False, monkeypatch, drop)
     d2, made2, sp2, clk2 = _run(job, True, monkeypatch, drop)

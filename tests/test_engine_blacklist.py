@@ -73,3 +73,26 @@ def test_a_hang_run_blacklists_exactly_the_culprit_node(tmp_path):
     for d in run_cached(j).diagnoses:
         blacklist.apply(d, p)
     assert blacklist.read_nodes(p) == ["node-3"]
+
+
+def test_an_error_isolates_only_at_the_isolate_confidence(tmp_path):
+    """C4D_ISOLATE_CONFIDENCE: a link named at 0.31 (one link seen stopped, its ends' other links
+    invisible) cordons neither node; the same at 0.95, or the threshold lowered, does. The JSON
+    says which (detail.isolates), for c4d run and other consumers."""
+    from dataclasses import replace
+
+    from c4d.engine.config import EngineConfig
+
+    loc = Localization(How.peer_progress, Target.link, (3, 4), 0.31, "test", "test", link=(3, 4))
+    d = Diagnosis(
+        0, Level.ERROR, DiagKind.RankCommHang, 1, "AllReduce", 6, (3, 4), ("node-0", "node-1"), 3, loc
+    )
+    assert d.blacklist_nodes == () and d.to_json()["detail"]["isolates"] is False
+    assert blacklist.apply(d, tmp_path / "bl") == []
+    sure = replace(d, localization=replace(loc, confidence=0.95))
+    assert sure.blacklist_nodes == ("node-0", "node-1") and sure.to_json()["detail"]["isolates"] is True
+    lowered = replace(d, isolate_confidence=0.3)
+    assert lowered.blacklist_nodes == ("node-0", "node-1")
+    assert EngineConfig.from_env({"C4D_ISOLATE_CONFIDENCE": "0.3"}).isolate_confidence == 0.3
+    assert EngineConfig.from_env({"C4D_ISOLATE_CONFIDENCE": "1.5"}).isolate_confidence == 0.9  # refused
+    assert replace(d, level=Level.WARNING).to_json()["detail"].get("isolates") is None

@@ -23,6 +23,7 @@ def test_every_case_is_recorded():
     assert sorted(make_golden.CASES) == NAMES
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 def test_replay_gives_the_recorded_diagnoses(name, tmp_path):
     expected = json.loads((GOLDEN / f"{name}.expected.json").read_text())

@@ -29,6 +29,8 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     "c4d.engine": ("c4d.trace", "c4d.formats", "c4d.analyze", *REPORTING, *NETWORK, "pandas", "matplotlib"),
     "c4d.analyze": (*REPORTING, *NETWORK, "matplotlib", "pandas"),
     "c4d.report": NETWORK,
+    # the live master runs the engine, not the offline analysis (c4d.engine.make_engine)
+    "c4d.master": ("c4d.analyze", "c4d.report", "c4d.cli", "pandas", "matplotlib"),
 }
 
 
@@ -39,6 +41,7 @@ def _imported(code: str) -> list[str]:
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("module", sorted(FORBIDDEN))
 def test_module_imports_only_lower_layers(module):
     mods = _imported(f"import {module}")
@@ -46,6 +49,7 @@ def test_module_imports_only_lower_layers(module):
     assert bad == [], f"{module} pulled in {bad}"
 
 
+@pytest.mark.slow
 def test_offline_analysis_does_not_load_zmq(tmp_path):
     """`c4d analyze` and `c4d report` of a trace, run in-process: no networking module loaded."""
     from c4d import trace
@@ -58,6 +62,7 @@ def test_offline_analysis_does_not_load_zmq(tmp_path):
     assert not [m for m in mods if m.split(".")[0] == "zmq" or m in ("c4d.master", "c4d.collector")]
 
 
+@pytest.mark.slow
 def test_analyze_json_of_flight_recorder_dumps_loads_no_pandas(tmp_path):
     """`c4d analyze DIR --json` replays without DataFrames: pandas' import alone is ~10% of
     analyzing 256 ranks' dumps (analysis/bench_fr.py); the text report's table still uses it."""
@@ -79,3 +84,68 @@ def test_c4d_analyze_cli_of_an_empty_trace_says_no_diagnoses(tmp_path):
     trace.TraceWriter(p).close()
     out = subprocess.run(c4d_cmd("analyze", p, "--json"), capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout == "", out.stderr
+
+
+def _import_graph() -> tuple[dict[str, set[str]], dict[str, set[str]]]:
+    """c4d's modules and what each imports of c4d: at module level, and inside functions."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    mods: dict[str, Path] = {}
+    for p in (root / "c4d").rglob("*.py"):
+        parts = list(p.relative_to(root).with_suffix("").parts)
+        mods[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = p
+
+    def resolve(name: str) -> str | None:
+        while name and name not in mods:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    top: dict[str, set[str]] = {}
+    inner: dict[str, set[str]] = {}
+    for m, p in mods.items():
+        tree = ast.parse(p.read_text())
+        at_top = {
+            id(n)
+            for b in tree.body
+            for n in ast.walk(b)
+            if not isinstance(b, (ast.FunctionDef, ast.ClassDef))
+        }
+        top[m], inner[m] = set(), set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                subs = [f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in mods]
+                names = subs if len(subs) == len(node.names) else [node.module, *subs]
+            else:
+                continue
+            for n in names:
+                r = resolve(n) if n.startswith("c4d") else None
+                if r and r != m and not m.startswith(r + "."):  # (a package's own modules import it first)
+                    (top if id(node) in at_top else inner)[m].add(r)
+    return top, inner
+
+
+def _reaches(g: dict[str, set[str]], a: str, b: str) -> bool:
+    seen, todo = {a}, [a]
+    while todo:
+        x = todo.pop()
+        if x == b:
+            return True
+        for y in g.get(x, ()):
+            if y not in seen:
+                seen.add(y)
+                todo.append(y)
+    return False
+
+
+def test_no_import_circles_and_no_import_inside_a_function_that_would_close_one():
+    """Imports run one way. An import inside a function is for start-up time or an optional
+    dependency, never to dodge a circle: with every such import counted, the graph has none."""
+    top, inner = _import_graph()
+    assert len(top) > 50  # every module was read
+    full = {m: top[m] | inner[m] for m in top}
+    circles = sorted((a, b) for a in full for b in full[a] if _reaches(full, b, a))
+    assert circles == []

@@ -11,11 +11,13 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 from factories import Job, run
 
 from c4d.engine.state import RATE_WINDOW_NS, RECENT_OPS
 
 
+@pytest.mark.slow
 def test_completed_ops_and_the_rate_log_are_bounded_per_communicator():
     r = run(Job(tp=2, pp=1, dp=4, ranks_per_node=4, steps=400))
     eng = r.engine
@@ -36,6 +38,7 @@ def test_completed_ops_and_the_rate_log_are_bounded_per_communicator():
     assert all(cs.ops_per_s > 0 for cs in snap.comms), [cs.ops_per_s for cs in snap.comms]
 
 
+@pytest.mark.slow
 def test_rows_of_windows_a_lasting_stall_covers_are_let_go_as_they_close():
     """One TP group hangs (its ops never end) while the rest of the job goes on: the windows
     the stall covers will not be judged, so their rows are dropped as each closes instead of

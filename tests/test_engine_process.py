@@ -37,6 +37,7 @@ def _golden(name: str, tmp: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["comm-hang-link", "noncomm-hang", "comm-slow-rank", "crash", "mismatch"])
 def test_an_engine_process_gives_the_in_process_diagnoses(name, tmp_path):
     """Field for field (times, levels, culprits, evidence), in the same order: the answers to
@@ -94,6 +95,7 @@ def test_a_master_with_an_engine_process_hands_out_diagnoses_and_closes_it(tmp_p
     assert proc.wait(10) == 0
 
 
+@pytest.mark.slow
 def test_c4d_master_engine_process_names_a_hang_live(tmp_path, libc4d, simtrain):
     """`c4d master --engine-process` with a sim job whose rank 3 stops computing: the JSON line
     names rank 3, and a replay of the master's trace in one process says the same."""
@@ -149,6 +151,7 @@ def test_the_answers_unpickle_the_engine_types_and_nothing_else(tmp_path):
             _Answers(io.BytesIO(pickle.dumps(evil))).load()
 
 
+@pytest.mark.slow
 def test_the_engine_process_ends_with_a_killed_master(tmp_path):
     """kill -9 of `c4d master --engine-process`: its engine's process does not outlive it."""
     m = MasterProc(tmp_path, "--engine-process", metrics=False)
@@ -239,5 +242,49 @@ def test_ingest_counts_the_engine_process_failures_as_its_own():
         ing.settle()
         assert ing.failures == {"ingest: ValueError": 1} and ing.failed_records == 3
         assert not ep.failures and ep.failed_records == 0  # handed over once
+    finally:
+        ep.close()
+
+
+def test_an_engine_process_profiles_itself_when_asked(tmp_path, monkeypatch):
+    """C4D_ENGINE_PROFILE: the engine's process writes its cProfile statistics when it stops
+    (``{pid}`` its id), and they hold the engine's ticks; the diagnoses are the same."""
+    import pstats
+
+    monkeypatch.setenv("C4D_ENGINE_PROFILE", str(tmp_path / "engine-{pid}.prof"))
+    rt = trace.read_raw(_golden("noncomm-hang", tmp_path))
+    ep = EngineProcess()
+    try:
+        pid = ep.pid
+        got = [d.to_json() for d in analyze.replay(rt, ep)]
+    finally:
+        ep.close()
+    prof = tmp_path / f"engine-{pid}.prof"
+    assert prof.exists()
+    names = {name for (_f, _l, name) in pstats.Stats(str(prof)).stats}  # type: ignore[attr-defined]
+    assert {"tick", "feed"} <= names
+    monkeypatch.delenv("C4D_ENGINE_PROFILE")
+    assert got == [d.to_json() for d in analyze.replay(rt, analyze.make_engine())]
+
+
+def test_the_engine_process_budgets_refusals_reach_the_masters_counts(monkeypatch):
+    """What the engine's byte budgets refuse in its own process (here: communicators past
+    C4D_MAX_COMMS_EVER) is counted with the edge's refusals (c4d_records_rejected), as in process."""
+    from c4d.ingest import Ingest
+    from c4d.validate import Edge
+    from tests import flood
+    from tests import hostile as H
+
+    monkeypatch.setenv("C4D_MAX_COMMS_EVER", "40")  # the engine's process inherits it
+    t = H.now_ns()
+    ep = EngineProcess()
+    try:
+        ing = Ingest(ep, Edge())
+        assert ing.feed(flood.register(0, 1 << 10, t).view(schema.HEADER), t)
+        ing.feed(flood.new_comm_ops(0, 0x7000_0000, 100, t).view(schema.HEADER), t)
+        ing.tick(t)
+        ing.settle()  # the first tick's answer
+        ing.tick(t + 1)
+        assert ing.edge.rejected["communicator indices"] >= 60
     finally:
         ep.close()

@@ -52,3 +52,11 @@ def test_rescore_takes_confidences_from_the_current_table(monkeypatch):
     by_lo = {b["lo"]: b for b in buckets}
     assert by_lo[0.0]["n"] == 5 and by_lo[0.0]["right"] == 0.0
     assert by_lo[0.4]["n"] == 3 and by_lo[0.4]["right"] == 1.0  # a basis the table lacks keeps its own
+
+
+def test_a_node_verdict_on_its_faults_node_counts_as_right(tmp_path):
+    # a node verdict claims the fault is on that node, not which rank: right when it is there
+    ev = _evaluate()
+    node = {"basis": "RankCommHang:exclusion/node/equivalent", "fault": 0, "exact": False, "confidence": 0.5}
+    rows = [{"diagnoses": [{**node, "on_node": True}] * 3 + [{**node, "on_node": False}]}]
+    assert ev.learn(rows, tmp_path / "t.py") == {"RankCommHang:exclusion/node/equivalent": (4, 3)}

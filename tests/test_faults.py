@@ -1,4 +1,4 @@
-"""Fault SPEC parsing (DESIGN.md grammar) and lowering to simnccl's rank/link form."""
+"""Fault SPEC parsing (docs/cli.md grammar) and lowering to simnccl's rank/link form."""
 
 from __future__ import annotations
 
@@ -90,3 +90,50 @@ def test_sim_layout_skips_excluded_nodes_and_uses_spares():
     short = SimConfig(ranks=8, ranks_per_node=4, exclude_nodes=("node-0",))
     with pytest.raises(ValueError, match="--spare-nodes"):
         short.validate()
+
+
+@pytest.mark.parametrize(
+    "spec, says",
+    [
+        # the separator between the kind and its keys, not "unknown kind"
+        ("noncomm-hang:rank=6", "separated by '@', not ':': noncomm-hang@rank=6"),
+        ("comm-slow,link=1-2", "separated by '@', not ','"),
+        ("crash rank=1", "separated by '@', not ' '"),
+        ("bogus@rank=1", "unknown kind 'bogus'"),
+        ("noncomm-hangs@rank=1", "unknown kind 'noncomm-hangs'"),
+        ("@rank=1", "no kind before '@'"),
+        ("comm-hang", "no keys after the kind"),
+        # an unknown key names it; a bad value names the key and the value
+        ("crash@rank=1,color=red", "unknown key 'color'"),
+        ("crash@rnak=1", "unknown key 'rnak'"),
+        ("crash@rank", "'rank' is not key=value"),
+        ("crash@rank=", "rank= has no value"),
+        ("crash@rank=1,", "an empty item"),
+        ("comm-hang@rank=x", "rank='x' is not an integer"),
+        ("comm-hang@rank=1,step=1.5", "step='1.5' is not an integer"),
+        ("comm-slow@rank=1,step=2,until=soon", "until='soon' is not an integer"),
+        ("comm-slow@rank=1,factor=fast", "factor='fast' is not a number"),
+        ("noncomm-hang@rank=1,secs=abc", "secs='abc' is not a number"),
+        ("comm-hang@link=1", "link='1' is not R-S"),
+        ("comm-hang@link=a-b", "link='a-b' is not R-S"),
+    ],
+)
+def test_errors_name_the_part_that_is_wrong(spec, says):
+    with pytest.raises(faults.FaultSpecError) as e:
+        faults.parse(spec, world=8, nodes=2)
+    assert says in str(e.value) and "\n" not in str(e.value)
+
+
+def test_the_cli_says_what_is_wrong_with_a_spec_in_one_line():
+    import subprocess
+
+    from tests.conftest import c4d_cmd
+
+    p = subprocess.run(
+        c4d_cmd("sim", "--fault", "noncomm-hang:rank=6"), capture_output=True, text=True, timeout=120
+    )
+    assert p.returncode == 1
+    assert p.stderr.strip().splitlines() == [
+        "c4d sim: fault 'noncomm-hang:rank=6': the kind and its keys are separated by '@', not ':': "
+        "noncomm-hang@rank=6"
+    ]

@@ -8,6 +8,7 @@ anywhere (decoder, validator, Received, engine feed or tick) fails the property,
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -89,6 +90,7 @@ def _ingest() -> tuple[Ingest, Received]:
     return ing, rec
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(records(), min_size=1, max_size=6), st.lists(st.integers(0, 3_000_000_000), max_size=6))
 def test_any_well_framed_records_never_raise_anywhere_in_ingest(batches, tick_steps):
@@ -144,6 +146,7 @@ def comm_records(draw) -> np.ndarray:
     return H.as_header(*parts)
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(comm_records(), min_size=1, max_size=6))
 def test_the_edges_steady_state_path_admits_what_the_per_communicator_path_admits(batches):
@@ -189,6 +192,7 @@ class _Rows:
         return _Rows(schema.take_records(self.a, idx))
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(records(), min_size=1, max_size=8))
 def test_the_edge_reads_columns_as_it_would_the_rows(batches):
@@ -215,6 +219,7 @@ def test_the_edge_reads_columns_as_it_would_the_rows(batches):
     assert cols.rejected == rows.rejected and cols.accepted == rows.accepted
 
 
+@pytest.mark.slow
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(records(), min_size=1, max_size=8))
 def test_a_kind_checked_in_place_or_gathered_gets_the_same_verdicts(batches):
@@ -279,6 +284,9 @@ def test_bad_batches_are_rejected_with_a_reason_and_good_ones_are_all_kept(plan)
         elif step == "hostile name":
             r = H.registers(WORLD, T, node_of=lambda r: b"../\x1b[2J$(reboot)\n`id`")
             msg = wire.encode(r[:1])
+            # rank 0 registered on node-0: a later REGISTER naming another node is not it
+            # (tests/test_edge_master.py follows a hostile name that is a rank's first)
+            expect_rejected["rank identity changed"] = expect_rejected.get("rank identity changed", 0) + 1
         else:
             msg = wire.encode(_bad_records(step))
             expect_rejected[step] = expect_rejected.get(step, 0) + WORLD
@@ -298,6 +306,7 @@ def test_bad_batches_are_rejected_with_a_reason_and_good_ones_are_all_kept(plan)
     assert sum(bad_msgs.values()) == sum(1 for s in plan if s in BAD_BATCHES)
 
 
+@pytest.mark.slow
 def test_the_real_master_over_zeromq_survives_a_stream_of_garbage_and_keeps_the_good(caplog):
     """A live Master: 20,000 garbage messages and hostile batches interleaved with a good job;
     bounded log lines, bounded memory, every good record in."""

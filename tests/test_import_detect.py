@@ -52,7 +52,6 @@ def test_inspector_file_dir_and_gzip(tmp_path):
     assert detect(gz) == "inspector"
 
 
-@pytest.mark.skipif(not FILES, reason="shared/data/nccl-tests is not here")
 def test_nccl_tests_text_and_json(tmp_path):
     assert {detect(f) for f in FILES} == {"nccl-tests"}
     j = tmp_path / "r.json"

@@ -369,3 +369,86 @@ def test_old_dumps_without_optional_keys(tmp_path):
     frf.write(dumps, d)
     hangs = [x for x in _diagnose(d) if x["kind"] in HANGS]
     assert hangs and hangs[-1]["kind"] == "RankNonCommHang" and hangs[-1]["ranks"] == [1]
+
+
+def _laughs(depth: int) -> tuple:
+    """Nested tuples, each level twice the one below: a few bytes of pickle, 2**depth leaves, and a
+    hash that walks every one of them (tuples do not cache their hash)."""
+    t: tuple = ("ha",)
+    for _ in range(depth):
+        t = (t, t)
+    return t
+
+
+def _dump_with(tmp_path, change) -> Path:
+    """A clean 8-rank job's dumps (200 entries each), rank 0's entries changed by ``change(entries)``."""
+    dumps = frf.build(frf.Job(tp=2, dp=4, steps=40))
+    change(dumps[0]["entries"])
+    return _write_dumps(tmp_path, dumps)
+
+
+def _write_dumps(tmp_path, dumps) -> Path:
+    d = tmp_path / "dumps"
+    frf.write(dumps, d)
+    return d
+
+
+def test_a_field_c4d_reads_that_expands_is_refused_before_it_is_hashed(tmp_path):
+    """A profiling_name of nested tuples shared down 60 levels would take years to hash: counted
+    first (the read fields' structure), refused with one line; the other ranks are read."""
+    bomb = _laughs(60)
+
+    def change(ents):
+        for e in ents:
+            e["profiling_name"] = bomb
+
+    warns: list[str] = []
+    rt = fr.read(_dump_with(tmp_path, change), on_warning=warns.append, workers=1)
+    assert rt.meta["fr"]["ranks"] == 7
+    said = [w for w in warns if "nccl_trace_rank_0" in w]
+    assert len(said) == 1 and "expands to more than" in said[0], warns
+
+
+def test_a_field_c4d_never_reads_is_never_walked(tmp_path):
+    """Stack frames (never read) that share one long list are not a cost: the dump is read whole.
+    The same list as input_sizes (read) is refused."""
+    long = [[1, 2]] * 200_000
+
+    def frames(ents):
+        for e in ents:
+            e["frames"] = long
+
+    rt = fr.read(_dump_with(tmp_path / "a", frames), workers=1)
+    assert rt.meta["fr"]["ranks"] == 8 and not rt.meta["import"]["warnings"]
+
+    def sizes(ents):
+        for e in ents:
+            e["input_sizes"] = long
+
+    warns: list[str] = []
+    rt = fr.read(_dump_with(tmp_path / "b", sizes), on_warning=warns.append, workers=1)
+    assert rt.meta["fr"]["ranks"] == 7
+    assert any("nccl_trace_rank_0" in w and "expands to more than" in w for w in warns), warns
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("collective_seq_id", [1, 2]),
+        ("time_created_ns", (1, 2)),
+        ("retired", [[True] * 1000]),
+        ("input_sizes", [[[1] * 10, 10**9]]),  # math.prod would repeat the list 10**9 times
+        ("input_sizes", [[2**70]]),
+    ],
+)
+def test_fields_of_the_wrong_type_are_one_line_and_cost_nothing(tmp_path, field, value):
+    def change(ents):
+        ents[-1][field] = value
+
+    warns: list[str] = []
+    rt = fr.read(_dump_with(tmp_path, change), on_warning=warns.append, workers=1)
+    said = [w for w in warns if "nccl_trace_rank_0" in w]
+    if said:  # refused: one line, the other ranks read
+        assert len(said) == 1 and "\n" not in said[0] and rt.meta["fr"]["ranks"] == 7
+    else:  # or read, the odd value taken as "not known"
+        assert rt.meta["fr"]["ranks"] == 8

@@ -1,9 +1,7 @@
-"""nccl-tests import: every captured output in shared/data/nccl-tests becomes a synthetic trace whose
+"""nccl-tests import: every captured output in tests/data/nccl-tests becomes a synthetic trace whose
 bus bandwidth is what nccl-tests printed."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,14 +9,12 @@ import pytest
 from c4d import analyze, opstats, schema
 from c4d.formats import nccl_tests
 from c4d.formats.detect import detect, load_any
+from tests.conftest import nccl_tests_data
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "nccl-tests"
-if not DATA.is_dir():
-    DATA = Path("/work/shared/data/nccl-tests")
-FILES = sorted(DATA.glob("*")) if DATA.is_dir() else []
+DATA = nccl_tests_data()
+FILES = sorted(DATA.glob("*.txt"))
 
 
-@pytest.mark.skipif(not FILES, reason="shared/data/nccl-tests is not here")
 @pytest.mark.parametrize("path", FILES, ids=lambda p: p.name)
 def test_every_sample_imports(path):
     assert detect(path) == "nccl-tests"

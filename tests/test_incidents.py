@@ -7,6 +7,8 @@ import json
 import logging
 import subprocess
 
+import pytest
+
 from c4d.engine import DiagKind, Diagnosis, Engine, How, Level, Localization, Target
 from c4d.incidents import End, Incidents, incident_key
 from c4d.trace import TraceWriter
@@ -90,11 +92,11 @@ def test_resolved_superseded_and_slow_folding():
     # no report for 1.5 T: it cleared
     events += inc.expire(int(3.6 * S))
     assert [e.change.value for e in events] == ["opened", "ended"] and inc.all[0].end is End.resolved
-    # more culprits confirmed on the same op: the new incident supersedes the old
+    # more culprits confirmed on the same op: the same incident, revised (it keeps its number)
     inc.observe(hang(10, 1, ranks=(6,)))
-    inc.observe(hang(11, 2, ranks=(4, 5, 6, 7)))
-    assert inc.all[1].end is End.superseded and inc.all[1].superseded_by == inc.all[2].id
-    assert inc.all[2].culprit() == "ranks 4-7"
+    ev = inc.observe(hang(11, 2, ranks=(4, 5, 6, 7)))
+    assert len(inc.all) == 2 and inc.all[1].end is None and [e.change.value for e in ev] == ["revised"]
+    assert inc.all[1].culprit() == "ranks 4-7" and inc.all[1].revisions == ["+1.0s: rank 6 -> ranks 4-7"]
     # a slow rank: once per period on two communicators, one incident while it persists
     for t in range(20, 26):
         inc.observe(slow(t, comm=0xCD if t % 2 else 0xEF))
@@ -144,6 +146,7 @@ def _hang_trace(path):
     return diags
 
 
+@pytest.mark.slow
 def test_analyze_prints_one_line_per_incident(tmp_path):
     path = tmp_path / "hang.c4d"
     diags = _hang_trace(path)
@@ -188,7 +191,35 @@ def test_master_logs_each_incident_at_its_steps_only(caplog, tmp_path):
 
 
 def test_found_means_warning_or_above():
-    from c4d.cli import found
+    from c4d.cli_common import found
 
     assert found([hang(1, 1)]) and found([slow(1), hang(1, 4, Level.ERROR)])
     assert not found([slow(1), slow(2)]) and not found([])
+
+
+def _comm_slow(t_s: float, ranks: tuple[int, ...], target: str) -> Diagnosis:
+    from c4d.engine.types import How, Localization, Target
+
+    link = ranks if target == "link" else None
+    loc = Localization(How.exclusion, Target(target), ranks, 0.5, f"RankCommSlow:x/{target}", "x", link=link)
+    return Diagnosis(
+        time_ns=int(t_s * S), level=Level.INFO, kind=DiagKind.RankCommSlow, comm=0xAB, op="AllReduce",
+        seq=int(t_s), ranks=ranks, nodes=tuple(f"node-{r // 4}" for r in ranks), hang_times=0,
+        localization=loc, detail={"window_s": 1.0},
+    )  # fmt: skip
+
+
+def test_an_incident_revised_from_suspects_to_link_to_rank_keeps_its_number():
+    """One fault, one incident: as more units are judged the localization moves (suspects 1,7 ->
+    link 1-7 -> rank 7); each step is a revision of incident #1, said in its ``revisions``. A
+    fault elsewhere opens its own."""
+    inc = Incidents()
+    changes = []
+    for d in (_comm_slow(1, (1, 7), "suspects"), _comm_slow(2, (1, 7), "link"), _comm_slow(3, (7,), "rank"),
+              _comm_slow(4, (7,), "rank"), _comm_slow(4, (2, 4), "link")):  # fmt: skip
+        changes += [(e.change.value, e.incident.id) for e in inc.observe(d)]
+    assert changes == [("opened", 1), ("revised", 1), ("revised", 1), ("opened", 2)]
+    first = inc.all[0]
+    assert first.culprit() == "rank 7" and first.reports == 4
+    assert first.revisions == ["+1.0s: suspects 1,7 -> link 1<->7", "+2.0s: link 1<->7 -> rank 7"]
+    assert inc.all[1].culprit() == "link 2<->4"

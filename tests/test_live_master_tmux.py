@@ -84,6 +84,7 @@ def _grid(screen: str) -> list[str]:
     return lines[start + 1].strip().strip("│").strip().split()
 
 
+@pytest.mark.slow
 def test_master_live_view_shows_a_hang_from_another_process(tmp_path, libc4d, simtrain):
     ep = f"tcp://127.0.0.1:{free_port()}"
     pane = _master(tmp_path, ep)
@@ -129,6 +130,7 @@ def test_master_live_view_shows_a_hang_from_another_process(tmp_path, libc4d, si
     assert (tmp_path / "job.c4d").stat().st_size > 0
 
 
+@pytest.mark.slow
 def test_master_live_view_shows_slow_ranks_by_default(tmp_path, libc4d, simtrain):
     """INFO findings (the slow kinds) are visible without any --log-level."""
     ep = f"tcp://127.0.0.1:{free_port()}"

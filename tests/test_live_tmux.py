@@ -28,6 +28,7 @@ def _grid_groups(screen: str) -> list[str]:
     return row.split()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is installed by the README's commands")
 def test_live_view_marks_the_culprit(tmp_path, libc4d, simtrain):
     session = f"c4d-{uuid.uuid4().hex[:8]}"

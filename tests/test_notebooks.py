@@ -11,6 +11,7 @@ from nbclient import NotebookClient
 NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
 def test_notebook_executes(path, tmp_path, libc4d, simtrain):
     nb = nbformat.read(path, as_version=4)

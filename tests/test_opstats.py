@@ -7,7 +7,7 @@ import numpy as np
 from c4d import opstats
 from c4d.schema import Op
 
-# nccl-tests' bus bandwidth factors as PERFORMANCE.md writes them, as functions of n
+# nccl-tests' bus bandwidth factors as docs/design.md writes them, as functions of n
 FORMULAS = {
     Op.AllReduce: lambda n: 2 * (n - 1) / n,
     Op.AllGather: lambda n: (n - 1) / n,

@@ -103,6 +103,7 @@ def _batches(path: Path) -> tuple[np.ndarray, trace.RawTrace]:
     return np.unique(ops["seq"] // BATCH), rt
 
 
+@pytest.mark.slow
 def test_kill_9_at_20_random_moments_loses_only_batches_in_flight(tmp_path):
     rng = random.Random(20261124)
     port = free_port()
@@ -174,6 +175,7 @@ def _fsize_limit(n: int):
     return limit
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["tmpfs", "rlimit"])
 def test_a_full_disk_stops_the_trace_with_one_line_and_diagnosis_goes_on(tmp_path, simtrain, libc4d, how):
     """A 4-rank job whose rank 2 hangs at step 150; the trace's disk fills at 64 KiB, long before.
@@ -271,6 +273,7 @@ def _frames(path: Path) -> list[tuple[int, int]]:
     return out
 
 
+@pytest.mark.slow
 def test_analyze_reads_every_complete_record_of_a_damaged_real_trace_and_says_what_it_skipped(
     sim_trace, tmp_path
 ):

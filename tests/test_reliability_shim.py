@@ -87,6 +87,7 @@ def _step_ms(job: Job, ranks) -> list[float]:
     return [float(m) for r in ranks for m in re.findall(r"step \d+ done ms=([\d.]+)", job.stderr(r))]
 
 
+@pytest.mark.slow
 def test_master_killed_and_restarted_mid_run(tmp_path, simtrain, libc4d, jobs):
     """kill -9 of the master while 4 ranks train; a new master on the same port 1.5 s later.
     The job runs to its end; records of the gap beyond the ranks' 2-message queue are dropped
@@ -134,6 +135,7 @@ def _final_ranks(path: Path) -> set[int]:
     return set(hb["rank"][(hb["hb_flags"] & schema.HBF_FINAL) != 0].tolist())
 
 
+@pytest.mark.slow
 def test_a_master_that_never_reads_leaves_step_time_unchanged(tmp_path, simtrain, libc4d, jobs):
     """Median step time with a master that binds and never reads, against a master that reads,
     runs interleaved (reading, never, reading, never). The noise band is measured, not assumed:
@@ -190,6 +192,7 @@ def _exit_ms(simnccl_dir: Path, env: dict[str, str]) -> tuple[float, str]:
     return (end - float(out.split()[-1])) * 1e3, err.decode()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["absent", "never reads", "unreachable"])
 def test_exit_with_records_queued_is_bounded(simnccl_dir, libc4d, where):
     """3,000 ops' records queued behind a master that is absent, never reads, or can't be reached

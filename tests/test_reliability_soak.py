@@ -1,5 +1,5 @@
 """The soak's smoke run (analysis/soak.py --quick): 8 simnccl ranks and a 256-rank synthetic stream,
-each with its own real master, about a minute; the 10-minute run's figures are in the README."""
+each with its own real master, about a minute; the 10-minute run's figures are in docs/performance.md."""
 
 from __future__ import annotations
 
@@ -8,9 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SOAK = Path(__file__).resolve().parents[1] / "analysis" / "soak.py"
 
 
+@pytest.mark.slow
 def test_quick_soak_diagnoses_every_fault_and_nothing_before():
     r = subprocess.run(
         [sys.executable, str(SOAK), "--quick", "--json"], capture_output=True, text=True, timeout=600

@@ -50,6 +50,7 @@ def e2e(tmp_path_factory):
     return wd, p
 
 
+@pytest.mark.serial
 @pytest.mark.slow
 def test_c4d_run_exits_0_with_a_summary_naming_node_1(e2e):
     wd, p = e2e
@@ -62,6 +63,7 @@ def test_c4d_run_exits_0_with_a_summary_naming_node_1(e2e):
     assert s["nodes_isolated"] == ["node-1"] and s["exit_status"] == 0
 
 
+@pytest.mark.serial
 @pytest.mark.slow
 def test_node_1_was_isolated_with_the_diagnosis(e2e):
     wd, _ = e2e
@@ -79,6 +81,7 @@ def test_node_1_was_isolated_with_the_diagnosis(e2e):
     ]
 
 
+@pytest.mark.serial
 @pytest.mark.slow
 def test_the_diagnosis_carries_the_hung_ranks_stacks(e2e):
     """Last words: the culprits' native stacks show simnccl's never-ending kernel."""
@@ -99,6 +102,7 @@ def test_the_diagnosis_carries_the_hung_ranks_stacks(e2e):
     assert errors and all(set(d["detail"]["stacks"]) == set(stacks) for d in errors)
 
 
+@pytest.mark.serial
 @pytest.mark.slow
 def test_the_second_attempt_ran_on_node_0_and_the_spare(e2e):
     wd, _ = e2e
@@ -111,6 +115,7 @@ def test_the_second_attempt_ran_on_node_0_and_the_spare(e2e):
     assert "c4d: attempt 2 starts" in log and "c4d sim: the job finished" in log
 
 
+@pytest.mark.serial
 @pytest.mark.slow
 def test_report_and_live_view_show_the_stacks(e2e):
     wd, _ = e2e
@@ -138,6 +143,7 @@ def test_report_and_live_view_show_the_stacks(e2e):
     assert "stacks of hung ranks" in shown and "simnccl_hung_kernel" in shown
 
 
+@pytest.mark.serial
 @pytest.mark.slow
 def test_the_stopped_attempt_left_no_shared_memory(e2e):
     """Stopping the job lets c4d sim clean up after itself (one SIGTERM, not two)."""

@@ -133,6 +133,7 @@ FLAKY += '[ "$C4D_RESTART_COUNT" -ge 2 ] && exit 0; '
 FLAKY += 'echo "NCCL WARN NET/IB : Got completion with error" >&2; exit 1'
 
 
+@pytest.mark.slow
 def test_a_retryable_failure_is_restarted_and_the_job_sees_its_history(tmp_path):
     p, s = c4d_run(tmp_path, job=FLAKY)
     assert p.returncode == 0, p.stderr
@@ -141,6 +142,7 @@ def test_a_retryable_failure_is_restarted_and_the_job_sees_its_history(tmp_path)
     assert p.stdout.splitlines() == [f"start {n} restarts {n - 1}" for n in (1, 2, 3)]  # passed through
 
 
+@pytest.mark.slow
 def test_a_non_retryable_failure_is_not_restarted_and_keeps_its_status(tmp_path):
     p, s = c4d_run(tmp_path, job='echo "ValueError: shapes do not match" >&2; exit 3')
     assert p.returncode == 3
@@ -148,6 +150,7 @@ def test_a_non_retryable_failure_is_not_restarted_and_keeps_its_status(tmp_path)
     assert "c4d run: exit status 3" in p.stderr
 
 
+@pytest.mark.slow
 def test_a_user_pattern_makes_a_failure_retryable(tmp_path):
     p, s = c4d_run(tmp_path, "--retryable-error", "shapes? do not", "--max-restarts", "1",
                    job='echo "ValueError: shapes do not match" >&2; exit 3')  # fmt: skip
@@ -155,17 +158,20 @@ def test_a_user_pattern_makes_a_failure_retryable(tmp_path):
     assert s["attempts"][1]["decision"]["why"] == "--max-restarts 1 reached"
 
 
+@pytest.mark.slow
 def test_never_never_restarts(tmp_path):
     p, s = c4d_run(tmp_path, "--fault-tolerant-policy", "Never", job=FLAKY)
     assert p.returncode == 1 and ended(s) == ["failed"]
 
 
+@pytest.mark.slow
 def test_on_failure_restarts_until_max_restarts(tmp_path):
     p, s = c4d_run(tmp_path, "--fault-tolerant-policy", "OnFailure", "--max-restarts", "2",
                    job='echo "attempt $C4D_PROC_START_COUNT" >&2; exit 4')  # fmt: skip
     assert p.returncode == 4 and ended(s) == ["failed"] * 3
 
 
+@pytest.mark.slow
 def test_max_same_error_stops_a_repeating_failure(tmp_path):
     p, s = c4d_run(tmp_path, "--fault-tolerant-policy", "OnFailure", "--max-restarts", "9",
                    "--max-same-error", "2",
@@ -181,6 +187,7 @@ def test_three_identical_failures_stop_even_with_restarts_left(tmp_path):
     assert "the code, not a machine" in s["attempts"][2]["decision"]["why"]
 
 
+@pytest.mark.slow
 def test_a_silent_job_is_killed_after_the_hang_interval(tmp_path):
     t0 = time.monotonic()
     p, s = c4d_run(tmp_path, "--job-hang-interval", "1.5", "--max-restarts", "1",
@@ -193,6 +200,7 @@ def test_a_silent_job_is_killed_after_the_hang_interval(tmp_path):
     assert log.count("out started") == 2
 
 
+@pytest.mark.slow
 def test_exit_hang_one_process_done_the_other_not(tmp_path):
     job = '[ "$LOCAL_RANK" = 0 ] && { echo done; exit 0; }; echo "rank $LOCAL_RANK stuck"; exec sleep 600'
     p, s = c4d_run(tmp_path, "--nprocs", "2", "--job-exit-hang-interval", "1", "--max-restarts", "0",
@@ -203,6 +211,7 @@ def test_exit_hang_one_process_done_the_other_not(tmp_path):
     assert ":0 out done" in log and ":1 out rank 1 stuck" in log
 
 
+@pytest.mark.slow
 def test_the_exit_status_survives_the_logging(tmp_path):
     """Lots of output on both pipes, then a status: the log has every line, prefixed, and
     c4d run exits with the job's status (not a pipeline's)."""
@@ -221,6 +230,7 @@ def test_the_exit_status_survives_the_logging(tmp_path):
     assert p.stdout.splitlines()[:2] == ["out-0", "out-1"] and p.stdout.endswith("tail")
 
 
+@pytest.mark.slow
 def test_keep_on_failure_waits_before_exiting(tmp_path):
     t0 = time.monotonic()
     p, _ = c4d_run(tmp_path, "--keep-on-failure", "2", job="exit 9")

@@ -9,7 +9,9 @@ tracer already holds (ptrace allows one tracer).
 
 from __future__ import annotations
 
+import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -210,3 +212,43 @@ def test_a_process_held_by_another_tracer_is_reported_not_crashed(py_target):
     finally:
         holder.kill()
         holder.wait()
+
+
+SILENT_JOB = textwrap.dedent(
+    """
+    import time
+    def wait_for_the_data_loader():
+        print("started", flush=True)
+        time.sleep(600)
+    wait_for_the_data_loader()
+    """
+)
+
+
+def test_a_hang_seen_only_in_the_logs_keeps_the_stacks_of_the_jobs_ranks(tmp_path):
+    """No diagnosis names a rank (the job never calls NCCL); its output stops: before c4d run
+    stops it, the evidence gets every rank's stack (ranks found by RANK, as torchrun sets it),
+    and the report page of the attempt's trace shows them."""
+    if stacks.py_spy() is None:
+        pytest.fail("py-spy is a dependency of c4d: pip install py-spy")
+    run_dir = tmp_path / "run"
+    job = f"RANK=$LOCAL_RANK exec {shlex.quote(sys.executable)} -c {shlex.quote(SILENT_JOB)}"
+    cmd = c4d_cmd("run", "--run-dir", run_dir, "--nprocs", 2, "--job-hang-interval", 2, "--max-restarts", 0,
+                  "--grace-period", 2, "--trace", tmp_path / "t.c4d", "--", "sh", "-c", job)  # fmt: skip
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                       env=dict(os.environ, PYTHONPATH=str(ROOT)))  # fmt: skip
+    s = json.loads((run_dir / "summary.json").read_text())
+    a = s["attempts"][0]
+    assert a["ended"] == "log-hang" and len(a["evidence"]) == 1, p.stderr[-3000:]
+    ev = json.loads(Path(a["evidence"][0]).read_text())
+    assert ev["kind"] == "log-hang" and ev["detail"]["silent_s"] == 2
+    st = ev["detail"]["stacks"]
+    assert sorted(st) == ["0", "1"], st
+    for r in st.values():
+        assert "wait_for_the_data_loader" in (r.get("python") or ""), r
+        assert r["role"] == "silent" and r["pid"] > 0
+    # the trace's sidecar: what `c4d report` shows beside the attempt's trace
+    side = json.loads(stacks_view.sidecar_path(tmp_path / "t.attempt1.c4d").read_text())
+    assert [e["kind"] for e in side] == ["log-hang"] and sorted(side[0]["stacks"]) == ["0", "1"]
+    line = stacks_view.rank_line("0", st["0"])
+    assert line.startswith("rank 0 silent: ") and "wait_for_the_data_loader" in line

@@ -120,3 +120,81 @@ def test_join_records_is_concatenate_for_any_parts():
         assert got.tobytes() == want.tobytes()
         as_header = schema.join_records(ps, schema.HEADER)
         assert as_header.dtype == schema.HEADER and as_header.tobytes() == want.tobytes()
+
+
+# -- version 1 (the heartbeat without its pending op's size) ------------------------------
+
+
+def _v1_rows() -> np.ndarray:
+    """Two version-1 heartbeats (one with counters past the narrower version-2 fields) and an
+    OP record, as a version-1 writer laid them out."""
+    hb = np.zeros(2, schema.HEARTBEAT_V1)
+    hb["kind"], hb["version"], hb["rank"], hb["time_ns"] = schema.Kind.HEARTBEAT, 1, [3, 4], [10, 11]
+    hb["comm_id"], hb["n_issued"], hb["n_arrived"], hb["n_done"] = 77, [9, 5], [8, 5], [7, 5]
+    hb["last_arrive_ns"], hb["last_done_ns"] = 1234, 1200
+    hb["pend_seq"], hb["pend_issue_ns"], hb["pend_start_ns"] = [7, schema.UINT64_MAX], 1300, [1310, 0]
+    hb["dropped"], hb["sent"] = [12, 1 << 40], [5000, 6000]
+    hb["comm_rank"], hb["comm_nranks"], hb["pend_peer"] = [1, 2], 4, [-1, -1]
+    hb["pend_op"], hb["pend_flags"], hb["hb_flags"] = [0, 255], [1, 0], [0, schema.HBF_FINAL]
+    hb["p2p_in_flight"], hb["device"] = [2, 1000], [3, -1]
+    op = np.zeros(1, schema.OP)
+    op["kind"], op["version"], op["rank"], op["comm_id"], op["seq"], op["count"] = (
+        schema.Kind.OP,
+        1,
+        3,
+        77,
+        6,
+        99,
+    )
+    return np.concatenate([hb.view(schema.HEADER), op.view(schema.HEADER)])
+
+
+def test_version_1_heartbeats_are_upgraded():
+    raw = _v1_rows()
+    before = raw.copy()
+    up = schema.upgrade(raw)
+    assert raw.tobytes() == before.tobytes()  # the input is never written
+    hb, old = up[:2].view(schema.HEARTBEAT), raw[:2].view(schema.HEARTBEAT_V1)
+    assert (hb["version"] == schema.SCHEMA_VERSION).all()
+    same = set(schema.HEARTBEAT_V1.names) - {"version", "dropped", "p2p_in_flight"}
+    for f in sorted(same):
+        assert (hb[f].astype(np.int64) == old[f].astype(np.int64)).all(), f
+    assert hb["dropped"].tolist() == [12, 2**32 - 1] and hb["p2p_in_flight"].tolist() == [2, 255]  # saturated
+    assert hb["pend_count"].tolist() == [0, 0]
+    assert hb["pend_dtype"].tolist() == [255, 255] and hb["pend_redop"].tolist() == [255, 255]  # unknown
+    assert up[2:].tobytes() == raw[2:].tobytes()  # other kinds: the same layout in both versions
+    assert schema.upgrade(up) is up  # current rows: returned as they are
+
+
+def test_a_version_1_batch_is_read_upgraded():
+    from c4d import wire
+
+    msg = bytearray(wire.encode(_v1_rows(), rank=3))
+    msg[4:6] = (1).to_bytes(2, "little")  # the batch header of a version-1 shim
+    hb = wire.decode(bytes(msg))[:2].view(schema.HEARTBEAT)
+    assert hb["pend_op"].tolist() == [0, 255] and hb["pend_seq"][0] == 7 and hb["pend_dtype"][0] == 255
+
+
+def test_a_version_1_trace_is_analyzed(tmp_path):
+    """A trace written by a version-1 master (tests/golden: schema 1 records) is read, its
+    heartbeats upgraded, and `c4d analyze` names what the live engine named."""
+    import gzip
+    import json
+    import sys
+
+    from c4d import trace
+
+    path = tmp_path / "mismatch.c4d"
+    path.write_bytes(gzip.decompress((ROOT / "tests/golden/mismatch.c4d.gz").read_bytes()))
+    rt = trace.read_raw(path)
+    assert rt.meta["schema_version"] == 1 and rt.skipped == 0
+    hb = rt.kinds[schema.Kind.HEARTBEAT]
+    assert len(hb) and (hb["version"] == schema.SCHEMA_VERSION).all() and (hb["pend_dtype"] == 255).all()
+    assert set(np.unique(hb["pend_op"]).tolist()) <= set(range(len(schema.Op))) | {255}
+    assert set(np.unique(hb["hb_flags"]).tolist()) <= {0, schema.HBF_FINAL}
+    p = subprocess.run([sys.executable, "-m", "c4d", "analyze", "--json", str(path)], capture_output=True,
+                       text=True, timeout=300, cwd=tmp_path)  # fmt: skip
+    assert p.returncode == 2, p.stderr[-2000:]
+    got = [json.loads(ln) for ln in p.stdout.splitlines() if ln.startswith("{")]
+    want = json.loads((ROOT / "tests/golden/mismatch.expected.json").read_text())["diagnoses"]
+    assert [(d["kind"], d["ranks"]) for d in got][:1] == [(d["kind"], d["ranks"]) for d in want][:1]

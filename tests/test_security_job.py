@@ -91,19 +91,37 @@ def _collect(c: Collector, n: int) -> list[np.ndarray]:
 
 
 def test_without_the_connection_property_a_register_names_the_job(tmp_path, caplog):
-    """A sender whose libzmq can't set ZMQ_METADATA is judged by the job in its REGISTER; a
-    batch with neither can't be told apart and is taken (docs/reliability.md says so)."""
+    """A sender whose libzmq can't set ZMQ_METADATA is judged by the job in its REGISTER. A
+    batch with neither is not the job a master was told to serve (--job); one serving the
+    first job it heard can't tell it apart and takes it (docs/reliability.md says so)."""
     caplog.set_level(logging.INFO, logger="c4d.collector")
-    c = Collector(f"ipc://{tmp_path}/m.sock", job="A")
+    ops = wire.encode(R.ops(3, rank=1).view(schema.HEADER), 1)
+    for named, taken in ((True, [1]), (False, [1, 3])):
+        c = Collector(f"ipc://{tmp_path}/m{int(named)}.sock", job="A" if named else None)
+        try:
+            _push(c.endpoint, _register(1, b"A"), _register(0, b"B"), ops)
+            got = _collect(c, 3)
+        finally:
+            c.close()
+        assert [len(g) for g in got] == taken, named
+        assert got[0]["rank"][0] == 1
+        assert c.bad_reasons["other job"] == 1 + named
+        assert c.other_job_records == 1 + 3 * named
+
+
+def test_under_a_named_job_an_empty_job_field_is_not_that_job(tmp_path):
+    """A key holder's REGISTER with an empty job field on a connection naming the job, or on
+    one naming none, is refused under --job J (it was taken as J)."""
+    c = Collector(f"ipc://{tmp_path}/m.sock", job="J")
     try:
-        ops = wire.encode(R.ops(3, rank=1).view(schema.HEADER), 1)
-        _push(c.endpoint, _register(0, b"B"), _register(1, b"A"), ops)
+        _push(c.endpoint, _register(0, b""), job="J")
+        _push(c.endpoint, _register(1, b""))
+        _push(c.endpoint, _register(2, b"J"), job="J")
         got = _collect(c, 3)
     finally:
         c.close()
-    assert [len(g) for g in got] == [1, 3]
-    assert got[0]["rank"][0] == 1
-    assert c.bad_reasons["other job"] == 1 and c.other_job_records == 1
+    assert [int(g["rank"][0]) for g in got] == [2]
+    assert c.bad_reasons["other job"] == 2
 
 
 def test_the_connection_property_outranks_the_records(tmp_path):

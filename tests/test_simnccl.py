@@ -276,12 +276,16 @@ class Config(ctypes.Structure):
                 ("blocking", ctypes.c_int)]  # fmt: skip
 
 
-def test_nonblocking_comm_returns_in_progress_and_launches_later(cuda):
+def test_nonblocking_comm_returns_in_progress_and_launches_later(cuda, monkeypatch):
     """NCCL 2.30.7 (src/group.cc, src/init.cc): on a comm made with blocking = 0, init and
     every call return ncclInProgress; a helper thread does the work while
     ncclCommGetAsyncError says ncclInProgress; using the comm before it settles is a WARN
     (ncclGetLastError) and ncclInvalidArgument; blocking and nonblocking comms never share a
     group."""
+    # the helper thread launches 500 µs later by default: a host that deschedules this thread
+    # for longer sees the comm settled and gets ncclSuccess, as from NCCL. 200 ms here (read at
+    # simnccl's first nonblocking launch in this process: this test's, nothing else in it has one)
+    monkeypatch.setenv("SIMNCCL_NB_LAUNCH_US", "200000")
     p = ctypes.c_void_p
 
     class UniqueId(ctypes.Structure):
@@ -521,6 +525,43 @@ def test_malformed_fault_spec_prints_one_line_and_runs(jobs, simtrain):
             "rank=x is not a non-negative integer"
         ], job.stderr(r)
         assert sorted(job.steps_done(r)) == [0, 1, 2]
+
+
+@pytest.mark.parametrize("what", ["dtype", "count"])
+def test_a_mismatch_nccl_gets_through_completes_without_an_error(jobs, simtrain, what):
+    """mismatch what=dtype (int32 for float32) and what=count (8 bytes for 4): the same 8-byte
+    units move, so, as on NCCL (docs/real-nccl.md, section 8), every rank completes, with wrong
+    data and no error (before: ncclInvalidUsage and every rank exited)."""
+    env = {"SIMNCCL_FAULTS": f"mismatch@rank=1,what={what},step=2"}
+    job = jobs(simtrain, 4, *("--steps", "4", "--tp", "2", "--progress"), env=env)
+    assert job.wait(timeout=60) == [0, 0, 0, 0]
+    for r in range(4):
+        err = job.stderr(r)
+        assert sorted(job.steps_done(r)) == [0, 1, 2, 3] and "error" not in err.lower(), err
+        assert "SIMNCCL_FAULTS" not in err  # the spec was taken
+
+
+@pytest.mark.parametrize("what", ["op", "root", "count-hang", "dtype-hang"])
+def test_a_mismatch_nccl_hangs_in_hangs_every_member(jobs, simtrain, what):
+    """mismatch what=op (a broadcast against all-reduces) and what=root (a rank names itself the
+    broadcast's root): every rank stays in step 2's world collective, sleeping, without an error."""
+    env = {"SIMNCCL_FAULTS": f"mismatch@rank=1,what={what},step=2"}
+    job = jobs(simtrain, 4, *("--steps", "6", "--tp", "2", "--progress"), env=env)
+    assert_stuck(job, 4, {r: 2 for r in range(4)}, window=1.0)
+    for r in range(4):
+        assert "error" not in job.stderr(r).lower() and "SIMNCCL_FAULTS" not in job.stderr(r)
+
+
+def test_mismatch_what_is_checked(jobs, simtrain):
+    job = jobs(simtrain, 2, *("--steps", "2", "--progress"),
+               env={"SIMNCCL_FAULTS": "mismatch@rank=1,what=size; crash@rank=0,what=op,step=9"})  # fmt: skip
+    assert job.wait(timeout=60) == [0, 0]
+    lines = [ln for ln in job.stderr(0).splitlines() if "SIMNCCL_FAULTS" in ln]
+    assert [ln.split(": ", 2)[-1] for ln in lines] == [
+        "ignoring malformed spec 'mismatch@rank=1,what=size': "
+        "what=size is not skip, op, count, dtype, root, count-hang or dtype-hang",
+        "ignoring malformed spec 'crash@rank=0,what=op,step=9': what= applies to mismatch only",
+    ], lines
 
 
 def test_comm_slow_link_slows_steps(jobs, simtrain):

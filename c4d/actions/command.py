@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from c4d.actions.isolate import Command, compact_json
+from c4d.actions.base import Command, compact_json
 from c4d.actions.node_name import check
 
 ARGV_LIMIT = 96 * 1024

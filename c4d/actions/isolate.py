@@ -22,28 +22,14 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, TextIO
+from typing import Any, TextIO
 
+from c4d.actions.base import Action, Command
 from c4d.actions.node_name import BadNodeName, check
 
 log = logging.getLogger("c4d.actions")
 
 ISOLATED, ALREADY, DRY_RUN, REFUSED, FAILED = "isolated", "already-isolated", "dry-run", "refused", "failed"
-
-
-@dataclass(frozen=True)
-class Command:
-    """One program run: its argv (argv[0] looked up on PATH) and what it reads on stdin."""
-
-    argv: tuple[str, ...]
-    stdin: str | None = None
-
-
-class Action(Protocol):
-    name: str
-    """How the operator named it: ``kubernetes``, ``slurm``, ``cmd:PATH``."""
-
-    def commands(self, node: str, diagnosis: Mapping[str, Any]) -> list[Command]: ...
 
 
 @dataclass
@@ -134,7 +120,7 @@ class Isolator:
         self.out = out or sys.stdout
 
     def isolate(self, node: str, diagnosis: Mapping[str, Any]) -> list[Outcome]:
-        """Isolate ``node`` with every action; the diagnosis (DESIGN.md's JSON) is the evidence."""
+        """Isolate ``node`` with every action; the diagnosis (docs/cli.md's JSON) is the evidence."""
         return [self._one(a, node, diagnosis) for a in self.actions]
 
     def _one(self, action: Action, node: str, diagnosis: Mapping[str, Any]) -> Outcome:
@@ -211,40 +197,3 @@ class Isolator:
             except OSError as e:
                 log.error("c4d: cannot append to %s: %s", self.journal, e)
         return o
-
-
-def compact_json(diagnosis: Mapping[str, Any], limit: int) -> str:
-    """The diagnosis as one JSON line of at most ``limit`` bytes: stacks are dropped first
-    (they are in the run's evidence files), then the detail."""
-    full = json.dumps(diagnosis, separators=(",", ":"), sort_keys=True)
-    if len(full.encode()) <= limit:
-        return full
-    slim = dict(diagnosis)
-    detail = dict(slim.get("detail") or {})
-    if "stacks" in detail:
-        detail["stacks"] = "omitted (too long): see the evidence file of c4d run"
-    slim["detail"] = detail
-    out = json.dumps(slim, separators=(",", ":"), sort_keys=True)
-    if len(out.encode()) <= limit:
-        return out
-    slim["detail"] = {"omitted": "too long: see the evidence file of c4d run"}
-    return json.dumps(slim, separators=(",", ":"), sort_keys=True)[:limit]
-
-
-def parse_actions(specs: Sequence[str]) -> list[Action]:
-    """``--isolate`` values → actions; ValueError with a one-line reason for a bad one."""
-    from c4d.actions.command import CommandAction
-    from c4d.actions.kubernetes import Kubernetes
-    from c4d.actions.slurm import Slurm
-
-    out: list[Action] = []
-    for spec in specs:
-        if spec == "kubernetes":
-            out.append(Kubernetes())
-        elif spec == "slurm":
-            out.append(Slurm())
-        elif spec.startswith("cmd:"):
-            out.append(CommandAction.from_spec(spec[4:]))
-        else:
-            raise ValueError(f"--isolate {spec!r}: expected kubernetes, slurm or cmd:PATH")
-    return out

@@ -14,7 +14,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from c4d.actions.isolate import Command, compact_json
+from c4d.actions.base import Command, compact_json
 from c4d.actions.node_name import check
 
 TAINT_KEY = "c4d.io/isolated"

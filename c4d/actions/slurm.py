@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from c4d.actions.isolate import Command
+from c4d.actions.base import Command
 from c4d.actions.node_name import check
 
 REASON_LIMIT = 240

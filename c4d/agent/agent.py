@@ -9,6 +9,20 @@ receives for at most ``flush_s`` and then forwards what it has, so records reach
 at most one flush later than they would directly. ``c4d agent`` runs ``Agent.run``;
 ``c4d run`` steps an ``Agent`` from its supervisor loop (docs/run.md).
 
+What it holds is bounded in bytes (docs/untrusted-input.md): the receive side as the master's
+(``c4d.collector.Intake``), what waits for the next flush (flushed early at
+``Intake.poll_bytes``), the queue to the master (``send_bytes`` in messages of at most
+``SEND_MESSAGE_BYTES``), and its communicator tables, which follow the edge's: a communicator
+no record named for ``C4D_AGENT_COMM_IDLE_S`` (its ranks stopped using it), destroyed or evicted
+is forgotten by the summariser too.
+
+One job, named (``--job``, else the job id in its environment as the shim reads it) or else the
+first job ``agree`` ranks registered with (c4d.collector: messages are held until then), and never
+one the master refuses: the agent asks the master's status endpoint (c4d/status.py) which job it
+serves. With none named or agreed yet, the master's job is the agent's; a master that serves another
+job than the agent's refuses every record of it, so the agent says so once and forwards nothing
+(dropped, counted) until the master serves its job or none (a restarted master).
+
 The master may be down, restarting or slow: sends never block (a full queue drops the
 batch, counted), ZeroMQ reconnects by itself, and when the connection comes (back) up the
 agent first repeats every rank's latest REGISTER and STAGE, so a restarted master knows the
@@ -24,23 +38,29 @@ import os
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import zmq
 import zmq.utils.monitor
 
-from c4d import schema, wire
+from c4d import names, schema, wire
 from c4d.agent.summary import Summariser
-from c4d.collector import MAX_MESSAGE_BYTES, Collector
+from c4d.collector import MAX_MESSAGE_BYTES, Collector, job_key
+from c4d.curve import server_key
 from c4d.ratelog import RateLimitedLog
+from c4d.status import ServedJob, status_endpoint
 from c4d.trace import TraceWriter
 from c4d.validate import Edge, Limits
 
 log = logging.getLogger("c4d.agent")
 
-# records per message to the master: below the collector's MAX_MESSAGE_BYTES
-MAX_BATCH = (MAX_MESSAGE_BYTES - schema.BATCH_HEADER.itemsize) // schema.RECORD_SIZE - 1
+# a message to the master: at most what the master takes (c4d/collector.py), so that the queue's
+# bound in messages is one in bytes
+SEND_MESSAGE_BYTES = MAX_MESSAGE_BYTES
+MAX_BATCH = (SEND_MESSAGE_BYTES - schema.BATCH_HEADER.itemsize) // schema.RECORD_SIZE
+AGREE = 2  # ranks that must register with one job before an agent with no job named serves it
+COMM_IDLE_S = 60.0  # an agent forgets a communicator no record named this long (C4D_AGENT_COMM_IDLE_S)
 
 
 @dataclass
@@ -52,29 +72,51 @@ class AgentConfig:
     flush_s: float = 0.1
     trace: str | None = None
     """a node-local trace of the full stream, every batch as it arrived"""
-    sndhwm: int = 1000
-    """messages queued for the master before batches are dropped (never blocks)"""
+    send_bytes: int = 256 << 20
+    """bytes queued for the master before batches are dropped (never blocks): that many
+    SEND_MESSAGE_BYTES messages (C4D_AGENT_SEND_BYTES)"""
     job: str | None = None
-    """the job id sent to the master as the X-C4D-Job connection property, as the shim does
-    (None: C4D_JOB_ID, TORCHELASTIC_RUN_ID or SLURM_JOB_ID from the environment, if any)"""
+    """the one job served, and sent to the master as the X-C4D-Job connection property as the
+    shim does (None: C4D_JOB_ID, TORCHELASTIC_RUN_ID or SLURM_JOB_ID from the environment; none
+    there either: the first job ``agree`` ranks register with)"""
+    agree: int = AGREE
+    """with no job named: how many distinct ranks must register with a job before it is served
+    (C4D_AGENT_AGREE)"""
     curve_server_key: str | None = None
     """the master's CURVE public key (a certificate file or its 40 Z85 characters), as the
     shim's C4D_CURVE_SERVER_KEY (None: that variable, if set)"""
+    master_status: str | None = "auto"
+    """the master's status endpoint, asked which job it serves (``auto``: next to ``master``, as
+    ``c4d master --status-bind auto`` binds it; None: not asked)"""
 
 
 _JOB_VARS = ("C4D_JOB_ID", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID")  # the shim's, in its order
 
 
-def _server_key(value: str) -> bytes:
-    """The master's public key: 40 Z85 characters, or a certificate file (``c4d keygen``)."""
-    if len(value) == 40 and not os.path.exists(value):
-        return value.encode()
-    import zmq.auth
+def _env_number(var: str, default, kind=int):
+    """A positive number from the environment; a malformed one is a line and the default."""
+    v = os.environ.get(var)
+    if v is None:
+        return default
+    try:
+        x = kind(v)
+        if x <= 0:
+            raise ValueError
+        return x
+    except ValueError:
+        log.warning("c4d agent: %s=%r is not a positive number; using %s", var, v, default)
+        return default
 
-    public, _ = zmq.auth.load_certificate(value)
-    if not public or len(public) != 40:
-        raise ValueError(f"{value}: no public key in it")
-    return public
+
+def agent_limits(env: dict[str, str] | None = None) -> Limits:
+    """The master's limits (C4D_* in the environment), with the agent's own idle time: a
+    communicator's ranks stopped using it when no record (a heartbeat names every live one)
+    named it for C4D_AGENT_COMM_IDLE_S."""
+    lim = Limits.from_env(env)
+    idle = _env_number("C4D_AGENT_COMM_IDLE_S", COMM_IDLE_S, float)
+    return replace(
+        lim, comm_idle_s=min(lim.comm_idle_s, idle), destroyed_grace_s=min(lim.destroyed_grace_s, idle)
+    )
 
 
 class Agent:
@@ -83,40 +125,45 @@ class Agent:
     ) -> None:
         self.cfg = cfg
         self.ctx = ctx or zmq.Context.instance()
-        self.collector = Collector(cfg.bind, self.ctx)
+        env = os.environ
+        self.job = cfg.job or next((env[v] for v in _JOB_VARS if env.get(v)), None)
+        agree = cfg.agree if cfg.agree != AGREE else _env_number("C4D_AGENT_AGREE", AGREE)
+        self.collector = Collector(cfg.bind, self.ctx, job=self.job, name="agent", agree=agree)
         self.endpoint = self.collector.endpoint
+        self.send_bytes = _env_number("C4D_AGENT_SEND_BYTES", cfg.send_bytes)
         try:
             self.push = self._push(cfg.master)
         except zmq.ZMQError as e:
             self.collector.close()
             raise OSError(f"cannot connect to the master at {cfg.master}: {e}") from None
-        self.edge = Edge(limits or Limits.from_env())
-        self.summary = Summariser()
+        self.edge = Edge(limits or agent_limits(), who="c4d agent")
+        self.summary = Summariser(max_comm_bytes=_env_number("C4D_AGENT_COMM_BYTES", 128 << 20))
         self.trace = (
             TraceWriter(cfg.trace, {"command": "agent", "endpoint": self.endpoint}) if cfg.trace else None
         )
         self.stats: Counter[str] = Counter()
         self.ratelog = RateLimitedLog(log)
         self._buf: list[np.ndarray] = []
+        self._buf_bytes = 0
         self._next_flush = time.monotonic() + cfg.flush_s
         # the latest REGISTER and STAGE per rank: repeated to a master that (re)connects
         self._hello: dict[tuple[int, int], bytes] = {}
+        self.upstream = self._served_job()
+        self.refused_by: str | None = None  # the job the master serves when it refuses this one
 
     def _push(self, endpoint: str) -> zmq.Socket:
         s = self.ctx.socket(zmq.PUSH)
-        s.setsockopt(zmq.SNDHWM, self.cfg.sndhwm)
+        s.setsockopt(zmq.SNDHWM, max(1, self.send_bytes // SEND_MESSAGE_BYTES))
         s.setsockopt(zmq.LINGER, 0)
         s.setsockopt(zmq.RECONNECT_IVL, 100)
         s.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
-        env = os.environ
-        job = self.cfg.job or next((env[v] for v in _JOB_VARS if env.get(v)), None)
-        if job:  # the master serves one job (c4d/collector.py); an old libzmq: it goes by REGISTER
+        if self.job:  # the master serves one job (c4d/collector.py); an old libzmq: it goes by REGISTER
             with contextlib.suppress(AttributeError, zmq.ZMQError):
-                s.setsockopt(zmq.METADATA, f"X-C4D-Job:{job}".encode())
-        key = self.cfg.curve_server_key or env.get("C4D_CURVE_SERVER_KEY")
+                s.setsockopt(zmq.METADATA, f"X-C4D-Job:{self.job}".encode())
+        key = self.cfg.curve_server_key or os.environ.get("C4D_CURVE_SERVER_KEY")
         if key:
             try:
-                s.curve_serverkey = _server_key(key)
+                s.curve_serverkey = server_key(key)
                 s.curve_publickey, s.curve_secretkey = zmq.curve_keypair()
             except (OSError, ValueError, zmq.ZMQError) as e:
                 s.close(linger=0)
@@ -137,9 +184,14 @@ class Agent:
                     self.trace.write(raw)
                 except Exception as e:
                     self._failed("trace write", e, 0)
+        self._upstream()
+        if self.job is None and self.collector.job is not None:
+            self._name_job(self.collector.job)
         self._buf.extend(raws)
+        self._buf_bytes += sum(r.nbytes for r in raws)
         self._reconnected()
-        if time.monotonic() < self._next_flush:
+        # what waits for the flush is bounded like one poll: a flood is summarised sooner, not held
+        if time.monotonic() < self._next_flush and self._buf_bytes < self.collector.intake.poll_bytes:
             return 0
         self._next_flush = time.monotonic() + self.cfg.flush_s
         return self.flush()
@@ -152,12 +204,19 @@ class Agent:
                 self.trace.flush()
             except Exception as e:
                 self._failed("trace write", e, 0)
+        now = time.time_ns()
+        try:
+            freed = self.edge.expire(now)
+            if freed:
+                self.summary.forget(freed)
+        except Exception as e:
+            self._failed("expire", e, 0)
         if not self._buf:
             return 0
-        raws, self._buf = self._buf, []
+        raws, self._buf, self._buf_bytes = self._buf, [], 0
         raw = schema.join_records(raws, schema.HEADER)
         try:
-            ok = self.edge.admit(raw, time.time_ns())
+            ok = self.edge.admit(raw, now)
         except Exception as e:  # one poll's records must never stop the agent: the master re-validates
             self._failed("validate", e, 0)
             ok = raw
@@ -174,7 +233,54 @@ class Agent:
             self.step()
 
     # -- pieces -------------------------------------------------------------------------
+    def _served_job(self):
+        """Who tells the agent which job the master serves (None: nobody can)."""
+
+        where = self.cfg.master_status
+        if where == "auto":
+            where = status_endpoint(self.cfg.master)
+        if not where:
+            return None
+        try:
+            return ServedJob(where, self.cfg.curve_server_key)
+        except OSError as e:
+            log.warning("c4d agent: cannot ask the master which job it serves (%s): records of a job "
+                        "it refuses would be forwarded all the same", e)  # fmt: skip
+            return None
+
+    def _upstream(self) -> None:
+        """What the master's status endpoint says of the job it serves (module doc)."""
+        if self.upstream is None:
+            return
+        theirs = self.upstream.poll()
+        if theirs is None:
+            return
+        mine = job_key(self.job) if self.job else self.collector.job
+        if theirs and mine is None:  # none named or agreed yet: the master's is the one
+            log.info("c4d agent: the master at %s serves job %s", self.upstream.endpoint, names.clean(theirs))
+            self._buf.extend(self.collector.adopt(theirs))
+            return
+        if theirs and mine is not None and theirs != mine:
+            if self.refused_by != theirs:
+                self.refused_by = theirs
+                log.warning(
+                    "c4d agent: the master at %s serves job %s and refuses job %s: this agent forwards "
+                    "nothing until it serves %s (records dropped and counted)",
+                    self.upstream.endpoint, names.clean(theirs), names.clean(mine), names.clean(mine),
+                )  # fmt: skip
+            return
+        if self.refused_by is not None:
+            log.warning("c4d agent: the master at %s now serves job %s; forwarding again",
+                        self.upstream.endpoint, names.clean(theirs) if theirs else "(none yet)")  # fmt: skip
+            self.refused_by = None
+            if self._hello:  # what a master needs first (module doc)
+                self._send(np.frombuffer(b"".join(self._hello.values()), schema.HEADER))
+
     def _send(self, out: np.ndarray) -> int:
+        if self.refused_by is not None:  # the master refuses every record of this job
+            self.stats["refused by the master"] += len(out)
+            self.stats["dropped"] += len(out)
+            return 0
         sent = 0
         for i in range(0, len(out), MAX_BATCH):
             part = out[i : i + MAX_BATCH]
@@ -188,6 +294,22 @@ class Agent:
                              "dropped %d record(s)", len(part), n=len(part))  # fmt: skip
         self.stats["forwarded"] += sent
         return sent
+
+    def _name_job(self, job: str) -> None:
+        """The ranks agreed on ``job``: name it to the master from now on (a master told its job
+        refuses messages that name none), on a new connection that repeats the registrations."""
+        self.job = job
+        old, mon = self.push, self.monitor
+        try:
+            self.push = self._push(self.cfg.master)
+        except (OSError, zmq.ZMQError) as e:
+            self.push, self.monitor = old, mon
+            self._failed("naming the job", e, 0)
+            return
+        with contextlib.suppress(zmq.ZMQError):
+            old.disable_monitor()
+        mon.close(linger=0)
+        old.close(linger=0)
 
     def _remember_hello(self, out: np.ndarray) -> None:
         for k in (schema.Kind.REGISTER, schema.Kind.STAGE):
@@ -213,6 +335,8 @@ class Agent:
         )
 
     def close(self) -> None:
+        if self.upstream is not None:
+            self.upstream.close()
         self.collector.close()
         self.push.disable_monitor()
         self.monitor.close(linger=0)

@@ -15,6 +15,10 @@ first, with the counters of every op the rank has seen):
 * the rank stood still (stopped in an op, or computing): all forwarded, as they came, and the
   next one after that too, so the master sees the state that ended the stop.
 
+A forwarded heartbeat goes whole, as it came: its pending op's count, dtype and reduction op
+(schema version 2) reach the master with it, which compares the members' pending ops
+(c4d/engine/consistency.py).
+
 A heartbeat with flags (FINAL), with more records dropped in the rank, or the first of its
 (rank, communicator) is always forwarded. Without a process heartbeat of the same instant in
 the batch, a row's own counters decide. The stop is forwarded at the latest one heartbeat
@@ -117,7 +121,13 @@ class HeartbeatMerge:
 
     def forget(self, cid: int) -> None:
         """A communicator every member here has left."""
-        for k in [k for k in self.slot if k[0] == cid]:
+        self.forget_many({cid})
+
+    def forget_many(self, cids: set[int]) -> None:
+        """Communicators every member here has left, or the edge freed: one pass over the slots."""
+        if not cids:
+            return
+        for k in [k for k in self.slot if k[0] in cids]:
             j = self.slot.pop(k)
             self.s[j] = np.zeros(1, _STATE)[0]
             self.free.append(j)

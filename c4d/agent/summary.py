@@ -7,6 +7,10 @@
   record is in. The agent reduces it with the master's own code (``Comm._reduce`` on one
   host clock), so the master's engine gets the COMPLETED row it would have made itself
   (``Engine._feed_opsum``): same last arriver, wait, transfer, and every member's compute.
+* A collective whose members disagree (op, count, dtype, root, reduction op: the master's
+  c4d/engine/consistency.py) is never summarised: every member's OP record of it goes to the
+  master as it came (the agent holds the records of a node-local collective until every member's
+  is in, so the ones that came before the disagreement go too), and the master names it.
 * Every other OP record (p2p, communicators that span nodes) is forwarded with the rank's
   compute so far in ``compute_ns`` (``OpFlag.COMPUTE_GIVEN``): the master cannot sum a
   rank's compute gaps over ops it never sees, the agent can (``state.compute_gaps``, the
@@ -14,7 +18,9 @@
 * HEARTBEAT records of ranks that stand still are forwarded, most of a progressing rank's
   are not (c4d/agent/heartbeats.py).
 * in-flight PEER records only of transfers that outlast a heartbeat period (the same file).
-* REGISTER, COMM, STAGE and finished transfers' PEER records are forwarded as they came.
+* finished transfers' PEER records of collectives: those of ops that stall, and of finished
+  ops those the slow judge's link localization can read (c4d/agent/peers.py).
+* REGISTER, COMM, STAGE and p2p transfers' PEER records are forwarded as they came.
 
 Deterministic in the rows fed and the cuts between feeds, like the engine: the test
 (tests/test_agent_summary.py) replays recorded traces through per-node summarisers and the
@@ -31,6 +37,8 @@ import numpy as np
 
 from c4d import schema
 from c4d.agent.heartbeats import HeartbeatMerge, PeerMerge
+from c4d.agent.peers import PeerSieve
+from c4d.engine.consistency import signature
 from c4d.engine.state import GONE_EVENTS, MAX_NRANKS, MAX_RANK, Comm, RankTable, compute_gaps
 from c4d.schema import Kind, OpFlag
 
@@ -42,11 +50,22 @@ _SIZED = (int(Kind.OP), int(Kind.HEARTBEAT), int(Kind.COMM))
 class Summariser:
     """One node's ranks' records in, the master's input out."""
 
-    def __init__(self, max_members: int = schema.OPSUM_MAX_MEMBERS, hb_every: int = 5) -> None:
-        """``hb_every``: a progressing rank's heartbeats forwarded per communicator (1: all)."""
+    def __init__(
+        self,
+        max_members: int = schema.OPSUM_MAX_MEMBERS,
+        hb_every: int = 5,
+        max_comm_bytes: int = 128 << 20,
+        peer_every: int = 4,
+    ) -> None:
+        """``hb_every``: a progressing rank's heartbeats forwarded per communicator (1: all);
+        ``peer_every``: one finished collective in that many forwards all its PEER rows (0: every
+        finished transfer's PEER rows forwarded as they came);
+        ``max_comm_bytes``: what the communicators being summarised may hold (C4D_AGENT_COMM_BYTES);
+        beyond it a new node-local communicator's ops are forwarded as they came."""
         self.max_members = min(max_members, schema.OPSUM_MAX_MEMBERS)
         self.heartbeats = HeartbeatMerge(hb_every)
         self.peers = PeerMerge()
+        self.sieve = PeerSieve(peer_every) if peer_every > 0 else None
         self.ranks = RankTable()  # node names (one host clock) of the ranks registered here
         self.last_end = np.zeros(0, np.int64)  # per global rank: compute_gaps' state
         self.compute = np.zeros(0, np.int64)
@@ -57,7 +76,14 @@ class Summariser:
         # comm id -> the highest collective seq forwarded as it came, before the communicator was
         # known to be node-local: those ops stay raw for every member (their other rows went raw)
         self.raw_seq: dict[int, int] = {}
+        # node-local collectives not every member has reported yet: their OP rows (compute
+        # annotated, ready to go raw) until the op is whole, and the ops whose members disagree
+        self.held = np.zeros(0, schema.OP)
+        self.disagree: dict[int, set[int]] = {}  # comm id -> seqs forwarded raw
         self.stats: Counter[str] = Counter()
+        self.max_comm_bytes = max_comm_bytes
+        self.comm_bytes = 0  # what self.comms hold, as estimated when each was made
+        self._cost: dict[int, int] = {}
 
     # -- the stream ---------------------------------------------------------------------
     def feed(self, raw: np.ndarray) -> np.ndarray:
@@ -89,9 +115,18 @@ class Summariser:
                 view["compute_ns"][is_op[fwd]] = cum[fwd]
                 view["flags"][is_op[fwd]] |= _GIVEN
             if local.any():
-                keep[is_op[local]] = False
-                self.stats["ops summarised"] += int(local.sum())
-                sums = self._summarise(ops[local], cum[local])
+                li = np.flatnonzero(local)
+                go_raw, earlier = self._agree(ops[li], cum[li])
+                if go_raw.any():  # members that disagree: every member's record to the master
+                    view = raw.view(schema.OP)
+                    view["compute_ns"][is_op[li[go_raw]]] = cum[li[go_raw]]
+                    view["flags"][is_op[li[go_raw]]] |= _GIVEN
+                    li = li[~go_raw]
+                if len(earlier):
+                    sums.append(earlier.view(schema.HEADER))
+                keep[is_op[li]] = False
+                self.stats["ops summarised"] += len(li)
+                sums += self._summarise(ops[li], cum[li])
         merges = (
             (Kind.HEARTBEAT, self.heartbeats, "heartbeats merged"),
             (Kind.PEER, self.peers, "peer reports merged"),
@@ -102,6 +137,8 @@ class Summariser:
                 fwd = merge.keep(schema.take_records(raw, at).view(schema.DTYPES[k]))
                 keep[at[~fwd]] = False
                 self.stats[said] += int((~fwd).sum())
+        if self.sieve is not None:
+            sums += self._sieve(raw, kind, is_op, keep)
         out = raw[keep]
         self._forget_destroyed(raw, kind)
         if sums:
@@ -110,6 +147,25 @@ class Summariser:
         return out
 
     # -- pieces -------------------------------------------------------------------------
+    def _sieve(
+        self, raw: np.ndarray, kind: np.ndarray, is_op: np.ndarray, keep: np.ndarray
+    ) -> list[np.ndarray]:
+        """Finished transfers' PEER rows through the sieve (c4d/agent/peers.py), in place in
+        ``keep``; returns the held rows that go now."""
+        assert self.sieve is not None
+        if len(is_op):
+            self.sieve.note_ops(raw[is_op].view(schema.OP))
+        hb = np.flatnonzero(kind == Kind.HEARTBEAT)
+        if len(hb):
+            self.sieve.note_heartbeats(schema.take_records(raw, hb).view(schema.HEARTBEAT))
+        at = np.flatnonzero((kind == Kind.PEER) & keep)
+        if not len(at) and not len(self.sieve.held):
+            return []
+        fwd, released = self.sieve.keep(schema.take_records(raw, at).view(schema.PEER))
+        keep[at[~fwd]] = False
+        self.stats["peer reports sieved"] = self.sieve.stats["dropped"]
+        return [released.view(schema.HEADER)] if len(released) else []
+
     def _ensure(self, g: int) -> None:
         self.ranks.ensure(g)
         if g >= len(self.last_end):
@@ -156,9 +212,7 @@ class Summariser:
                 self.gone[cid].discard(cr)
             mem = self.members.get(cid)
             if mem is not None and self.gone.get(cid, set()) >= set(mem):
-                for d in (self.comms, self.members, self.size, self.gone, self.raw_seq):
-                    d.pop(cid, None)
-                self.heartbeats.forget(cid)
+                self.forget([cid])
 
     def _local(self, ops: np.ndarray) -> np.ndarray:
         """Per OP row: summarise it (a collective of a communicator all of whose members are
@@ -179,11 +233,67 @@ class Summariser:
                 self.raw_seq[cid] = max(self.raw_seq.get(cid, -1), int(seq[raw].max()))
         return out
 
+    def forget(self, cids: list[int]) -> None:
+        """Communicators the edge freed (idle, destroyed, evicted): everything held for them goes."""
+        gone = {int(c) & 0xFFFFFFFFFFFFFFFF for c in cids}
+        for cid in gone:
+            c = self.comms.pop(cid, None)
+            if c is not None:
+                self.comm_bytes -= self._cost.pop(cid, 0)
+            for d in (self.members, self.size, self.gone, self.raw_seq):
+                d.pop(cid, None)
+        self.heartbeats.forget_many(gone)
+        if self.sieve is not None:
+            self.sieve.forget_many(gone)
+
+    def _agree(self, ops: np.ndarray, cum: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Node-local collective rows: which go raw (their op's members disagree), and the held
+        rows of those ops that came earlier (to forward too). The rest of an op not yet whole
+        is held."""
+        cur = np.array(ops, copy=True)
+        cur["compute_ns"] = cum
+        cur["flags"] |= _GIVEN
+        rows = schema.join_records([self.held, cur]) if len(self.held) else cur
+        new = np.r_[np.zeros(len(self.held), bool), np.ones(len(cur), bool)]
+        cid, seq = rows["comm_id"], rows["seq"].astype(np.int64)
+        raw_before = np.zeros(len(rows), bool)
+        for c, seqs in self.disagree.items():  # later members of an op already gone raw
+            raw_before |= (cid == c) & np.isin(seq, list(seqs))
+        o = np.lexsort((seq, cid))
+        c_o, s_o = cid[o], seq[o]
+        heads = np.flatnonzero(np.r_[True, (c_o[1:] != c_o[:-1]) | (s_o[1:] != s_o[:-1])])
+        sig = signature(rows["op"].astype(np.uint64) | (rows["dtype"].astype(np.uint64) << np.uint64(8))
+                        | (rows["redop"].astype(np.uint64) << np.uint64(16)), rows["peer"])[o]  # fmt: skip
+        cnt = rows["count"][o]
+        alike = (np.minimum.reduceat(sig, heads) == np.maximum.reduceat(sig, heads)) & (
+            np.minimum.reduceat(cnt, heads) == np.maximum.reduceat(cnt, heads)
+        )
+        size = np.diff(np.r_[heads, len(rows)])
+        whole = size >= rows["comm_nranks"][o][heads]
+        bad = np.repeat(~alike, size)
+        for c, s in {(int(c_o[h]), int(s_o[h])) for h in heads[~alike].tolist()}:
+            self.disagree.setdefault(c, set()).add(s)
+            self.stats["ops with disagreeing members"] += 1
+        go = np.zeros(len(rows), bool)
+        go[o] = bad
+        go |= raw_before
+        hold = np.zeros(len(rows), bool)
+        hold[o] = ~np.repeat(whole, size)
+        hold &= ~go
+        for c, seqs in self.disagree.items():  # keep what tells the latest ops apart only
+            if len(seqs) > 64:
+                self.disagree[c] = set(sorted(seqs)[-64:])
+        self.held = rows[hold]
+        return go[new], rows[go & ~new]
+
     def _is_local(self, cid: int) -> bool:
         if cid in self.comms:
             return True
         n, mem = self.size.get(cid), self.members.get(cid, {})
         if n is None or n > self.max_members or len(mem) != n:
+            return False
+        if self.comm_bytes >= self.max_comm_bytes:  # forwarded as they came: the master reduces them
+            self.stats["not summarised (agent memory budget)"] += 1
             return False
         g = np.array([mem[r] for r in range(n)], np.int64)
         if (g >= self.ranks.n).any():
@@ -193,6 +303,10 @@ class Summariser:
             return False
         c = self.comms[cid] = Comm(len(self.comms), cid, n)
         c.grank[:] = g
+        # its arrays and its op ring once made (W slots x members x 25 bytes)
+        cost = sum(a.nbytes for a in vars(c).values() if isinstance(a, np.ndarray)) + c.W * n * 25 + 2048
+        self._cost[cid] = cost
+        self.comm_bytes += cost
         return True
 
     def _summarise(self, ops: np.ndarray, cum: np.ndarray) -> list[np.ndarray]:

@@ -4,7 +4,7 @@
 * ``nccl`` (``nccl.py``): nccl-tests bandwidth, parsed by ``c4d.formats.nccl_tests``;
 * ``troubleshoot``: both, ending in the restart line or the failed nodes;
 * ``nodes`` (``nodes.py`` + ``pairing.py``): pairwise GEMM + all-gather rounds that name the bad or
-  straggling node.
+  straggling node; across hosts (one worker per host, torchrun/srun/a Job) in ``multihost.py``.
 
 torch is optional: without it the torch-based checks say "not available" instead of failing
 to import. The CLI glue is ``cli.add_parser``.

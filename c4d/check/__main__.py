@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 from c4d.check.cli import add_parser
-from c4d.cli import HelpFormatter, Parser
+from c4d.cli_common import HelpFormatter, Parser
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,13 +9,16 @@ passed; 1 the check could not run (bad arguments, nccl-tests binary missing, tor
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import socket
 import sys
+from pathlib import Path
 
 from c4d.actions import blacklist
 from c4d.check.result import CheckResult, Status, emit
+from c4d.cli_common import EXIT_HELP, HelpFormatter
 
 EXIT_OK, EXIT_FAILED, EXIT_CANNOT_RUN = 0, 2, 1
 # checks that exercise the node (versions are only read); troubleshoot vouches for a node
@@ -147,7 +150,23 @@ def cmd_boot(args) -> int:
     from c4d.check.boot import boot_checks
 
     results = boot_checks(_boot_options(args), on_result=_printer(args.json))
-    return EXIT_OK if all(r.ok for r in results) else EXIT_FAILED
+    if not all(r.ok for r in results):
+        return EXIT_FAILED
+    if not any(_checked(r) for r in results):  # a pass would vouch for a node nothing looked at
+        skipped = ", ".join(f"{r.name} {r.target}".strip() for r in results if r.status is Status.SKIPPED)
+        print(
+            f"c4d check boot: nothing was checked on this node: every check was skipped or only read a "
+            f"value ({skipped or 'none asked'}); give --disk DIR, or run where torch (the all-reduce) "
+            "or a GPU is",
+            file=sys.stderr,
+        )
+        return EXIT_CANNOT_RUN
+    return EXIT_OK
+
+
+def _checked(r: CheckResult) -> bool:
+    """The result checked something: it exercised the node, or held a value against an expectation."""
+    return r.status is Status.SUCCEED and (r.name in VERIFYING or r.threshold is not None)
 
 
 # ---------------------------------------------------------------- nccl
@@ -233,7 +252,38 @@ def cmd_nccl(args) -> int:
 
             Console(file=sys.stdout, width=120).print(rows_table(o.run))
         emit([o.result()], False, sys.stdout)
+    if args.write_expected:
+        return _write_expected(args, outcomes)
     return EXIT_OK if all(o.passed for o in outcomes) else EXIT_FAILED
+
+
+def _write_expected(args, outcomes) -> int:
+    """Only runs that passed describe healthy links; the file keeps other classes' entries."""
+    from c4d.engine.expected import ExpectedBusbw, ExpectedError
+
+    good = [o.run for o in outcomes if o.passed and o.run is not None]
+    if not good:
+        print(f"c4d check nccl: no passing run to write {args.write_expected} from", file=sys.stderr)
+        return EXIT_FAILED
+    from c4d.formats.nccl_tests import COLLECTIVES
+
+    named = COLLECTIVES.get(Path(args.test[0]).name) if args.test else None
+    table = ExpectedBusbw.from_nccl_tests(good, args.link_class, named)
+    if not table.table:
+        print("c4d check nccl: the output does not name its binary; say which with --test all_reduce_perf "
+              "(or another)", file=sys.stderr)  # fmt: skip
+        return EXIT_CANNOT_RUN
+    path = Path(args.write_expected)
+    if path.exists():
+        try:
+            table = ExpectedBusbw.load(path).merged(table)
+        except ExpectedError as e:
+            print(f"c4d check nccl: {e} (not overwritten)", file=sys.stderr)
+            return EXIT_CANNOT_RUN
+    table.save(path)
+    n = sum(len(v) for v in table.table.values())
+    print(f"c4d check nccl: wrote {path} ({n} sizes; c4d master --expected-busbw {path})", file=sys.stderr)
+    return EXIT_OK if len(good) == len(outcomes) else EXIT_FAILED
 
 
 # ---------------------------------------------------------------- troubleshoot
@@ -321,18 +371,30 @@ def _verdict_line(v, factor: float) -> CheckResult:
 
 
 def cmd_nodes(args) -> int:
+    from c4d.check import multihost
     from c4d.check.dist import import_torch
     from c4d.check.nodes import CheckUnavailable, NodeCheckConfig, run_node_check
 
+    launch = None
+    if not args.local:
+        try:
+            launch = multihost.detect(os.environ, args.rdzv_endpoint, args.nodes, args.node_rank)
+        except multihost.LaunchError as e:
+            print(f"c4d check nodes: {e}", file=sys.stderr)
+            return EXIT_CANNOT_RUN
     torch, why = import_torch()
     if torch is None:
         print(f"c4d check nodes: {why}", file=sys.stderr)
         return EXIT_CANNOT_RUN
+    if launch is not None and launch.rank != 0:
+        return _serve_nodes(args, launch)
     backend = args.backend
     if backend == "auto":
         backend = "nccl" if torch.cuda.is_available() else "gloo"
     on_gpu = backend == "nccl"
-    nodes = args.nodes or (torch.cuda.device_count() if on_gpu else 4)
+    nodes = launch.world if launch else args.nodes or (torch.cuda.device_count() if on_gpu else 4)
+    # simulated nodes share this machine's cores, so their groups go one at a time; hosts don't
+    sequential = not on_gpu and launch is None
     cfg = NodeCheckConfig(
         nodes=nodes,
         backend=backend,
@@ -342,20 +404,106 @@ def cmd_nodes(args) -> int:
         iters=args.iters,
         timeout_s=args.timeout,
         max_rounds=args.max_rounds,
-        parallel_groups=args.parallel_groups if args.parallel_groups is not None else (0 if on_gpu else 1),
+        parallel_groups=args.parallel_groups if args.parallel_groups is not None else int(sequential),
     )
+    on_group = None if args.json else lambda g: emit([_group_line(g)], False, sys.stdout)
+    coordinator = None
     try:
-        report = run_node_check(
-            cfg, on_group=None if args.json else lambda g: emit([_group_line(g)], False, sys.stdout)
-        )
-    except (CheckUnavailable, ValueError) as e:
+        if launch is None:
+            report = run_node_check(cfg, on_group=on_group)
+        else:
+            name = multihost.node_name(args.node_name)
+            coordinator = multihost.Coordinator(cfg, launch, name, args.join_timeout)
+            on_join = None if args.json else lambda j, n, d: _join_lines(launch, args.join_timeout, j, n, d)
+            report = coordinator.run(on_join=on_join, on_group=on_group)
+    except (CheckUnavailable, ValueError, multihost.MultiHostError) as e:
         print(f"c4d check nodes: {e}", file=sys.stderr)
+        _abandon(coordinator)
         return EXIT_CANNOT_RUN
+    except BaseException:
+        _abandon(coordinator)
+        raise
+    code = EXIT_OK if report.passed else EXIT_FAILED
+    try:
+        _print_nodes_report(args, report)
+    finally:
+        if coordinator is not None:
+            missing = coordinator.finish(report, code)
+            coordinator.close()
+            if missing:
+                print(f"c4d check nodes: rank(s) {', '.join(map(str, missing))} did not take their stop",
+                      file=sys.stderr)  # fmt: skip
+    return code
+
+
+def _abandon(coordinator) -> None:
+    """Let the other ranks go (status 1) before this one fails; the store may be gone too."""
+    if coordinator is not None:
+        with contextlib.suppress(Exception):
+            coordinator.finish(None, EXIT_CANNOT_RUN)
+        with contextlib.suppress(Exception):
+            coordinator.close()
+
+
+def _join_lines(launch, join_timeout: float, joined: dict, names: list[str], died: dict) -> None:
+    """The rendezvous, as lines: one per rank that did not join or start, then who joined."""
+    lines = []
+    for r, n in enumerate(names):
+        if n in died:
+            lines.append(
+                CheckResult("NodeCheck", f"join {n}", Status.FAILED, None, None, f"rank {r} {died[n]}")
+            )
+    ok = [n for n in names if n not in died]
+    detail = (
+        f"{len(ok)} of {launch.world} ranks joined through {launch.how} at {launch.host}:{launch.port}: "
+        + ", ".join(ok)
+    )
+    status = Status.SUCCEED if len(ok) == launch.world else Status.FAILED
+    lines.append(CheckResult("NodeCheck", "join", status, len(ok), launch.world, detail))
+    emit(lines, False, sys.stdout)
+
+
+def _serve_nodes(args, launch) -> int:
+    """Rank R > 0 of a multi-host check: run this node's groups; rank 0 prints the result. The
+    exit status is the check's; a line on stderr when this node did not pass or the check broke."""
+    from c4d.check import multihost
+
+    name = multihost.node_name(args.node_name)
+    try:
+        stop = multihost.serve(launch, name, args.join_timeout)
+    except multihost.MultiHostError as e:
+        print(f"c4d check nodes: rank {launch.rank} ({name}): {e}", file=sys.stderr)
+        return EXIT_CANNOT_RUN
+    v = stop.get("verdict") or {}
+    if v.get("status") not in (None, "ok"):
+        print(f"c4d check nodes: {v.get('node')} (rank {launch.rank}): {v['status']}: {v.get('reason')}",
+              file=sys.stderr)  # fmt: skip
+    code = stop.get("exit")
+    return code if code in (EXIT_OK, EXIT_FAILED, EXIT_CANNOT_RUN) else EXIT_CANNOT_RUN
+
+
+def _write_report(path: str, obj: dict) -> None:
+    """The JSON report, replaced atomically (never half-written)."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=1)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def _print_nodes_report(args, report) -> None:
     loc = report.localization
-    to_list = [*loc.faulty, *loc.stragglers]
+    cfg = report.config
+    to_list = [n for n in (*loc.faulty, *loc.stragglers) if n not in report.unnamed]
     listed = _blacklist(args.blacklist, to_list)
+    obj = {**report.to_json(), "blacklist": listed}
+    if args.report:
+        try:
+            _write_report(args.report, obj)
+        except OSError as e:
+            print(f"c4d check nodes: cannot write {args.report}: {e.strerror or e}", file=sys.stderr)
     if args.json:
-        print(json.dumps({**report.to_json(), "blacklist": listed}), flush=True)
+        print(json.dumps(obj), flush=True)
     else:
         emit([_verdict_line(v, cfg.straggler_factor) for v in loc.verdicts], False, sys.stdout)
         if loc.faulty:
@@ -370,7 +518,6 @@ def cmd_nodes(args) -> int:
             print(f"All {len(report.nodes)} nodes passed.")
         if listed is not None:
             print(f"Blacklist {args.blacklist}: {', '.join(listed)}")
-    return EXIT_OK if report.passed else EXIT_FAILED
 
 
 # ---------------------------------------------------------------- registration
@@ -378,7 +525,6 @@ def cmd_nodes(args) -> int:
 
 def add_parser(subparsers) -> None:
     """Register ``check`` and its sub-commands on the top-level ``c4d`` sub-parsers."""
-    from c4d.cli import EXIT_HELP, HelpFormatter
 
     def parser(parent, name: str, help: str, description: str | None = None):
         return parent.add_parser(
@@ -404,6 +550,17 @@ def add_parser(subparsers) -> None:
 
     p = parser(sub, "nccl", "NCCL bandwidth through nccl-tests (or a saved output)")
     _add_nccl_args(p)
+    p.add_argument(
+        "--write-expected",
+        metavar="FILE",
+        help="write (merge into) FILE the busbw per collective and size, for c4d master --expected-busbw",
+    )
+    p.add_argument(
+        "--link-class",
+        choices=("auto", "intra", "net"),
+        default="auto",
+        help="the link class of these runs (auto: net when the devices were on more than one host)",
+    )
     p.add_argument("--no-table", action="store_true", help="print only the verdict line")
     p.add_argument("--json", action="store_true", help="one JSON object per run")
     p.set_defaults(func=cmd_nccl)
@@ -428,7 +585,8 @@ def add_parser(subparsers) -> None:
         "nodes",
         "pairwise GEMM + all-gather rounds that isolate a bad or straggling node",
         "Simulated nodes node-0..node-(N-1): local gloo processes on CPU, one GPU each "
-        "with NCCL. Faults can be injected with C4D_CHECK_SIM_FAULT (see docs/check.md).",
+        "with NCCL; or, under torchrun/srun or with --rdzv-endpoint, one worker per host. "
+        "Faults can be injected with C4D_CHECK_SIM_FAULT (see docs/check.md).",
     )
     p.add_argument(
         "--nodes", type=_node_count, metavar="N", help="number of nodes (default: GPUs, or 4 on CPU)"
@@ -469,4 +627,30 @@ def add_parser(subparsers) -> None:
     )
     p.add_argument("--blacklist", metavar="FILE", help="add faulty nodes and stragglers to FILE")
     p.add_argument("--json", action="store_true", help="one JSON object with every verdict and group")
+    p.add_argument("--report", metavar="FILE", help="also write that JSON object to FILE (rank 0)")
+    g = p.add_argument_group(
+        "several hosts",
+        "One worker per host, ranks from torchrun's or srun's environment (RANK/WORLD_SIZE/"
+        "MASTER_ADDR/MASTER_PORT, SLURM_PROCID/SLURM_NTASKS/SLURM_STEP_NODELIST), or from "
+        "--rdzv-endpoint; rank 0 prints the result (docs/check.md).",
+    )
+    g.add_argument(
+        "--rdzv-endpoint",
+        metavar="HOST:PORT",
+        help="rank 0's host and a free port; with --nodes and --node-rank",
+    )
+    g.add_argument(
+        "--node-rank", type=int, metavar="R", help="this host's rank, 0..N-1 (default $JOB_COMPLETION_INDEX)"
+    )
+    g.add_argument(
+        "--node-name", help="this node's name (default: $C4D_NODE_NAME, $SLURMD_NODENAME, the hostname)"
+    )
+    g.add_argument(
+        "--join-timeout",
+        type=_positive_float,
+        default=120.0,
+        metavar="S",
+        help="a rank that has not joined by then is named and left out (default 120)",
+    )
+    g.add_argument("--local", action="store_true", help="simulate the nodes here even under torchrun or srun")
     p.set_defaults(func=cmd_nodes)

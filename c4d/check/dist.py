@@ -44,7 +44,16 @@ def import_torch() -> tuple[Any, str | None]:
 class WorkerPool:
     """N local worker processes: ``target(*args, conn)`` each; ``conn`` is their control pipe."""
 
-    def __init__(self, target, args_per_worker: list[tuple], cuda: bool, store_timeout_s: float = 600.0):
+    def __init__(
+        self,
+        target,
+        args_per_worker: list[tuple],
+        cuda: bool,
+        store_timeout_s: float = 600.0,
+        store_addr: tuple[str, int] | None = None,
+    ):
+        """``store_addr``: a store the workers use instead of one of our own (the rendezvous
+        store of a multi-host check, which may not be up yet: the workers retry connecting)."""
         import torch.distributed as dist
 
         ctx = mp.get_context("spawn" if cuda else "fork")
@@ -60,11 +69,18 @@ class WorkerPool:
             child.close()
             self.procs.append(p)
             self.conns.append(parent)
-        self.store = dist.TCPStore(
-            LOCALHOST, 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=store_timeout_s)
-        )
+        self.store = None
+        if store_addr is None:
+            self.store = dist.TCPStore(
+                LOCALHOST,
+                0,
+                is_master=True,
+                wait_for_workers=False,
+                timeout=timedelta(seconds=store_timeout_s),
+            )
+            store_addr = (LOCALHOST, self.store.port)
         for c in self.conns:
-            c.send({"store": (LOCALHOST, self.store.port)})
+            c.send({"store": store_addr})
 
     def send(self, i: int, msg: dict) -> bool:
         if i in self.dead:

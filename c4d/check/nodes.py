@@ -5,6 +5,10 @@ drives the rounds planned by ``pairing``, and turns the group results into verdi
 nodes are local gloo processes named ``node-0`` .. ``node-(N-1)``; on a GPU host each node is one
 GPU with NCCL. Workers live for the whole check (a gloo start-up costs more than a round), and
 each group gets a fresh process group under its own store prefix.
+
+The rounds themselves (``drive_rounds``) only send commands to workers and collect answers, so
+the multi-host check (``multihost.py``: one worker per host, reached through the rendezvous
+store) runs the very same rounds and verdicts.
 """
 
 from __future__ import annotations
@@ -13,7 +17,8 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Protocol
 
 from c4d.check import faults, pairing
 from c4d.check.dist import WorkerPool, import_torch
@@ -52,6 +57,13 @@ class NodesReport:
     groups: tuple[GroupResult, ...]
     localization: Localization
     wall_s: float
+    workers: tuple[dict, ...] = ()
+    """Multi-host only: per rank, who joined (``rank``, ``node``, ``host``, ``pid``, ``joined``)."""
+    launch: dict | None = None
+    """Multi-host only: how the workers met (``how``, ``store``, ``world_size``)."""
+    unnamed: tuple[str, ...] = field(default=())
+    """Placeholder names (``rank-K``) of ranks that never said which node they are: never
+    blacklisted, since no scheduler knows them."""
 
     @property
     def passed(self) -> bool:
@@ -73,6 +85,7 @@ class NodesReport:
             "rounds": max((g.round for g in self.groups), default=0),
             "groups": [g.to_json() for g in self.groups],
             "wall_s": round(self.wall_s, 3),
+            **({"launch": self.launch, "workers": list(self.workers)} if self.launch else {}),
         }
 
 
@@ -80,30 +93,35 @@ class CheckUnavailable(RuntimeError):
     """The check cannot run here (no torch, no such backend)."""
 
 
-def run_node_check(
-    cfg: NodeCheckConfig, on_group: Callable[[GroupResult], None] | None = None
-) -> NodesReport:
-    """Run every round and localize. ``on_group`` sees each group result as it arrives."""
+def require_backend(backend: str) -> None:
+    """Raise ``CheckUnavailable`` unless torch and ``backend`` work here; report malformed
+    ``C4D_CHECK_SIM_FAULT`` entries once."""
     torch, why = import_torch()
     if torch is None:
         raise CheckUnavailable(why or "torch not available")
     import torch.distributed as dist
 
-    if cfg.nodes < 2:
-        raise ValueError("--nodes must be at least 2")
-    cuda = cfg.backend == "nccl"
-    if cuda and not (dist.is_nccl_available() and torch.cuda.is_available()):
+    if backend == "nccl" and not (dist.is_nccl_available() and torch.cuda.is_available()):
         raise CheckUnavailable("backend nccl needs a CUDA build of torch and a GPU")
-    if not cuda and not dist.is_gloo_available():
+    if backend != "nccl" and not dist.is_gloo_available():
         raise CheckUnavailable("backend gloo is not available in this torch build")
     for note in faults.parse(os.environ.get(faults.ENV))[1]:
         print(note, file=sys.stderr)
+
+
+def run_node_check(
+    cfg: NodeCheckConfig, on_group: Callable[[GroupResult], None] | None = None
+) -> NodesReport:
+    """Run every round and localize. ``on_group`` sees each group result as it arrives."""
+    if cfg.nodes < 2:
+        raise ValueError("--nodes must be at least 2")
+    require_backend(cfg.backend)
+    cuda = cfg.backend == "nccl"
 
     from c4d.check.worker import node_worker
 
     t_start = time.monotonic()
     names = [f"node-{i}" for i in range(cfg.nodes)]
-    index = {n: i for i, n in enumerate(names)}
     groups: list[GroupResult] = []
     died: dict[str, str] = {}
     wcfg = cfg.worker_cfg()
@@ -113,61 +131,92 @@ def run_node_check(
             if msg is None or "error" in msg:
                 died[names[i]] = (msg or {}).get("error") or pool.dead.get(i, "did not start")
                 pool.kill(i, died[names[i]])
-
-        def alive(n: str) -> bool:
-            return index[n] not in pool.dead
-
-        def run_round(rnd: int, plan: list[tuple[str, ...]]) -> list[GroupResult]:
-            answers: dict[int, dict | None] = {}
-            step = cfg.parallel_groups or len(plan)
-            for start in range(0, len(plan), step):
-                batch = plan[start : start + step]
-                for gi, members in enumerate(batch, start):
-                    for rank, m in enumerate(members):
-                        msg = {"cmd": "run", "group": f"r{rnd}g{gi}", "rank": rank, "size": len(members)}
-                        pool.send(index[m], {**msg, "timeout_s": cfg.timeout_s})
-                members_all = [index[m] for g in batch for m in g]
-                answers.update(pool.collect(members_all, time.monotonic() + 2 * cfg.timeout_s + 30.0))
-            out = []
-            for members in plan:
-                errors, gemm, times = {}, {}, []
-                for m in members:
-                    a = answers.get(index[m])
-                    if a is None:
-                        errors[m] = pool.dead.get(index[m], "no answer")
-                        if index[m] not in pool.killed:
-                            died[m] = errors[m]
-                    elif not a.get("ok"):
-                        errors[m] = a.get("error", "failed")
-                    else:
-                        gemm[m] = a["gemm_s"]
-                        times.append(a["time_s"])
-                ok = not errors
-                g = GroupResult(rnd, tuple(members), ok, max(times) if ok else None, gemm, errors)
-                out.append(g)
-                if on_group:
-                    on_group(g)
-            return out
-
-        live = [n for n in names if alive(n)]
-        if len(live) >= 2:
-            groups += run_round(1, pairing.first_round(live))
-            sus = [s for s in pairing.suspects(groups, cfg.straggler_factor) if s not in died]
-            good = [
-                n
-                for n in live
-                if n not in sus and n not in died and any(n in g.nodes and g.ok for g in groups)
-            ]
-            tested: set[str] = set()
-            rnd = 1
-            while rnd < cfg.max_rounds:
-                good = [n for n in good if alive(n)]
-                pending = [s for s in sus if s not in tested and alive(s)]
-                if not pending or not good:
-                    break
-                rnd += 1
-                plan = pairing.retest_round(pending, good)
-                tested.update(s for g in plan for s in g if s in pending)
-                groups += run_round(rnd, plan)
+        groups = drive_rounds(cfg, pool, names, died, on_group)
     loc = pairing.localize(names, groups, cfg.straggler_factor, died)
     return NodesReport(cfg, tuple(names), tuple(groups), loc, time.monotonic() - t_start)
+
+
+class Pool(Protocol):
+    """What the rounds need of the workers: ``dist.WorkerPool`` (local processes) or
+    ``multihost.StorePool`` (one worker per host, through the rendezvous store)."""
+
+    dead: dict[int, str]
+    killed: set[int]
+
+    def send(self, i: int, msg: dict) -> bool: ...
+
+    def collect(self, indices: list[int], deadline: float) -> dict[int, dict | None]: ...
+
+
+def drive_rounds(
+    cfg: NodeCheckConfig,
+    pool: Pool,
+    names: list[str],
+    died: dict[str, str],
+    on_group: Callable[[GroupResult], None] | None = None,
+    group_prefix: str = "",
+) -> list[GroupResult]:
+    """Round 1 and the re-test rounds over ``names`` (worker ``i`` of ``pool`` is ``names[i]``).
+    Workers that die on the way are added to ``died``; ``group_prefix`` keeps the groups' store
+    keys apart from another run's on a shared store."""
+    index = {n: i for i, n in enumerate(names)}
+    groups: list[GroupResult] = []
+
+    def alive(n: str) -> bool:
+        return index[n] not in pool.dead
+
+    def run_round(rnd: int, plan: list[tuple[str, ...]]) -> list[GroupResult]:
+        answers: dict[int, dict | None] = {}
+        step = cfg.parallel_groups or len(plan)
+        for start in range(0, len(plan), step):
+            batch = plan[start : start + step]
+            for gi, members in enumerate(batch, start):
+                for rank, m in enumerate(members):
+                    msg = {
+                        "cmd": "run",
+                        "group": f"{group_prefix}r{rnd}g{gi}",
+                        "rank": rank,
+                        "size": len(members),
+                    }
+                    pool.send(index[m], {**msg, "timeout_s": cfg.timeout_s})
+            members_all = [index[m] for g in batch for m in g]
+            answers.update(pool.collect(members_all, time.monotonic() + 2 * cfg.timeout_s + 30.0))
+        out = []
+        for members in plan:
+            errors, gemm, times = {}, {}, []
+            for m in members:
+                a = answers.get(index[m])
+                if a is None:
+                    errors[m] = pool.dead.get(index[m], "no answer")
+                    if index[m] not in pool.killed:
+                        died[m] = errors[m]
+                elif not a.get("ok"):
+                    errors[m] = a.get("error", "failed")
+                else:
+                    gemm[m] = a["gemm_s"]
+                    times.append(a["time_s"])
+            ok = not errors
+            g = GroupResult(rnd, tuple(members), ok, max(times) if ok else None, gemm, errors)
+            out.append(g)
+            if on_group:
+                on_group(g)
+        return out
+
+    live = [n for n in names if alive(n)]
+    if len(live) < 2:
+        return groups
+    groups += run_round(1, pairing.first_round(live))
+    sus = [s for s in pairing.suspects(groups, cfg.straggler_factor) if s not in died]
+    good = [n for n in live if n not in sus and n not in died and any(n in g.nodes and g.ok for g in groups)]
+    tested: set[str] = set()
+    rnd = 1
+    while rnd < cfg.max_rounds:
+        good = [n for n in good if alive(n)]
+        pending = [s for s in sus if s not in tested and alive(s)]
+        if not pending or not good:
+            break
+        rnd += 1
+        plan = pairing.retest_round(pending, good)
+        tested.update(s for g in plan for s in g if s in pending)
+        groups += run_round(rnd, plan)
+    return groups

@@ -14,6 +14,8 @@ Localization, enums), ``config`` (thresholds).
 docs/engine.md explains the algorithms and every threshold.
 """
 
+from typing import Any
+
 from c4d.engine.config import EngineConfig
 from c4d.engine.engine import Engine
 from c4d.engine.types import (
@@ -30,6 +32,13 @@ from c4d.engine.types import (
     Target,
 )
 
+
+def make_engine(overrides: dict[str, Any] | None = None, split: bool = False) -> Engine:
+    """The diagnosis engine, configured from the job's registered values plus ``overrides``
+    (and the master's C4D_SLOW_* environment): what the live master and a replay both run."""
+    return Engine(EngineConfig.from_env(**(overrides or {})), split=split)
+
+
 __all__ = [
     "CommSnapshot",
     "CycleMember",
@@ -44,4 +53,5 @@ __all__ = [
     "OpRef",
     "RankState",
     "Target",
+    "make_engine",
 ]

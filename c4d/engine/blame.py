@@ -1,86 +1,124 @@
-"""Which rank or link explains a slow unit: hypotheses checked against every unit of the window.
+"""Where a fault is: one evidence model for rank, link and node, shared by the hang and slow judges.
 
-A fault is hardware (DESIGN.md): a slow *rank* slows both directions of every link of that rank,
-in every communicator; a slow *link* slows that link. So each hypothesis predicts which units
-(a communicator's main collective, or a p2p link; see slow.py) it slows:
+A fault is hardware (docs/design.md). Each *hypothesis* names what is broken and so which links
+it slows or stops:
 
-* ``affects(h)``: the units that use a link of rank r (every unit r is in), or that use link l;
-* ``must_show(h)``: those of them it cannot hide in: a unit whose only links are the faulty
-  ones (two ranks, a p2p link), or a ring whose pace-setting class of links (its links across
-  nodes, or all of them inside one node) includes one of the rank's links or the link. A slow
-  NVLink does not slow a ring that a network link already paces, so a rank's unit that does
-  not pass a must-show test says nothing either way.
+* a **rank** (its NIC, its PCIe link): every link with that rank as an end, both directions;
+* a **link** between two ranks: that link;
+* a **node** (host, NIC, switch port): every link with an end on that node.
 
-The window's units are *slow* (below ``slow_bw_ratio`` of their reference), *degraded* (below
-``slow_degraded_ratio``), *clear* (at least ``slow_clear_ratio`` and hardly an op slow) or
-unknown. For one slow unit, the candidates are its ranks and its links, narrowed by PEER pace
-setters where the ring has them. A candidate is *contradicted* when a clear unit must show it;
-among the others, the one that explains the most degraded units wins. A rank that explains two
-or more units (two of its links show the fault) is named; a link is named when it alone is
-left, or when it ties with its own ends (only one link shows the fault: the rank and the link
-look the same, DESIGN.md says name the link). Anything else leaves suspects.
+Each *unit* of evidence is something the engine measured and judged: a communicator's main
+collective in a check window, a p2p link, a stuck op, one network link that NCCL's profiler
+reports progress for. A unit has the links it uses and the links that set its pace (its links
+across nodes when it has any: a slowed NVLink stays faster than a network link; all of them
+otherwise). A hypothesis *predicts* each unit:
 
-A slow unit that a culprit named in the last few windows explains (``named``: it affects the
-unit) is that culprit's, not evidence against another rank of the unit: it supports only
-candidates that share a rank with the culprit (explaining away). Without it, every rank of a
-slow rank's data-parallel ring had one slow unit already, so a host's one-window hiccup of any
-of their tensor-parallel pairs made a second "slow unit" and named that rank cross-comm.
+* ``affected`` — a link it slows sets the unit's pace: the unit must show it;
+* ``hidden`` — it slows only links that do not set the unit's pace: the unit may or may not;
+* ``clear`` — it touches none of the unit's links.
+
+A unit's judged state is ``slow`` (or stalled), ``degraded``, ``clear`` or unknown; an unknown
+unit (not judged in this window, or a transfer inside a node, which NCCL does not report) is
+not evidence either way. The score of a hypothesis is the log-likelihood of the judged states
+under its predictions (``Likelihoods``: the chance of each state given each prediction, one
+documented table in ``EngineConfig``), the posterior its share of the candidates' likelihoods
+(uniform prior per fault). Culprits named in the last windows are part of every hypothesis
+(explaining away): a unit such a culprit affects is predicted affected whatever the candidate,
+and a candidate that is not one of them, nor includes one, pays the prior of a second fault.
+
+The verdict is the best hypothesis with its posterior and runner-up, unless others tie with it
+(within ``Likelihoods.tie`` in log-likelihood):
+
+* a tied hypothesis that is a culprit already named: it (one fault, seen again);
+* tied hypotheses that some judged-later unit could tell apart (a rank's other communicator not
+  judged in this window): **undecided** — suspects now, revised when that unit is judged;
+* tied hypotheses that only a unit a named culprit also slows would tell apart: **masked** —
+  the judge waits a window, then names as below;
+* tied hypotheses that nothing observable tells apart: the one whose faulty links every other
+  one's include is named (one link seen stopped, its two ends' other links invisible: the link,
+  its ends listed as ``alternatives``), or, when they all lie on one node, the **node**;
+* otherwise suspects.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+Link = tuple[int, int]
+
+AFFECTED, HIDDEN, CLEAR = "affected", "hidden", "clear"
+STATES = ("slow", "degraded", "clear")
 
 
 @dataclass(frozen=True, order=True)
 class Hyp:
-    """A rank (``rank``) or an undirected link (``link``, sorted ends) at fault."""
+    """A rank (``rank``), an undirected link (``link``, sorted ends) or a node (``node``, its ranks
+    in ``node_ranks``) at fault."""
 
     rank: int = -1
-    link: tuple[int, int] = (-1, -1)
+    link: Link = (-1, -1)
+    node: int = -1
+    node_ranks: tuple[int, ...] = ()
+    node_name: str = field(default="", compare=False)
 
     @property
     def is_link(self) -> bool:
-        return self.rank < 0
+        return self.link[0] >= 0
+
+    @property
+    def is_node(self) -> bool:
+        return self.node >= 0
 
     def ranks(self) -> tuple[int, ...]:
+        if self.is_node:
+            return self.node_ranks
         return self.link if self.is_link else (self.rank,)
 
+    def breaks(self, lk: Link) -> bool:
+        """Does this fault slow or stop link ``lk`` (undirected)?"""
+        if self.is_link:
+            return lk == self.link
+        if self.is_node:
+            return lk[0] in self.node_ranks or lk[1] in self.node_ranks
+        return self.rank in lk
 
-def link_of(a: int, b: int) -> tuple[int, int]:
+    def name(self) -> str:
+        if self.is_node:
+            return f"node {self.node_name or self.node}"
+        return f"link {self.link[0]}-{self.link[1]}" if self.is_link else f"rank {self.rank}"
+
+
+def link_of(a: int, b: int) -> Link:
     return (a, b) if a <= b else (b, a)
 
 
 @dataclass
 class UnitShape:
-    """What blame needs to know about a unit: its ranks, its links, which links set its pace."""
+    """A unit of evidence: its ranks, its links, which of them set its pace, its judged state."""
 
     key: tuple
     members: frozenset[int]
-    links: frozenset[tuple[int, int]]  # undirected, global ranks
-    pacing: frozenset[tuple[int, int]]  # the links whose class sets the unit's pace
+    links: frozenset[Link]  # undirected, global ranks
+    pacing: frozenset[Link]  # the links whose class sets the unit's pace
     state: str = "unknown"  # slow | degraded | clear | unknown
-    ratio: float = 1.0  # bandwidth / reference
-
-    @property
-    def weight(self) -> float:
-        """How much a slow or degraded unit says: log(reference / bandwidth)."""
-        if self.state not in ("slow", "degraded"):
-            return 0.0
-        return math.log(1.0 / min(max(self.ratio, 1e-3), 0.999))
+    ratio: float = 1.0  # bandwidth / reference (slow units); progress (PEER links)
+    source: str = "unit"  # what measured it: unit | peer | p2p (the verdict's ``how``)
+    sib_pacing: tuple[frozenset[Link], ...] = ()
+    """Judged against siblings (units of its shape in the same window): their pacing links. A
+    fault that slows half of them or more moves the reference too: the unit cannot show it."""
 
 
 def shape(
-    key: tuple, members: tuple[int, ...], links: set[tuple[int, int]], node_of: dict[int, int]
+    key: tuple, members: tuple[int, ...], links: set[Link], node_of: dict[int, int], source: str = "unit"
 ) -> UnitShape:
     """A unit's shape; ``links`` undirected. Its pacing class: the links across nodes when it
     has any (network links are the slow ones), else all of them."""
     cross = {lk for lk in links if node_of.get(lk[0], -1) != node_of.get(lk[1], -2)}
-    return UnitShape(key, frozenset(members), frozenset(links), frozenset(cross or links))
+    return UnitShape(key, frozenset(members), frozenset(links), frozenset(cross or links), source=source)
 
 
-def ring_links(granks: list[int]) -> set[tuple[int, int]]:
+def ring_links(granks: list[int]) -> set[Link]:
     """The links of a ring over comm ranks in order (simnccl's ring; NCCL's own rings follow
     the topology, and PEER records add the links really seen)."""
     n = len(granks)
@@ -91,66 +129,192 @@ def ring_links(granks: list[int]) -> set[tuple[int, int]]:
     return {link_of(granks[i], granks[(i + 1) % n]) for i in range(n)}
 
 
-def affects(h: Hyp, u: UnitShape) -> bool:
-    if h.is_link:
-        return h.link in u.links
-    return h.rank in u.members
+def predict(hs: tuple[Hyp, ...], u: UnitShape) -> str:
+    """What the faults ``hs`` together predict for unit ``u``."""
+    if any(h.breaks(lk) for h in hs for lk in u.pacing):
+        hit = sum(1 for sp in u.sib_pacing if any(h.breaks(lk) for h in hs for lk in sp))
+        return HIDDEN if u.sib_pacing and 2 * hit >= len(u.sib_pacing) else AFFECTED
+    if any(h.breaks(lk) for h in hs for lk in u.links):
+        return HIDDEN
+    return CLEAR
 
 
-def must_show(h: Hyp, u: UnitShape) -> bool:
-    if h.is_link:
-        return h.link in u.pacing
-    return any(h.rank in lk for lk in u.pacing)
+@dataclass(frozen=True)
+class Likelihoods:
+    """P(judged state | prediction), each a (slow, degraded, clear) triple: the model's error
+    rates (``EngineConfig.model_*``, documented there). ``tie``: hypotheses within this
+    log-likelihood of the best are not told apart by the evidence."""
+
+    affected: tuple[float, float, float]
+    hidden: tuple[float, float, float]
+    clear: tuple[float, float, float]
+    tie: float
+    fault_prior: float
+    """log prior odds of one more fault: a hypothesis that needs a fault beside the culprits
+    already named pays it once per fault that none of the others includes."""
+
+    def log(self, pred: str, state: str) -> float:
+        row = {AFFECTED: self.affected, HIDDEN: self.hidden, CLEAR: self.clear}[pred]
+        return math.log(row[STATES.index(state)])
 
 
 @dataclass
 class Verdict:
     hyp: Hyp | None  # None: suspects only
     suspects: tuple[int, ...]
-    support: int  # slow or degraded units it explains
-    refine: str  # calibration refinement: "", "ambiguous"
-    contradicted: tuple[Hyp, ...]  # candidates a clear unit ruled out
+    posterior: float  # the named hypothesis's share of the candidates' likelihood (0: none named)
+    runner_up: Hyp | None
+    refine: str  # "": told apart; "equivalent": nothing observable tells it from ``alternatives``;
+    #              "masked": a unit would, but a culprit already named slows it too;
+    #              "undecided": a unit not judged now may tell (suspects now)
+    alternatives: tuple[Hyp, ...] = ()
+    decisive: tuple[UnitShape, ...] = ()  # judged units that tell the winner from the runner-up
+    contradicted: tuple[Hyp, ...] = ()  # candidates a clear unit they must show rules out
+    support: int = 0  # slow or degraded units the named hypothesis explains
+    scores: dict[Hyp, float] = field(default_factory=dict)
 
 
-TIE = 0.75  # a candidate whose score is within this share of the best one ties with it
-
-
-def explained(h: Hyp, u: UnitShape, named: tuple[Hyp, ...]) -> bool:
-    """Is the slow or degraded unit ``u`` another culprit's, so that it says nothing of ``h``?
-    It is when a named culprit affects it and ``h`` shares no rank with that culprit (a named
-    link's ends stay as likely as before: one link's verdict cannot tell them from it)."""
-    return u.weight > 0 and any(affects(c, u) and not set(h.ranks()) & set(c.ranks()) for c in named)
-
-
-def decide(candidates: list[Hyp], units: list[UnitShape], named: tuple[Hyp, ...] = ()) -> Verdict:
-    """Pick the candidate that explains the window (see module doc). A candidate's score is
-    the summed weight (log of the slowdown) of the slow and degraded units it explains, so a
-    barely degraded unit (noise on a loaded host) cannot outvote a clearly slow one; a
-    candidate within ``TIE`` of the best ties with it. Units ``named`` culprits explain do not
-    count for others (``explained``)."""
-    bad: list[Hyp] = []
-    ok: list[tuple[float, int, Hyp]] = []
-    for h in sorted(set(candidates)):
-        if any(u.state == "clear" and must_show(h, u) for u in units):
-            bad.append(h)
+def score(
+    h: Hyp, units: list[UnitShape], lik: Likelihoods, named: tuple[Hyp, ...] = ()
+) -> tuple[float, bool, int]:
+    """Log-likelihood of the judged units under ``h`` (with the ``named`` culprits), whether a
+    clear unit it must show contradicts it, and how many bad units it explains."""
+    with_named = tuple(sorted({h, *named}))
+    faults = sum(1 for x in with_named if not any(y != x and _within(x, y) for y in with_named))
+    total, bad, support = faults * lik.fault_prior, False, 0
+    for u in units:
+        if u.state not in STATES:
             continue
-        hit = [u for u in units if u.weight > 0 and affects(h, u) and not explained(h, u, named)]
-        ok.append((sum(u.weight for u in hit), len(hit), h))
-    if not ok:
-        return Verdict(None, _ranks_of(candidates), 0, "", tuple(bad))
-    best = max(sc for sc, _, _ in ok)
-    top = [(n, h) for sc, n, h in ok if sc >= TIE * best]
-    if len(top) == 1:
-        n, h = top[0]
-        return Verdict(h, h.ranks(), n, "", tuple(bad))
-    links = [(n, h) for n, h in top if h.is_link]
-    if len(links) == 1:
-        n, lk = links[0]
-        if all(h is lk or (not h.is_link and h.rank in lk.link) for _, h in top):
-            # only one link shows the fault: its ends cannot be told from it
-            return Verdict(lk, lk.ranks(), n, "ambiguous", tuple(bad))
-    return Verdict(None, _ranks_of([h for _, h in top]), max(n for n, _ in top), "", tuple(bad))
+        pred = predict(with_named, u)
+        total += lik.log(pred, u.state)
+        if u.state == "clear" and predict((h,), u) == AFFECTED:
+            bad = True
+        if u.state != "clear" and predict((h,), u) != CLEAR:
+            support += 1
+    return total, bad, support
 
 
-def _ranks_of(hs: list[Hyp]) -> tuple[int, ...]:
-    return tuple(sorted({r for h in hs for r in h.ranks()}))
+def decide(
+    candidates: list[Hyp],
+    units: list[UnitShape],
+    lik: Likelihoods,
+    named: tuple[Hyp, ...] = (),
+    later: tuple[UnitShape, ...] = (),
+    past: dict[Hyp, float] | None = None,
+) -> Verdict:
+    """The model's verdict over ``candidates`` (see module doc). ``later``: units known from
+    earlier windows that are not judged now (their state may tell tied hypotheses apart).
+    ``past``: each hypothesis's log-likelihood relative to the best in earlier windows of the
+    same episode (``Evidence``), added to this window's."""
+    cands = sorted(set(candidates))
+    if not cands:
+        return Verdict(None, (), 0.0, None, "")
+    scored = {h: score(h, units, lik, named) for h in cands}
+    past = past or {}
+    sc = {h: s + past.get(h, 0.0) for h, (s, _, _) in scored.items()}
+    best = max(sc.values())
+    z = sum(math.exp(s - best) for s in sc.values())
+    post = {h: math.exp(s - best) / z for h, s in sc.items()}
+    order = sorted(cands, key=lambda h: (-sc[h], _size(h), h))
+    top = [h for h in order if sc[h] >= best - lik.tie]
+    contradicted = tuple(h for h in cands if scored[h][1])
+    runner = next((h for h in order if h not in top), None)
+    # a culprit already named, the one that includes the most of the tied (a rank over its link)
+    held = sorted((h for h in top if h in named), key=lambda h: -sum(_within(o, h) for o in top))
+    if len(top) == 1 or held:
+        h = held[0] if held else top[0]
+        p = sum(post[o] for o in top if _within(o, h))  # what it includes is the same fault
+        alts = tuple(o for o in top if not _within(o, h))
+        return Verdict(h, h.ranks(), p, runner, "equivalent" if alts else "", alts,
+                       _decisive(h, runner, units, named), contradicted, scored[h][2], sc)  # fmt: skip
+    judged = [u for u in units if u.state in STATES]
+    keys = {x.key for x in judged}
+    unjudged = [u for u in (*units, *later) if u.state not in STATES or u.key not in keys]
+    pairs = [(a, b) for i, a in enumerate(top) for b in top[i + 1 :]]
+    ranks = tuple(sorted({r for h in top for r in h.ranks()}))
+    if any(_tells(a, b, u, named) for u in unjudged for a, b in pairs):
+        return Verdict(None, ranks, 0.0, top[0], "undecided", tuple(top), (), contradicted, 0, sc)
+    # a judged unit that would tell them apart but for a named culprit that slows it too
+    masked = any(_tells(a, b, u, ()) for u in judged if u.state != "clear" for a, b in pairs)
+    small = [h for h in top if all(_within(h, o) for o in top)]
+    if small:
+        h = small[0]
+        alts = tuple(o for o in top if o != h)
+        return Verdict(h, h.ranks(), post[h], runner, "masked" if masked else "equivalent", alts,
+                       _decisive(h, runner, units, named), contradicted, scored[h][2], sc)  # fmt: skip
+    return Verdict(None, ranks, 0.0, top[0], "", tuple(top), (), contradicted, 0, sc)
+
+
+class Evidence:
+    """What earlier windows said of the hypotheses behind each slow unit (an episode): per unit,
+    the sum of each hypothesis's log-likelihood relative to the best of each window, a window's
+    weight ``memory`` times the next one's. One window's noise (a host that descheduled a
+    process) then moves a verdict less than a fault that shows window after window; an episode
+    whose unit is no longer slow fades out."""
+
+    def __init__(self, memory: float) -> None:
+        self.memory = memory
+        self.acc: dict[tuple, dict[Hyp, float]] = {}
+        self.now: dict[tuple, dict[Hyp, float]] = {}
+
+    def past(self, key: tuple) -> dict[Hyp, float]:
+        return self.acc.get(key, {})
+
+    def add(self, key: tuple, v: Verdict, past: dict[Hyp, float]) -> None:
+        """The verdict on unit ``key`` in this window (its scores include ``past``)."""
+        if not v.scores:
+            return
+        raw = {h: s - past.get(h, 0.0) for h, s in v.scores.items()}
+        best = max(raw.values())
+        self.now[key] = {h: s - best for h, s in raw.items()}
+
+    def close_window(self) -> None:
+        out: dict[tuple, dict[Hyp, float]] = {}
+        for key in self.acc.keys() | self.now.keys():
+            acc = {h: self.memory * x for h, x in self.acc.get(key, {}).items()}
+            for h, x in self.now.get(key, {}).items():
+                acc[h] = acc.get(h, 0.0) + x
+            acc = {h: x for h, x in acc.items() if x < -0.05}
+            if acc:
+                out[key] = acc
+        self.acc, self.now = out, {}
+
+
+def on_one_node(v: Verdict, node_of: dict[int, int]) -> int | None:
+    """The node a verdict's tied hypotheses all lie on, when that node is all it can tell: a
+    verdict without a culprit, or one whose culprit ties with two or more ranks (a link inside
+    a node and its ends: transfers inside a node are not observed, so its ranks cannot be told
+    apart). A culprit tied only with what contains it (a rank and its node) is told: None."""
+    if not v.alternatives:
+        return None
+    tied = (*((v.hyp,) if v.hyp is not None else ()), *v.alternatives)
+    if v.hyp is not None and sum(1 for h in tied if not h.is_link and not h.is_node) < 2:
+        return None
+    nodes = {h.node for h in tied if h.is_node}
+    nodes |= {node_of.get(r, -1) for h in tied if not h.is_node for r in h.ranks()}
+    return next(iter(nodes)) if len(nodes) == 1 and -1 not in nodes else None
+
+
+def _size(h: Hyp) -> int:
+    return 2 if h.is_link else len(h.node_ranks) * 8 if h.is_node else 4
+
+
+def _within(h: Hyp, o: Hyp) -> bool:
+    """Is every link ``h`` breaks one that ``o`` breaks too (``h`` the smaller fault)?"""
+    if h == o:
+        return True
+    if h.is_link:
+        return o.breaks(h.link)
+    if o.is_node and not h.is_node:
+        return h.rank in o.node_ranks
+    return False
+
+
+def _tells(a: Hyp, b: Hyp, u: UnitShape, named: tuple[Hyp, ...]) -> bool:
+    return predict((a, *named), u) != predict((b, *named), u)
+
+
+def _decisive(h: Hyp, r: Hyp | None, units: list[UnitShape], named: tuple[Hyp, ...]) -> tuple[UnitShape, ...]:
+    if r is None:
+        return tuple(u for u in units if u.state in STATES and predict((h,), u) != CLEAR)
+    return tuple(u for u in units if u.state in STATES and _tells(h, r, u, named))

@@ -9,9 +9,10 @@ same). ``python analysis/evaluate.py --random N --seed S --learn`` runs the rand
 benchmark and writes, per basis, how many diagnoses had it and how many named exactly the
 injected culprit into ``c4d/engine/calibration_table.py``. The confidence of a basis is the
 Wilson lower bound (z = 1.28, one-sided 90 %) of that share, so a basis that was right 17 of
-20 times says 0.73, not 0.85: confidences hold on a fresh seed (the README's table checks
+20 times says 0.73, not 0.85: confidences hold on a fresh seed (docs/performance.md's table checks
 them on another seed than the one they were learned on). A basis the benchmark never produced
-keeps the rule's prior, capped at ``PRIOR_CAP``.
+says ``PRIOR_CAP``, or less where the rule gives a lower ``prior`` (its own share of the
+evidence, or one in N suspects).
 """
 
 from __future__ import annotations
@@ -55,22 +56,33 @@ def localize(
     target: Target,
     ranks: tuple[int, ...] | list[int],
     evidence: str,
-    prior: float,
+    prior: float = PRIOR_CAP,
     refine: str = "",
     link: tuple[int, int] | None = None,
     directed: bool = False,
     cycle: tuple[CycleMember, ...] = (),
+    posterior: float | None = None,
+    runner_up: str | None = None,
+    alternatives: tuple[str, ...] = (),
 ) -> Localization:
-    """A Localization whose confidence comes from the calibration table."""
+    """A Localization whose confidence comes from the calibration table, never above the
+    evidence model's ``posterior`` where it gave one."""
     basis = basis_key(kind, how, target, refine)
+    conf = confidence(basis, prior)
+    if posterior is not None:
+        posterior = round(posterior, 3)
+        conf = min(conf, round(posterior, 2))
     return Localization(
         how=how,
         target=target,
         ranks=tuple(int(r) for r in ranks),
-        confidence=confidence(basis, prior),
+        confidence=conf,
         basis=basis,
         evidence=evidence,
         link=None if link is None else (int(link[0]), int(link[1])),
         directed=directed,
         cycle=cycle,
+        posterior=posterior,
+        runner_up=runner_up,
+        alternatives=alternatives,
     )

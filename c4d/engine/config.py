@@ -2,7 +2,7 @@
 
 Hang thresholds (``hang_timeout_us``, ``hang_times``, ``bw_check_period_s``, ``heartbeat_ms``)
 default to ``None`` = "use what the job registered" (its C4D_* values, REGISTER records),
-falling back to DESIGN.md's defaults. The slow-detection knobs have no job-side variable;
+falling back to docs/design.md's defaults. The slow-detection knobs have no job-side variable;
 they come from the master's environment (``C4D_SLOW_*``, see ``from_env``) or the fields.
 Every threshold is documented in docs/engine.md.
 """
@@ -14,6 +14,9 @@ import os
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+from c4d.engine.blame import Likelihoods
+from c4d.engine.expected import ExpectedBusbw, ExpectedError
+from c4d.engine.types import DEFAULT_ISOLATE_CONFIDENCE
 from c4d.schema import (
     DEFAULT_BW_CHECK_PERIOD_S,
     DEFAULT_HANG_TIMEOUT_US,
@@ -54,19 +57,78 @@ class EngineConfig:
     slow_clear_ratio: float = 0.9
     """C4D_SLOW_CLEAR_RATIO: a unit at or above this x its reference, with hardly an op slow, is
     *clear*: evidence against any rank or link that would have to slow it."""
-    slow_pace_share: float = 0.6
-    """C4D_SLOW_PACE_SHARE: in a slow ring, the link that sets the pace (finishes its steps last,
-    PEER records) in this share of the window's ops is the slow link; two links of one rank
-    that together do, the rank."""
     slow_baseline_windows: int = 8
     """C4D_SLOW_BASELINE_WINDOWS: baseline = median of up to this many earlier clean windows."""
     slow_grace_ms: float = 150.0
     """C4D_SLOW_GRACE_MS: a window is judged this long (master clock) after it closed, so late
     records of its ops are in."""
 
+    slow_ops_share: float = 0.6
+    """C4D_SLOW_OPS_SHARE: a slow unit has at least this share of its ops below slow_bw_ratio x its
+    reference (not a median a few stretched transfers pulled down)."""
+    slow_clear_ops_share: float = 0.2
+    """C4D_SLOW_CLEAR_OPS_SHARE: a unit with more of its ops that slow is not clear evidence."""
+    slow_p2p_min_ops_factor: int = 2
+    """C4D_SLOW_P2P_MIN_OPS_FACTOR: a p2p link needs this many times slow_min_ops transfers (its
+    rates are noisier than a collective's)."""
+    slow_p2p_strong_ratio: float = 0.8
+    """C4D_SLOW_P2P_STRONG_RATIO: a p2p link below this x (slow_bw_ratio x reference) in
+    slow_strong_share of its transfers is slow in its first window; otherwise it must be below
+    the degraded line in the window before too."""
+    slow_strong_share: float = 0.8
+    """C4D_SLOW_STRONG_SHARE: see slow_p2p_strong_ratio."""
+    slow_named_windows: int = 3
+    """C4D_SLOW_NAMED_WINDOWS: a culprit named RankCommSlow this many windows ago is still part of
+    every hypothesis (it explains the units it affects)."""
+    slow_stood_out_share: float = 0.3
+    """C4D_SLOW_STOOD_OUT_SHARE: a rank whose compute stood out in this share of a window's ops is
+    watched in the next window too (a slowdown that straddles two windows)."""
+    slow_pace_strong: float = 2.0
+    """C4D_SLOW_PACE_STRONG: a rank computing 1 + this x slow_arrival_rel times its own pace for
+    half a window is RankNonCommSlow in its first window (own_pace.py)."""
+    slow_shared_min_ranks: int = 3
+    """C4D_SLOW_SHARED_MIN_RANKS: ranks judged in a window before their median pace tells a
+    host-wide slowdown (own_pace.py)."""
+
+    expected_busbw: ExpectedBusbw | None = None
+    """C4D_EXPECTED_BUSBW=FILE: the bus bandwidth healthy communicators reach per link class,
+    collective and size (``c4d check nccl --write-expected``; c4d/engine/expected.py): the
+    reference of a unit with no siblings whose own past is missing or already slow."""
+
+    peer_slow_share: float = 0.25
+    """C4D_PEER_SLOW_SHARE: a network link that sets a slow ring's pace (PEER records) in at least
+    this share of the window's ops is slow evidence; a rank's two slowed links take turns."""
+    peer_clear_share: float = 0.05
+    """C4D_PEER_CLEAR_SHARE: one that sets it in at most this share is clear evidence."""
+
+    # -- localization model (blame.py) -----------------------------------------------------
+    model_affected: tuple[float, float, float] = (0.70, 0.20, 0.10)
+    """P(slow, degraded, clear) of a unit the hypothesis must slow (a link it breaks sets the
+    unit's pace)."""
+    model_hidden: tuple[float, float, float] = (0.15, 0.25, 0.60)
+    """The same for a unit it touches only through links that do not set its pace."""
+    model_clear: tuple[float, float, float] = (0.03, 0.10, 0.87)
+    """The same for a unit it does not touch (another fault, or noise, slows it)."""
+    model_tie: float = 0.7
+    """Hypotheses within this log-likelihood of the best are not told apart."""
+    model_memory: float = 0.5
+    """Weight of a window's evidence in the next window's verdict, per window (blame.Evidence)."""
+    model_fault_prior: float = -3.0
+    """log prior odds of a second fault beside the culprits named in the last windows: a new
+    culprit must explain evidence that they do not (about e^3 = 20 times more likely)."""
+    isolate_confidence: float = DEFAULT_ISOLATE_CONFIDENCE
+    """C4D_ISOLATE_CONFIDENCE: an ERROR isolates a node only when its localization names hardware
+    with at least this calibrated confidence; below it the diagnosis names suspects' nodes and
+    isolates nothing."""
+
     # -- clock alignment ----------------------------------------------------------------
     clock_gain: float = 0.25
     """C4D_CLOCK_GAIN: share of the per-rank median end-time residual applied per batch."""
+
+    def likelihoods(self) -> Likelihoods:
+        return Likelihoods(
+            self.model_affected, self.model_hidden, self.model_clear, self.model_tie, self.model_fault_prior
+        )
 
     def resolve(self, job: dict[str, int]) -> ResolvedThresholds:
         """Thresholds in force: explicit field, else the job's registered value, else the default."""
@@ -94,8 +156,13 @@ class EngineConfig:
         env = dict(os.environ if env is None else env)
         cfg = cls(**overrides)
         changes: dict[str, Any] = {}
+        if env.get("C4D_EXPECTED_BUSBW"):
+            try:
+                changes["expected_busbw"] = ExpectedBusbw.load(env["C4D_EXPECTED_BUSBW"])
+            except ExpectedError as e:
+                log.warning("c4d: C4D_EXPECTED_BUSBW: %s; judging without it", e)
         for f in fields(cls):
-            if not f.name.startswith(("slow_", "clock_")):
+            if not f.name.startswith(("slow_", "clock_", "peer_", "isolate_")):
                 continue
             var = "C4D_" + f.name.upper()
             if var not in env:
@@ -103,7 +170,7 @@ class EngineConfig:
             kind: type[int] | type[float] = int if isinstance(getattr(cfg, f.name), int) else float
             try:
                 v = kind(env[var])
-                if v < 0:
+                if v < 0 or (f.name == "isolate_confidence" and v > 1):
                     raise ValueError
             except ValueError:
                 log.warning(

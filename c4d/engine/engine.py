@@ -22,12 +22,14 @@ from c4d import schema
 from c4d.columns import Columns
 from c4d.engine import clock, hang
 from c4d.engine.config import EngineConfig, ResolvedThresholds
+from c4d.engine.consistency import Consistency, Mismatch
 from c4d.engine.slow import SlowFinding, SlowJudge
 from c4d.engine.stage import Stages
 from c4d.engine.state import (
     _END_SYNC,
     GONE_EVENTS,
     IN_GROUP,
+    MAX_COMMS_EVER,
     MAX_NRANKS,
     MAX_RANK,
     OP_SPLIT,
@@ -40,6 +42,7 @@ from c4d.engine.state import (
     P2PPairs,
     Pool,
     RankTable,
+    budget_from_env,
     compute_before,
     compute_gaps,
     lexsort,
@@ -63,6 +66,7 @@ HB_FIELDS = (  # (Pool member array, HEARTBEAT field) copied as they are (Comm.a
     ("last_arrive", "last_arrive_ns"), ("pend_op", "pend_op"), ("pend_peer", "pend_peer"),
     ("pend_flags", "pend_flags"), ("pend_issue", "pend_issue_ns"), ("pend_start", "pend_start_ns"),
     ("p2p_in_flight", "p2p_in_flight"),
+    ("pend_count", "pend_count"), ("pend_dtype", "pend_dtype"), ("pend_redop", "pend_redop"),
 )  # fmt: skip
 # A chunk's OP and HEARTBEAT rows of all communicators ingested together (Engine._collectives,
 # state.reduce_comms, Engine._heartbeats); False: one communicator at a time
@@ -104,6 +108,7 @@ class Engine:
         self._comm_index: dict[int, int] = {}  # comm id -> index
         self._lk: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # the same, sorted arrays (_lookup)
         self._next_idx = 0
+        self._max_comms = budget_from_env("C4D_MAX_COMMS_EVER", MAX_COMMS_EVER)
         self._emitted: dict[Hashable, int] = {}  # hang key -> highest count emitted
         self._active: dict[Hashable, Diagnosis] = {}  # hang key -> latest diagnosis (live view)
         self._epoch = [-1]
@@ -111,6 +116,8 @@ class Engine:
         self._pairs = P2PPairs()
         self._pool = Pool()  # every communicator's membership and ring tags, for _collectives
         self.stages = Stages()  # the training code's staged hang timeouts (stage.py)
+        # members of one collective that call it differently (consistency.py)
+        self.consistency = Consistency(lambda i: self.comms[i].grank if i in self.comms else None)
         self._now = 0
         self._ratelog = RateLimitedLog(log)
         self.stats = {"records": 0, "invalid": 0, "batches": 0, "ticks": 0}
@@ -119,6 +126,8 @@ class Engine:
         self._buf: list[tuple[np.ndarray, int | np.ndarray, Summaries | None, int | None]] = []
         self._buf_n = 0
         self._chunk_recv = 0  # master time stamped on the chunk being ingested
+        # a send and its receive that differ in count or dtype (paired by P2PPairs)
+        self._pairs.on_disagree = lambda S, R: self.consistency.p2p_disagree(S, R, self._chunk_recv)
 
     # -- input -------------------------------------------------------------------------
     def thresholds(self) -> ResolvedThresholds:
@@ -132,6 +141,10 @@ class Engine:
         i = self._comm_index.get(cid)
         if i is None:
             if not 1 <= n <= MAX_NRANKS:
+                return None
+            if self._next_idx >= self._max_comms:
+                # indices are never reused: what each ever admitted costs stays bounded
+                self._pool.refuse("communicator indices", "C4D_MAX_COMMS_EVER", 1, "new communicator(s)")
                 return None
             i = self._comm_index[cid] = self._next_idx
             self._lk = None
@@ -226,8 +239,8 @@ class Engine:
         """What ``_comm_slices`` finds, rows not reordered: the valid rows in arrival order, the
         matching ``extra``, each row's group and each group's communicator (groups in comm-id
         order). A copy of a chunk's OP rows sorted by communicator (a gather of whole records in
-        no order the cache likes) was 4% of the master at 8,192 ranks through agents, and the
-        collective and p2p paths sort their own rows again. ``cols``: OP rows' columns."""
+        no order the cache likes) is a pass the chunk can do without: the collective and p2p
+        paths sort their own rows again. ``cols``: OP rows' columns."""
         if extra is None:
             extra = np.zeros(len(rows), np.int8)
         sized = "comm_nranks" in (rows.dtype.names or ())
@@ -267,6 +280,10 @@ class Engine:
         comms = self.comms
         return rows, extra, ci, [comms[i] for i in idx.tolist()]
 
+    def drops(self) -> dict[str, int]:
+        """What the byte budgets refused or let go, by reason (Pool.drops)."""
+        return self._pool.drops()
+
     def free_comms(self, cids) -> int:
         """Forget communicators (destroyed, or silent for long: c4d/validate.py, Edge.expire): their
         arrays, memberships, unpaired p2p halves and slow-window state. Returns how many were known."""
@@ -282,6 +299,7 @@ class Engine:
             for g in np.unique(c.grank[c.grank >= 0]).tolist():
                 self.ranks.comms_of[g] = [t for t in self.ranks.comms_of[g] if t[0] != i]
         if freed:
+            self.consistency.forget(freed)
             self._pairs.forget(freed)
             self._slow.forget(freed)
         return len(freed)
@@ -638,7 +656,7 @@ class Engine:
         cols: OpCols,
     ) -> None:
         """Collective OP rows of every communicator of a chunk (``rows[coll]``, not copied: a
-        whole-record copy of nearly every row of a chunk was 2% of the engine; ``cols`` their
+        whole-record copy of nearly every row of a chunk is a pass of its own; ``cols`` their
         columns, ``ci`` each one's group, rows in arrival order): what Comm.add_collectives does one
         communicator at a time, at once. An op whose every member's row is in the chunk and
         whose ring slot nothing else of the chunk claims (the common case) is reduced straight
@@ -665,6 +683,9 @@ class Engine:
         heads = np.flatnonzero(head)
         size = np.diff(np.r_[heads, m])
         run = np.cumsum(head) - 1
+        gi = np.array([c.idx for c in groups], np.int64)  # the members' agreement (consistency.py)
+        self.consistency.feed_sorted(gi[ci_o], seq_o, cr_o, cols.rank[o], cols.elems[o], cols.kinds[o],
+                                     cols.peer[o], heads, nn[ci_o[heads]], self._chunk_recv)  # fmt: skip
         # complete: n rows, comm ranks 0..n-1; the slot: no other op of the chunk, older than this op
         complete = (size == nn[ci_o[heads]]) & np.logical_and.reduceat(
             cr_o == np.arange(m) - heads[run], heads
@@ -705,10 +726,14 @@ class Engine:
             ring[o[fast_rows]] = False
         else:
             ring = np.ones(m, bool)
-        if ring.any():
-            for k in np.unique(ci[ring]).tolist():
+        ri = np.flatnonzero(ring)
+        if len(ri):  # per communicator (in order), its rows in arrival order: one sort, not a pass each
+            ri = ri[np.argsort(ci[ri], kind="stable")]
+            rc = ci[ri]
+            cuts = np.flatnonzero(np.r_[True, rc[1:] != rc[:-1]]).tolist() + [len(ri)]
+            for a, b in itertools.pairwise(cuts):
+                k, sel = int(rc[a]), ri[a:b]
                 c = groups[k]
-                sel = np.flatnonzero(ring & (ci == k))
                 slots = c.scatter(take(rows, coll[sel]), seq[sel], cr[sel], comp[sel])
                 if len(slots):
                     parts.setdefault(k, []).append(Complete.of(c, slots))
@@ -735,10 +760,21 @@ class Engine:
                     p2p_comm.append(np.full(int(okp.sum()), c.idx, np.int64))
                     p2p_shared.append(ex[p2p][okp, 0] != 0)
             if (~p2p).any():
+                self._consistent_each(c, part[~p2p])
                 c.add_collectives(part[~p2p], ex[~p2p, 1], self.ranks, gain)
         if p2p_rows:  # one pass over every communicator's sends and receives
             pc = OpCols.of(np.concatenate(p2p_rows))
             self._pairs.feed(pc, np.concatenate(p2p_comm), np.concatenate(p2p_shared), self.comms, self.ranks)
+
+    def _consistent_each(self, c: Comm, rows: np.ndarray) -> None:
+        """``Consistency.feed_sorted`` of one communicator's collective rows (the reference path)."""
+        pc = OpCols.of(rows)
+        o = lexsort((pc.comm_rank, pc.seq))
+        seq = pc.seq[o]
+        heads = np.flatnonzero(np.r_[True, seq[1:] != seq[:-1]])
+        self.consistency.feed_sorted(np.full(len(o), c.idx, np.int64), seq, pc.comm_rank[o], pc.rank[o],
+                                     pc.elems[o], pc.kinds[o], pc.peer[o], heads,
+                                     np.full(len(heads), c.n, np.int64), self._chunk_recv)  # fmt: skip
 
     def _feed_opsum(self, rows: Summaries, recv: np.ndarray) -> None:
         """Node agents' summaries of node-local collectives, read row by row already
@@ -898,7 +934,8 @@ class Engine:
         th = self.thresholds()
         out: list[Diagnosis] = []
         live: set[Hashable] = set()
-        ev = hang.evaluate(self.ranks, self.comms, th, now, self._pool)
+        ev = hang.evaluate(self.ranks, self.comms, th, now, self._pool, self.cfg.likelihoods())
+        out += self._mismatches(ev.findings, th, now)
         for f in ev.findings:
             live.add(f.key)
             out += self._count(f, th, now)
@@ -906,6 +943,37 @@ class Engine:
             del self._active[key]
         for s in self._slow.judge(self.ranks, self.comms, th, now, ev.oldest_wait, self._pool):
             out.append(self._slow_diag(s, now))
+        return out
+
+    def _mismatches(self, findings: list[hang.Finding], th: ResolvedThresholds, now: int) -> list[Diagnosis]:
+        """Collectives whose members disagree (consistency.py): a WARNING now for each new one
+        (its pending op's heartbeats checked where a member waits); a stall it explains (its
+        communicator, at or after its seq, beginning within T of it) is counted on as it, in
+        place in ``findings``: one incident, never isolating."""
+        C = self.consistency
+        waiting, p2p_waiting = self._pool.busy()
+        for i in np.union1d(waiting, p2p_waiting).tolist():
+            if i in self.comms:
+                C.check_pending(self.comms[i], now)
+        C.expire(now)
+        out = []
+        for mm in C.take_new():
+            d = mm.detail()
+            d["timeout_s"] = round(th.hang_timeout_ns / 1e9, 3)
+            d["hang_times_limit"] = th.hang_times
+            c = self.comms.get(mm.comm)
+            loc, kind = mm.localization(), DiagKind.CollectiveMismatch
+            out.append(self._diag(now, Level.WARNING, kind, c, mm.op, mm.seq, mm.culprits, 0, loc, d))
+        for j, f in enumerate(findings):
+            if f.comm is None or f.kind is DiagKind.RankLost:
+                continue
+            was: Mismatch | None = C.explains(f.comm.idx, f.seq, f.start_ns, th.hang_timeout_ns)
+            if was is not None:
+                detail = {**was.detail(), "stalled": f.kind.value, "stalled_seq": f.seq}
+                kind = DiagKind.CollectiveMismatch
+                findings[j] = hang.Finding(
+                    f.key, kind, f.comm, was.op, was.seq, was.culprits, f.start_ns, was.localization(), detail
+                )
         return out
 
     def _count(self, f: hang.Finding, th: ResolvedThresholds, now: int) -> list[Diagnosis]:
@@ -977,6 +1045,7 @@ class Engine:
             hang_times=n,
             localization=loc,
             detail=detail,
+            isolate_confidence=self.cfg.isolate_confidence,
         )
 
     # -- live view ---------------------------------------------------------------------

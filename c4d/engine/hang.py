@@ -28,15 +28,17 @@ Durations are on the master clock: rank times minus the rank's estimated offset.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from c4d.engine import blame
 from c4d.engine.calibration import localize
-from c4d.engine.config import ResolvedThresholds
-from c4d.engine.peer import HangVerdict, global_links, localize_hang
+from c4d.engine.config import EngineConfig, ResolvedThresholds
+from c4d.engine.peer import global_links, hang_links
 from c4d.engine.state import P2P, Comm, Pool, RankTable
 from c4d.engine.types import CycleMember, DiagKind, How, Localization, OpRef, Target
 from c4d.schema import Op, OpFlag, op_name
@@ -172,8 +174,10 @@ class WaitGraph:
         th: ResolvedThresholds,
         now: int,
         pool: Pool | None = None,
+        lik: blame.Likelihoods | None = None,
     ) -> None:
         self.r, self.comms, self.th, self.now = ranks, comms, th, now
+        self.lik = lik if lik is not None else EngineConfig().likelihoods()
         T = th.hang_timeout_ns
         self.T = T
         seen = ranks.seen
@@ -193,7 +197,7 @@ class WaitGraph:
         self.nodes: dict[NodeKey, _Node] = {}
         self.blocks_of: dict[int, list[NodeKey]] = {}
         self.view: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
-        self._off = ranks.offsets(np.arange(ranks.n))  # once per tick: per communicator it was 2/5 of a tick
+        self._off = ranks.offsets(np.arange(ranks.n))  # once per tick, not once per communicator
         if pool is None:
             for c in comms.values():
                 self._collect(c)
@@ -356,12 +360,21 @@ class WaitGraph:
 
     @staticmethod
     def _group_partners(c: Comm, w: int, op: int, q: int) -> list[int]:
+        """The peers of w's other p2p ops in its group (besides ``op`` with ``q``) whose side
+        is not finished: the next seq w has not finished with a peer it has finished with
+        before, and a peer whose pending op is with w (w's first op with it has no past)."""
         out = []
         for (a, op2, q2), done in sorted(c.p2p_done.items()):
             if a != w or (op2 == op and q2 == q):
                 continue
             if c.p2p_done.get((q2, _counter(op2), w), 0) <= done:  # q2 has not finished seq `done`
                 out.append(q2)
+        mid = (c.pend_peer == w) & ((c.pend_flags & P2P) != 0) & (c.pend_seq >= 0) & c.hb_seen
+        for q2 in np.flatnonzero(mid).tolist():
+            op2 = _counter(int(c.pend_op[q2]))  # w's side of q2's pending op
+            if (op2 == op and q2 == q) or c.p2p_done.get((w, op2, q2), 0) > int(c.pend_seq[q2]):
+                continue
+            out.append(q2)
         return sorted(set(out))
 
     def _p2p(self, node: _Node) -> _Expl:
@@ -386,10 +399,13 @@ class WaitGraph:
             # group's other p2p ops. Those are the next seqs w has not finished with each
             # peer whose side of that seq has not finished either.
             others = self._group_partners(c, w, op, q)
-            if q in others:
+            if q in others or not others:
                 # the usual group (a pipeline stage: send activations to q, receive its
                 # gradients): the other op is with the same peer. Ops with other peers whose next
                 # seq is unfinished may just not be issued yet (they come later in the step).
+                # With no partner in sight (w's side of its first exchange with a peer that
+                # reports another pending op), q is the likeliest: a transfer q finished
+                # cannot be what stopped.
                 others = [q]
             if others:
                 for q2 in others:
@@ -515,10 +531,15 @@ class Evaluation:
 
 
 def evaluate(
-    ranks: RankTable, comms: dict[int, Comm], th: ResolvedThresholds, now: int, pool: Pool | None = None
+    ranks: RankTable,
+    comms: dict[int, Comm],
+    th: ResolvedThresholds,
+    now: int,
+    pool: Pool | None = None,
+    lik: blame.Likelihoods | None = None,
 ) -> Evaluation:
     """Every hang, mismatch and loss in progress at master time ``now`` (durations may still be < T)."""
-    G = WaitGraph(ranks, comms, th, now, pool)
+    G = WaitGraph(ranks, comms, th, now, pool, lik)
     return Evaluation(_findings(G), G.oldest_wait())
 
 
@@ -594,7 +615,7 @@ def _noncomm(G: WaitGraph, term_sources, missing: list[int], common) -> list[Fin
     loc = localize(
         DiagKind.RankNonCommHang, How.arrival, Target.rank, culprits,
         f"rank {who} never arrived at ops others wait in, and is blocked in no other op",
-        prior=0.9 if not missing else 0.75, refine="" if not missing else "missing",
+        refine="" if not missing else "missing",
     )  # fmt: skip
     return [
         Finding(("nc", via), DiagKind.RankNonCommHang, c, _op_of(c, node.seq, op), node.seq,
@@ -603,82 +624,153 @@ def _noncomm(G: WaitGraph, term_sources, missing: list[int], common) -> list[Fin
 
 
 def _comm_hangs(G: WaitGraph, comms: dict[int, Comm], term_sources, common, now: int) -> list[Finding]:
-    """RankCommHang on collectives everyone has arrived at, and on stuck p2p pairs."""
+    """RankCommHang on collectives everyone has arrived at, and on stuck p2p pairs: each stuck op
+    a unit of evidence (it stopped), and each network link of a stuck collective that NCCL
+    reports progress for (stalled, or moved on) another; the evidence model (blame.py) names
+    the rank, link or node behind each."""
     stuck = sorted(
         (t for t in term_sources if isinstance(t, Stuck | StuckLink)),
         key=lambda t: (t.comm, t.seq, getattr(t, "sender", -1)),
     )
-    shared: dict[int, int] = {}
+    if not stuck:
+        return []
+    node_of = _nodes_of(G.r, [g for t in stuck for g in _term_ranks(t, comms)])
+    units: list[blame.UnitShape] = []
+    per_term: dict[Term, tuple[list[blame.Hyp], dict[str, Any], list[int]]] = {}
     for t in stuck:
-        for g in _term_ranks(t, comms):
-            shared[g] = shared.get(g, 0) + 1
+        c = comms[t.comm]
+        if isinstance(t, StuckLink):
+            lk = blame.link_of(t.sender, t.receiver)
+            one = frozenset({lk})
+            units.append(blame.UnitShape(("p2p", t.comm, t.sender, t.receiver, t.seq),
+                                         frozenset(lk), one, one, "slow", 0.0, "p2p"))  # fmt: skip
+            cands = [blame.Hyp(rank=t.sender), blame.Hyp(rank=t.receiver), blame.Hyp(link=lk)]
+            per_term[t] = (cands, {}, [])
+            continue
+        members_g = [int(g) for g in c.grank[c.members()] if g >= 0]
+        ring_cr = [int(x) for x in c.members().tolist()]
+        edges = (
+            [(ring_cr[i], ring_cr[(i + 1) % len(ring_cr)]) for i in range(len(ring_cr))]
+            if len(ring_cr) > 1
+            else []
+        )
+        visible = {
+            (a, b) for a, b in edges if node_of.get(int(c.grank[a]), -1) != node_of.get(int(c.grank[b]), -2)
+        }
+        hl = hang_links(c, t.seq, visible)
+        if any(node_of.get(int(c.grank[a]), -1) == node_of.get(int(c.grank[b]), -2) for a, b in hl.progress):
+            # this source reports transfers inside a node too (not NCCL's profiler): every ring
+            # edge is one it would report
+            visible = set(edges)
+            hl = hang_links(c, t.seq, visible)
+        d: dict[str, Any] = {}
+        if hl.evidence:
+            d.update(global_links(hl.evidence, c))
+        seen = set(hl.progress)
+        links = blame.ring_links(members_g) | {
+            blame.link_of(int(c.grank[a]), int(c.grank[b])) for a, b in seen
+        }
+        units.append(blame.shape(("op", t.comm, t.seq), tuple(sorted(members_g)), links, node_of))
+        units[-1].state = "slow"
+        pmin = min(hl.progress.values()) if hl.progress else 1.0
+        for a, b in sorted(visible | seen):
+            ga, gb = int(c.grank[a]), int(c.grank[b])
+            lk = blame.link_of(ga, gb)
+            p = hl.progress.get((a, b))
+            st = "unknown" if p is None else "slow" if p <= pmin + 1e-9 and pmin < 1.0 else "clear"
+            units.append(blame.UnitShape(("peer", t.comm, t.seq, ga, gb), frozenset(lk), frozenset({lk}),
+                                         frozenset({lk}), st, 1.0 if p is None else p, "peer"))  # fmt: skip
+        nodes = sorted({node_of[g] for g in members_g if node_of.get(g, -1) >= 0})
+        cands = [blame.Hyp(rank=g) for g in members_g] + [blame.Hyp(link=lk) for lk in sorted(links)]
+        cands += [blame.Hyp(node=n, node_ranks=G.r.ranks_on(n), node_name=G.r.node_names[n]) for n in nodes]
+        no_peer = sorted(int(c.grank[r]) for r in hl.missing if c.grank[r] >= 0)[:64]
+        per_term[t] = (cands, d, no_peer)
     out: list[Finding] = []
     kind = DiagKind.RankCommHang
     for t in stuck:
         c = comms[t.comm]
         srcs = term_sources[t]
+        cands, d, no_peer = per_term[t]
+        v = blame.decide(cands, units, G.lik)
         if isinstance(t, StuckLink):
             s = t.seq
-            nodes = [n for k, n in G.nodes.items() if k.p2p and n.comm is c and k.seq == s]
-            start = max(n.last_arrival for n in nodes) if nodes else now
-            loc = localize(
-                kind, How.p2p_pair, Target.link, (t.sender, t.receiver),
-                f"send #{s} {t.sender}->{t.receiver} and its receive both started; neither finished",
-                prior=0.8, link=(t.sender, t.receiver),
-            )  # fmt: skip
-            out.append(Finding(t, kind, c, SEND, s, (t.sender, t.receiver), start, loc, common(srcs, {})))
+            nodes_p = [n for k, n in G.nodes.items() if k.p2p and n.comm is c and k.seq == s]
+            start = max(n.last_arrival for n in nodes_p) if nodes_p else now
+            loc = _hang_localization(v, node_of, G.r, 2, p2p=(t.sender, t.receiver))
+            if not d:
+                d = {}
+            out.append(Finding(t, kind, c, SEND, s, loc.ranks, start, loc, common(srcs, d)))
             continue
         k = t.seq
         node = G.nodes[NodeKey(False, c.idx, k)]
-        verdict, no_peer = localize_hang(c, k)
-        members_g = [int(g) for g in c.grank[c.members()] if g >= 0]
-        d: dict[str, Any] = {"waiting_ranks": sorted({g for g, _ in node.waiters})}
-        loc = _localize_comm_hang(c, verdict, members_g, shared, d)
-        d["no_peer_progress"] = sorted(int(c.grank[r]) for r in no_peer if c.grank[r] >= 0)[:64]
+        d["waiting_ranks"] = sorted({g for g, _ in node.waiters})
+        loc = _hang_localization(v, node_of, G.r, len([g for g in c.grank[c.members()] if g >= 0]))
+        d["no_peer_progress"] = no_peer
         out.append(
             Finding(t, kind, c, _op_of(c, k, node.op), k, loc.ranks, node.last_arrival, loc, common(srcs, d))
         )
     return out
 
 
-def _localize_comm_hang(
-    c: Comm, v: HangVerdict | None, members_g: list[int], shared: dict[int, int], d: dict[str, Any]
+def _nodes_of(ranks: RankTable, gs: list[int]) -> dict[int, int]:
+    return {g: ranks.known_node(g) for g in gs if 0 <= g < ranks.n}
+
+
+def _hang_localization(
+    v: blame.Verdict, node_of: dict[int, int], ranks: RankTable, n: int, p2p: tuple[int, int] | None = None
 ) -> Localization:
-    """Rank or link of a collective whose transfer stopped: PEER progress, then a two-rank
-    communicator, then the one member in another stuck op, else every member a suspect."""
+    """The model's verdict on a stuck op as a Localization (see _comm_hangs)."""
     kind = DiagKind.RankCommHang
-    if v is not None:
-        d.update(global_links(v.evidence, c))
-        ranks_g = tuple(int(c.grank[r]) for r in v.ranks)
-        links = ", ".join(d.get("stalled_links", []))
-        if v.is_link:
-            return localize(
-                kind, How.peer_progress, Target.link, ranks_g,
-                f"one link stalled ({links}); the other links of its ranks that report progress moved on",
-                prior=v.prior, refine=v.refine, link=(ranks_g[0], ranks_g[1]),
-            )  # fmt: skip
+    runner = v.runner_up.name() if v.runner_up is not None else None
+    alts = tuple(h.name() for h in v.alternatives)
+    h = v.hyp
+    peer = any(u.source == "peer" for u in v.decisive)
+    nd = blame.on_one_node(v, node_of) if v.refine in ("", "equivalent") else None
+    if nd is not None:
+        nr = ranks.ranks_on(nd)
         return localize(
-            kind, How.peer_progress, Target.rank, ranks_g,
-            f"links of rank {ranks_g[0]} stalled ({links}): two or more of its links stopped",
-            prior=v.prior, refine=v.refine,
+            kind, How.exclusion, Target.node, nr,
+            f"every candidate lies on node {ranks.node_name(nr[0])}; nothing visible tells them apart",
+            refine="equivalent", runner_up=runner,
+            alternatives=((h.name(),) if h is not None else ()) + alts,
         )  # fmt: skip
-    if len(members_g) == 2:
-        a, b = sorted(members_g)
+    if h is None:
+        why = ("a link whose progress is not reported yet may tell them apart" if v.refine == "undecided"
+               else "every member arrived and nothing tells which transfer stopped")  # fmt: skip
         return localize(
-            kind, How.two_rank, Target.link, (a, b),
-            "a two-rank communicator stopped: one link, a fault of either rank looks the same",
-            prior=0.7, link=(a, b),
+            kind, How.none, Target.suspects, v.suspects, why,
+            prior=1 / max(len(v.suspects), 1), refine=v.refine, runner_up=runner, alternatives=alts,
         )  # fmt: skip
-    multi = sorted(g for g in members_g if shared.get(g, 0) > 1)
-    if len(multi) == 1:
-        return localize(
-            kind, How.cross_comm, Target.rank, (multi[0],),
-            f"rank {multi[0]} is the one member also in another stuck op", prior=0.6,
-        )  # fmt: skip
-    return localize(
-        kind, How.none, Target.suspects, tuple(sorted(members_g)),
-        "every member arrived and nothing tells which transfer stopped", prior=1 / max(len(members_g), 1),
-    )  # fmt: skip
+    if h.is_link:
+        a, b = h.link
+        if p2p is not None and set(p2p) == {a, b}:
+            a, b = p2p
+        how = (
+            How.p2p_pair
+            if p2p is not None
+            else How.peer_progress
+            if peer
+            else How.two_rank
+            if n == 2
+            else How.exclusion
+        )
+        text = f"link {a}-{b} stopped" + (f"; nothing visible tells it from {', '.join(alts)}" if alts else
+                                          "; the other links of its ranks moved on")  # fmt: skip
+        return localize(kind, how, Target.link, (a, b), text, refine=v.refine, link=(a, b),
+                        posterior=v.posterior, runner_up=runner, alternatives=alts)  # fmt: skip
+    target = Target.node if h.is_node else Target.rank
+    how = How.peer_progress if peer else How.cross_comm if v.support >= 2 else How.exclusion
+    text = (
+        f"{h.name()}: its links stopped and the others moved on"
+        if peer
+        else (
+            f"{h.name()} is in {v.support} stuck ops"
+            if v.support >= 2
+            else f"{h.name()}: the others are ruled out"
+        )
+    )
+    return localize(kind, how, target, h.ranks(), text, refine=v.refine,
+                    posterior=v.posterior, runner_up=runner, alternatives=alts)  # fmt: skip
 
 
 def _mismatches(G: WaitGraph, hits: set[NodeKey], term_sources, common) -> list[Finding]:
@@ -704,7 +796,7 @@ def _mismatches(G: WaitGraph, hits: set[NodeKey], term_sources, common) -> list[
         )
         loc = localize(
             DiagKind.CollectiveMismatch, How.cycle, Target.cycle, ranks_c,
-            f"wait cycle (mismatched collective order): {text}", prior=0.9, cycle=members,
+            f"wait cycle (mismatched collective order): {text}", cycle=members,
         )  # fmt: skip
         key = ("cycle", tuple(sorted((ed.g, ed.to) for ed in edges)))
         c = node.comm
@@ -733,11 +825,23 @@ def _lost(G: WaitGraph, ranks: RankTable, term_sources, common) -> list[Finding]
     near = np.flatnonzero(G.stale & ~G.lost & np.isin(ranks.node[: len(G.stale)], list(nodes)))
     if len(near):
         d["missing"] = sorted(set(d.get("missing", [])) | set(near.tolist()))[:64]
-    loc = localize(
-        DiagKind.RankLost, How.heartbeat, Target.rank, lost,
-        f"rank {', '.join(map(str, lost))} sent nothing for longer than the loss limit, without a clean exit",
-        prior=0.95,
-    )  # fmt: skip
+    who = ", ".join(map(str, lost))
+    said = f"rank {who} sent nothing for longer than the loss limit, without a clean exit"
+    onsets = [int(ranks.last_recv[g]) for g in lost]
+    if len(nodes) > 1 and max(onsets) - min(onsets) <= G.th.lost_after_ns:
+        # k nodes silent at once: k independent losses (each a fault, model_fault_prior apiece)
+        # against one cause they share (a switch, the path to the master, an overloaded host):
+        # the nodes are suspects, not culprits, and nothing is isolated on them
+        k = len(nodes)
+        odds = math.exp((k - 1) * G.lik.fault_prior)
+        loc = localize(
+            DiagKind.RankLost, How.heartbeat, Target.suspects, lost,
+            f"{said}; {k} nodes at once: one cause they share is likelier than {k} lost nodes",
+            posterior=odds / (1 + odds),
+            runner_up="one cause outside these nodes (a switch, the network to the master)",
+        )  # fmt: skip
+    else:
+        loc = localize(DiagKind.RankLost, How.heartbeat, Target.rank, lost, said)
     start = int(ranks.last_recv[first])
     return [Finding(("lost", first), DiagKind.RankLost, None, None, None, tuple(lost), start, loc, d)]
 

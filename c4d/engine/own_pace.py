@@ -19,7 +19,7 @@ A window is slow at a ratio of ``1 + slow_arrival_rel`` or more and, summed over
 least ``slow_min_ops x slow_arrival_min_ms`` more compute than the baseline's pace (a
 pipeline's stages sync at every micro-batch: a mean per op can be well under a millisecond);
 a finding needs two such windows running, or one whose last half (or more) is far beyond the
-line in every quarter (``STRONG`` x ``slow_arrival_rel``; the collective rule's twice the
+line in every quarter (``slow_pace_strong`` x ``slow_arrival_rel``; the collective rule's twice the
 margin in nearly every op).
 """
 
@@ -36,10 +36,8 @@ from c4d.schema import OpFlag
 
 COMPUTE_GIVEN = int(OpFlag.COMPUTE_GIVEN)
 
-STRONG = 2.0  # 1 + STRONG x slow_arrival_rel, held for half a window, is slow in its first window
 MAX_SPAN = 16  # quarters one chunk's rows may span before they are counted one quarter at a time
 PARTS = 4  # quarters of a window: a slowdown that holds, against one long pause
-SHARED_MIN_RANKS = 3  # ranks judged in a window before their median tells a host-wide slowdown
 
 
 @dataclass(frozen=True)
@@ -166,7 +164,7 @@ class OwnPace:
             if ref > 0:
                 ratios[g] = (s[g] / k[g] / ref, ref)
         shared = 1.0
-        if len(ratios) >= SHARED_MIN_RANKS:
+        if len(ratios) >= self.cfg.slow_shared_min_ranks:
             shared = max(1.0, float(np.median([r for r, _ in ratios.values()])))
         line = 1 + cfg.slow_arrival_rel
         out = []
@@ -192,7 +190,7 @@ class OwnPace:
 
     def _strong(self, s: np.ndarray, k: np.ndarray, ref: float) -> bool:
         """Slow in its first window: its last quarters are all above the line and together
-        ``STRONG`` x slow_arrival_rel beyond it, at least half a window of them. One long
+        ``slow_pace_strong`` x slow_arrival_rel beyond it, at least half a window of them. One long
         pause (a descheduled process) lands in the one quarter of the op that ends it."""
         line = 1 + self.cfg.slow_arrival_rel
         q = np.where(k > 0, s / np.maximum(k, 1) / ref, 0.0)
@@ -201,4 +199,5 @@ class OwnPace:
             i -= 1
         if PARTS - i < PARTS // 2:
             return False
-        return float(s[i:].sum() / max(int(k[i:].sum()), 1) / ref) >= 1 + STRONG * self.cfg.slow_arrival_rel
+        strong = 1 + self.cfg.slow_pace_strong * self.cfg.slow_arrival_rel
+        return float(s[i:].sum() / max(int(k[i:].sum()), 1) / ref) >= strong

@@ -27,22 +27,6 @@ from c4d.engine.state import Comm
 SEND_WAIT, RECV_WAIT = 9, 10
 
 
-@dataclass
-class PeerVerdict:
-    ranks: tuple[int, ...]  # comm ranks: one (rank) or two (link)
-    is_link: bool
-    prior: float
-    """The rule's own confidence, used until the benchmark has calibrated its basis."""
-    refine: str = ""
-    """Calibration refinement: "partial" when an end of the named link has no other link that
-    reports progress (a fault of that rank would look the same: its other links are invisible,
-    e.g. inside a node where NCCL's profiler sees no transfers)."""
-    evidence: dict[str, Any] = field(default_factory=dict)
-
-
-HangVerdict = PeerVerdict
-
-
 def _links(rows: np.ndarray, value: np.ndarray) -> dict[tuple[int, int], float]:
     """Directed link -> min over the two ends of ``value`` (rows already one per end)."""
     src = np.where(rows["direction"] == 0, rows["comm_rank"], rows["peer"]).astype(int)
@@ -54,11 +38,12 @@ def _links(rows: np.ndarray, value: np.ndarray) -> dict[tuple[int, int], float]:
     return out
 
 
-def _ring_gaps(links: dict[tuple[int, int], float], rows: np.ndarray, n: int) -> None:
-    """Fill in the silent ends of a ring (i -> i+1): a source that reports only finished
-    transfers says nothing about a stuck one. If every reported transfer is a ring edge,
-    a ring edge whose sender or receiver reported *other* transfers of this op but not
-    this one has made no progress there (0)."""
+def _ring_gaps(links: dict[tuple[int, int], float], rows: np.ndarray, n: int, visible: set) -> None:
+    """Fill in the silent ends of a ring (i -> i+1) that NCCL would report (``visible``: across
+    nodes): a source that reports only finished transfers says nothing about a stuck one. If
+    every reported transfer is a ring edge, a visible ring edge whose sender or receiver
+    reported *other* transfers of this op but not this one has made no progress there (0). A
+    transfer inside a node is never reported: its absence is not evidence."""
     if n < 3 or not links or any(d != (s + 1) % n for s, d in links):
         return
     cols = zip(rows["comm_rank"].tolist(), rows["peer"].tolist(), rows["direction"].tolist(), strict=True)
@@ -66,30 +51,63 @@ def _ring_gaps(links: dict[tuple[int, int], float], rows: np.ndarray, n: int) ->
     reporters = {int(r) for r in rows["comm_rank"]}
     for s in range(n):
         d = (s + 1) % n
+        if (s, d) in links or (s, d) not in visible:
+            continue
         send_known, recv_known = (s, d, 0) in sides, (d, s, 1) in sides
         if (s in reporters and not send_known) or (d in reporters and not recv_known):
             links[(s, d)] = 0.0
 
 
-def _reduce(stalled: list[tuple[int, int]]) -> tuple[tuple[int, ...], bool, float] | None:
-    """Stalled links -> (comm ranks, is_link, prior), or None when they do not agree."""
-    ends = [set(link) for link in stalled]
-    pairs = {frozenset(link) for link in stalled}
-    if len(pairs) == 1:
-        a, b = sorted(next(iter(pairs)))
-        return (a, b), True, 0.85
-    common = set.intersection(*ends)
-    if len(common) == 1:
-        return (next(iter(common)),), False, 0.9
-    counts: dict[int, int] = {}
-    for e in ends:
-        for r in e:
-            counts[r] = counts.get(r, 0) + 1
-    best = max(counts.values())
-    top = sorted(r for r, c in counts.items() if c == best)
-    if best >= 2 and len(top) == 1:
-        return (top[0],), False, 0.6
-    return None
+@dataclass
+class HangLinks:
+    """Per-link transfer progress of a stuck collective (comm ranks), for the evidence model."""
+
+    progress: dict[tuple[int, int], float] = field(default_factory=dict)
+    """Directed link -> share of its steps done (1: done), reported or filled in (_ring_gaps)."""
+    stalled: list[tuple[int, int]] = field(default_factory=list)
+    """The links at the least progress, when some link made more."""
+    missing: list[int] = field(default_factory=list)
+    """Members that reported no transfer of the op."""
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+
+def hang_links(c: Comm, seq: int, visible: set[tuple[int, int]]) -> HangLinks:
+    """Transfer progress of (C, seq) from PEER records; ``visible``: the directed ring links NCCL
+    reports (across nodes)."""
+    tab = c.peer_table()
+    rows = tab[tab["seq"].astype(np.int64) == seq] if len(tab) else tab
+    members = c.members().tolist()
+    if not len(rows):
+        return HangLinks(missing=members)
+    rows = _latest(rows)
+    reported = set(rows["comm_rank"].tolist())
+    missing = [m for m in members if m not in reported]
+    tot = rows["steps_total"].astype(float)
+    frac = np.where(tot > 0, rows["steps_done"] / np.maximum(tot, 1), rows["done"].astype(float))
+    frac = np.where(rows["done"] > 0, 1.0, frac)
+    links = _links(rows, frac)
+    _ring_gaps(links, rows, c.n, visible)
+    out = HangLinks(links, [], missing)
+    if not links:
+        return out
+    pmin = min(links.values())
+    stalled = sorted(k for k, v in links.items() if v <= pmin + 1e-9)
+    if len(stalled) < len(links) and pmin < 1.0:
+        out.stalled = stalled
+    pairs = set(stalled) | {(b, a) for a, b in stalled}
+    waits = {
+        f"{int(r['comm_rank'])}->{int(r['peer'])}": ("SendWait" if r["state"] == SEND_WAIT else "RecvWait")
+        for r in rows
+        if int(r["state"]) in (SEND_WAIT, RECV_WAIT) and (int(r["comm_rank"]), int(r["peer"])) in pairs
+    }
+    others = [v for k, v in links.items() if k not in stalled]
+    out.evidence = {
+        "stalled_links": [f"{a}->{b}" for a, b in out.stalled],
+        "stalled_progress": round(pmin, 3),
+        "other_links_median_progress": round(float(np.median(others)), 3) if others else None,
+        "wait_states": waits,
+    }
+    return out
 
 
 def _latest(rows: np.ndarray) -> np.ndarray:
@@ -99,59 +117,6 @@ def _latest(rows: np.ndarray) -> np.ndarray:
     key = np.stack([r["comm_rank"], r["peer"], r["direction"].astype(np.int32)], axis=1)
     last = np.r_[(key[1:] != key[:-1]).any(axis=1), True]
     return r[last]
-
-
-def localize_hang(c: Comm, seq: int) -> tuple[PeerVerdict | None, list[int]]:
-    """Stuck link/rank of (C, seq) from PEER progress; also the comm ranks with no PEER evidence."""
-    tab = c.peer_table()
-    rows = tab[tab["seq"].astype(np.int64) == seq] if len(tab) else tab
-    members = c.members().tolist()
-    if not len(rows):
-        return None, members
-    rows = _latest(rows)
-    reported = set(rows["comm_rank"].tolist())
-    missing = [m for m in members if m not in reported]
-    tot = rows["steps_total"].astype(float)
-    frac = np.where(tot > 0, rows["steps_done"] / np.maximum(tot, 1), rows["done"].astype(float))
-    frac = np.where(rows["done"] > 0, 1.0, frac)
-    links = _links(rows, frac)
-    _ring_gaps(links, rows, c.n)
-    if len(links) < 2:
-        return None, missing
-    pmin = min(links.values())
-    stalled = sorted(k for k, v in links.items() if v <= pmin + 1e-9)
-    if len(stalled) == len(links):
-        return None, missing
-    red = _reduce(stalled)
-    if red is None:
-        return None, missing
-    ranks, is_link, conf = red
-    others = [v for k, v in links.items() if k not in stalled]
-    if missing:
-        conf *= 0.8
-    refine = ("partial" if is_link and not _ends_seen_elsewhere(ranks, links) else "") or (
-        "most" if not is_link and conf < 0.6 else ""
-    )
-    waits = {
-        f"{int(r['comm_rank'])}->{int(r['peer'])}": ("SendWait" if r["state"] == SEND_WAIT else "RecvWait")
-        for r in rows
-        if int(r["state"]) in (SEND_WAIT, RECV_WAIT)
-        and (int(r["comm_rank"]), int(r["peer"])) in {s for s in stalled} | {(b, a) for a, b in stalled}
-    }
-    ev = {
-        "stalled_links": [f"{a}->{b}" for a, b in stalled],
-        "stalled_progress": round(pmin, 3),
-        "other_links_median_progress": round(float(np.median(others)), 3),
-        "wait_states": waits,
-    }
-    return PeerVerdict(ranks, is_link, round(conf, 2), refine, ev), missing
-
-
-def _ends_seen_elsewhere(link: tuple[int, ...], links: dict[tuple[int, int], Any]) -> bool:
-    """Both ends of ``link`` have another link with reported progress: a fault of either rank
-    would have shown there too (both directions of every link of a rank)."""
-    pair = set(link)
-    return all(any(r in k and set(k) != pair for k in links) for r in link)
 
 
 def pace_setters(c: Comm, seqs: np.ndarray) -> tuple[dict[tuple[int, int], int], int, set[tuple[int, int]]]:
@@ -207,34 +172,6 @@ def _latest_per_op(rows: np.ndarray) -> np.ndarray:
     )
     last = np.r_[(key[1:] != key[:-1]).any(axis=1), True]
     return r[last]
-
-
-def localize_slow(
-    counts: dict[tuple[int, int], int], n_ops: int, share: float, seen: set[tuple[int, int]]
-) -> PeerVerdict | None:
-    """The link (or rank) that makes a slow ring slow: a link that sets its pace in at least
-    ``share`` of the ops; or two links of one rank that together do, each often (a rank
-    whose transfers are slow slows its in- and out-link alike, so they take turns)."""
-    if n_ops < 2 or not counts:
-        return None
-    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
-    (l1, c1) = ranked[0]
-    if len(ranked) >= 2:
-        (l2, c2) = ranked[1]
-        common = set(l1) & set(l2)
-        if len(common) == 1 and c2 >= 0.4 * c1 and c1 + c2 >= share * n_ops:
-            r = next(iter(common))
-            links = sorted([l1, l2])
-            ev = {
-                "slow_links": [f"{a}->{b}" for a, b in links],
-                "pace_share": {f"{a}->{b}": round(counts[(a, b)] / n_ops, 3) for a, b in links},
-            }
-            return PeerVerdict((r,), False, round(0.9 * min(1.0, c2 / c1), 2), "", ev)
-    if c1 >= share * n_ops:
-        ev = {"slow_links": [f"{l1[0]}->{l1[1]}"], "pace_share": {f"{l1[0]}->{l1[1]}": round(c1 / n_ops, 3)}}
-        refine = "" if _ends_seen_elsewhere(l1, dict.fromkeys(seen)) else "partial"
-        return PeerVerdict(tuple(l1), True, round(0.85 * min(1.0, c1 / n_ops + 0.1), 2), refine, ev)
-    return None
 
 
 def global_links(ev: dict, c: Comm) -> dict:

@@ -25,7 +25,9 @@ ranks or compares with the master's clock.
 from __future__ import annotations
 
 import logging
-from collections import deque
+import os
+from collections import Counter, OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -34,6 +36,7 @@ import numpy as np
 from c4d import schema
 from c4d.columns import Columns
 from c4d.opstats import busbw_factor, total_bytes
+from c4d.ratelog import RateLimitedLog
 from c4d.schema import Op, OpFlag
 
 log = logging.getLogger("c4d.engine")
@@ -103,6 +106,7 @@ P2P_HALF = np.dtype(
         ("end", "<i8"),
         ("g", "<i8"),  # global rank of this side
         ("comm", "<i8"),  # communicator index
+        ("sig", "<i8"),  # count << 8 | dtype: a send and its receive must agree (consistency.py)
     ]
 )
 P2P_BOUND_EPOCH_NS = 30_000_000_000
@@ -132,9 +136,37 @@ RECENT_OPS = 256  # completed ops kept per communicator: what the live view summ
 NO_ROWS = 1 << 62  # the earliest last arrival of no rows
 PENDING_PARTS = 16  # chunks' rows a communicator keeps as views for the slow judge (Comm._completed)
 # chunks' node summaries the pool keeps before it hands them out joined (Pool.settle): every
-# communicator's views keep a block alive until the judge took them all, so a window's blocks
-# were its summaries twice at the judge's peak (RSS 4.0 GiB at 16,384 ranks through agents)
+# communicator's views keep a block alive until the judge took them all: without a bound a
+# window's blocks hold its summaries twice at the judge's peak
 MAX_BLOCKS = 32
+RING_CELL_BYTES = 25  # an op ring's member rows per slot and member: has, arrival, end, compute gap
+# communicators a job may ever admit (indices are never reused: ~60 bytes of index-wide arrays
+# each): C4D_MAX_COMMS_EVER
+MAX_COMMS_EVER = 1 << 22
+# what a sender can make the engine hold beyond a communicator's tables (C4D_MAX_COMM_BYTES,
+# charged at the edge), in bytes for the whole job (Pool.budget; docs/untrusted-input.md)
+BUDGETS = {"ring": ("C4D_MAX_RING_BYTES", 512 << 20), "peer": ("C4D_MAX_PEER_BYTES", 256 << 20)}
+P2P_BUDGET = ("C4D_MAX_P2P_BYTES", 128 << 20)  # p2p completion counters (P2PDone): 16 bytes a key
+# completed ops' rows kept for the slow judge until their window closes (Comm.pending,
+# p2p_pending, the pool's summaries): the job's rate times two windows, or a sender's
+KEPT_BUDGET = ("C4D_MAX_KEPT_BYTES", 3 << 30)
+
+
+def budget_from_env(var: str, default: int, env=None) -> int:
+    """A byte budget from the environment (suffixes K, M, G); a malformed one logs a line and
+    keeps the default."""
+    raw = (os.environ if env is None else env).get(var, "").strip()
+    if not raw:
+        return default
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(raw[-1:].upper(), 1)
+    try:
+        v = int(float(raw[:-1] if mult > 1 else raw) * mult)
+        if v <= 0:
+            raise ValueError
+    except ValueError:
+        log.warning("c4d: %s=%r is not a positive number of bytes; using %d", var, raw, default)
+        return default
+    return v
 
 
 def _grow(a: np.ndarray, n: int, fill) -> np.ndarray:
@@ -150,8 +182,8 @@ take = schema.take_records
 def lexsort(keys: tuple[np.ndarray, ...]) -> np.ndarray:
     """``np.lexsort(keys)`` (the last key sorts first) for integer keys: one stable argsort of
     the keys packed into one int64 when their ranges fit in 62 bits. Records come in runs
-    (a rank's in order, a batch per sender), which a stable sort takes as they are: 4x faster
-    than np.lexsort on a chunk's collectives. Keys of wider ranges go to np.lexsort."""
+    (a rank's in order, a batch per sender), which a stable sort takes as they are, much
+    faster than np.lexsort on a chunk's collectives. Keys of wider ranges go to np.lexsort."""
     m = len(keys[0])
     if m < 2:
         return np.zeros(m, np.int64)
@@ -172,9 +204,8 @@ def lexsort(keys: tuple[np.ndarray, ...]) -> np.ndarray:
 class OpCols(NamedTuple):
     """OP fields that several steps of a chunk read, read once, as contiguous columns: the
     rows' words transposed in one pass (c4d.columns). A field of 128-byte rows read where it
-    lies is a pass over every cache line of them (~0.9 ms per 131,072 rows, a dozen of them
-    per chunk), and the gaps, own pace, group sharing, membership, collectives and p2p steps
-    read these again and again."""
+    lies is a pass over every cache line of them, and the gaps, own pace, group sharing,
+    membership, collectives and p2p steps read a dozen of them again and again."""
 
     rank: np.ndarray  # int64
     flags: np.ndarray
@@ -188,6 +219,8 @@ class OpCols(NamedTuple):
     end: np.ndarray  # end_ns, int64
     peer: np.ndarray  # int64
     compute: np.ndarray  # compute_ns, int64
+    elems: np.ndarray  # elements as passed to NCCL (uint64; consistency.py)
+    kinds: np.ndarray  # op | dtype << 8 | redop << 16 (uint64; consistency.py)
 
     @classmethod
     def of(cls, ops: np.ndarray, rank: np.ndarray | None = None) -> OpCols:
@@ -200,7 +233,8 @@ class OpCols(NamedTuple):
         return cls(
             g, c["flags"], c["comm_nranks"].astype(i64), c["comm_rank"].astype(i64), arr, c["comm_id"],
             c["seq"].view(i64), c["op"], c["bytes"].view(i64), c["end_ns"].view(i64),
-            c["peer"].astype(i64), c["compute_ns"],
+            c["peer"].astype(i64), c["compute_ns"], c["count"],
+            (c.words[14] >> np.uint64(32)) & np.uint64(0xFFFFFF),  # op, dtype, redop: one word's bytes
         )  # fmt: skip
 
     def take(self, idx: np.ndarray) -> OpCols:
@@ -292,23 +326,40 @@ def _sort_rows(a: np.ndarray, nan: np.ndarray) -> np.ndarray:
     return np.stack(cols, axis=1).ravel()
 
 
+Cut = tuple[np.ndarray, ...]
+
+
+def split_rows(keep: np.ndarray, *cols: np.ndarray) -> tuple[Cut, Cut | None]:
+    """Row-aligned arrays cut into the rows taken and those kept (``keep``; None: none). When
+    the kept come after the others (the usual order) the taken are views and the kept copied:
+    a window's rows at 16,384 ranks are ~1 GiB, copied once more by masks."""
+    j = len(keep) - int(np.count_nonzero(keep))
+    if keep[j:].all():
+        return tuple(a[:j] for a in cols), (tuple(a[j:].copy() for a in cols) if j < len(keep) else None)
+
+    def pick(a: np.ndarray, m: np.ndarray) -> np.ndarray:  # whole records (numpy copies fields one by one)
+        return take(a, m) if a.dtype.names else a[m]
+
+    return tuple(pick(a, ~keep) for a in cols), tuple(pick(a, keep) for a in cols)
+
+
 def _row_median(a: np.ndarray) -> np.ndarray:
     """``np.median(a, axis=1)`` of an integer matrix, from one sort of its rows: np.median's
-    partition and mean were the largest step of a chunk's reduction (2.5x this for rows of 8).
-    The two middle values are averaged in float64, as np.mean does."""
+    partition and mean cost several times this on short rows, and a chunk's reduction runs it
+    on every op. The two middle values are averaged in float64, as np.mean does."""
     n = a.shape[1]
     s = np.sort(a, axis=1)
     return (s[:, (n - 1) // 2].astype(np.float64) + s[:, n // 2].astype(np.float64)) / 2
 
 
-def _row_nanmedian(a: np.ndarray) -> np.ndarray:
-    """Median of each row ignoring NaN (NaN when a row has none); np.nanmedian is ~20x slower here."""
+def row_nanmedian(a: np.ndarray) -> np.ndarray:
+    """Median of each row ignoring NaN (NaN when a row has none); np.nanmedian is much slower here."""
     m, n = a.shape
     nan = np.isnan(a)
     srt = _sort_rows(a, nan)  # NaN sort last
     if n == 8 and nan.flags.c_contiguous:  # a node agent's summaries: a row's 8 flags are one word
         k = n - np.bitwise_count(nan.view(np.uint64)).ravel().astype(np.int64)
-    else:  # (a reduction along short rows is slow: 1.6 ms for 78,000 x 8)
+    else:  # (a reduction along short rows is slow)
         k = n - nan.sum(axis=1)
     at = np.arange(m) * n
     lo = srt[at + np.maximum((k - 1) // 2, 0)].astype(np.float64)  # float32 values exactly
@@ -442,6 +493,15 @@ class RankTable:
         r = np.flatnonzero((self.isl_rank == label) & (self.node < 0))
         return float(self.anc_rank[r[0]]) if len(r) else 0.0
 
+    def known_node(self, g: int) -> int:
+        """Rank ``g``'s node index, -1 where its node is not known ("?": an import without hosts)."""
+        i = int(self.node[g]) if 0 <= g < self.n else -1
+        return i if i >= 0 and self.node_names[i] != "?" else -1
+
+    def ranks_on(self, node: int) -> tuple[int, ...]:
+        """The registered ranks on node index ``node`` (a node hypothesis, blame.py)."""
+        return tuple(np.flatnonzero(self.node[: self.n] == node).tolist()) if node >= 0 else ()
+
     def node_name(self, g: int) -> str:
         i = int(self.node[g]) if 0 <= g < self.n else -1
         return self.node_names[i] if i >= 0 else "?"
@@ -493,7 +553,7 @@ class RankTable:
     def register(self, rows: np.ndarray) -> None:
         if len(rows) > 1 and len(self.node_names):
             # repeats that say what is known skipped at once (a rank sends one every 10
-            # heartbeats: 8,192 a second at 16,384 ranks, one by one 2% of the engine); the job's
+            # heartbeats: thousands a second in a large job); the job's
             # settings come from the lowest rank's, taken one by one
             gr = rows["rank"].astype(np.int64)
             nd = self.node[gr]
@@ -531,14 +591,18 @@ class RankTable:
 class P2PDone:
     """Every communicator's p2p completion counters, (comm, comm rank, op, peer) -> highest seq
     finished + 1, as one sorted array of int64 keys (``key``): a chunk's p2p OP rows update
-    them with one search (a dict update per key was 4% of the master's CPU at 16,384 ranks
-    through agents: 32,768 keys a chunk). The hang graph reads a communicator's as a dict
+    them with one search (tens of thousands of keys a chunk in a large job: a dict update per
+    key is a Python call each). The hang graph reads a communicator's as a dict
     (``Comm.p2p_done``), made when it asks."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_bytes: int = P2P_BUDGET[1]) -> None:
         self.keys = np.empty(0, np.int64)
         self.vals = np.empty(0, np.int64)
         self.gen = 0  # bumped by every update (Comm.p2p_done's cache)
+        # keys are (comm, member, op, peer) a sender names: n^2 per communicator, 16 bytes each
+        self.max_keys = max(1, max_bytes // 16)
+        self.dropped = 0  # new keys that found no room (counted, not kept)
+        self.ratelog: RateLimitedLog | None = None
 
     @staticmethod
     def key(comm: np.ndarray, cr: np.ndarray, op: np.ndarray, peer: np.ndarray) -> np.ndarray:
@@ -564,6 +628,14 @@ class P2PDone:
             self.vals[ph] = np.maximum(self.vals[ph], mx[hit])
         if not hit.all():
             new = ~hit
+            room = self.max_keys - len(self.keys)
+            if int(new.sum()) > room:  # past the budget: the first keys (in key order) that fit
+                over = np.flatnonzero(new)[max(room, 0) :]
+                self.dropped += len(over)
+                new[over] = False
+                if self.ratelog is not None:
+                    self.ratelog("p2p bytes", "c4d engine: dropped %d p2p completion counter(s): p2p bytes "
+                                 "(C4D_MAX_P2P_BYTES)", len(over), n=len(over))  # fmt: skip
             keys = np.concatenate([self.keys, uk[new]])
             vals = np.concatenate([self.vals, mx[new]])
             order = np.argsort(keys, kind="stable")
@@ -592,8 +664,8 @@ class P2PDone:
 
 class RateLog:
     """OP rows ingested per communicator, every communicator's at once: the live view's rate (a
-    log entry per chunk, RATE_WINDOW_NS of them) and each one's total. A deque entry per
-    communicator per chunk was 90,000 Python calls a second at 16,384 ranks through agents."""
+    log entry per chunk, RATE_WINDOW_NS of them) and each one's total, not a deque entry per
+    communicator per chunk (a Python call each, tens of thousands a second in a large job)."""
 
     def __init__(self) -> None:
         self.log: deque[tuple[int, np.ndarray, np.ndarray]] = deque()  # (master time, comm idx, rows)
@@ -675,6 +747,7 @@ class Pool:
         ("pend_seq", np.int64, -1), ("pend_op", np.int16, 255), ("pend_peer", np.int32, -1),
         ("pend_flags", np.int16, 0), ("pend_issue", np.int64, 0), ("pend_start", np.int64, 0),
         ("p2p_in_flight", np.int64, 0), ("gone", np.bool_, False), ("owner", np.int64, -1),
+        ("pend_count", np.uint64, 0), ("pend_dtype", np.int16, 255), ("pend_redop", np.int16, 255),
     )  # fmt: skip
     SLOT = (("tag", np.int64, -1), ("opk", np.uint8, 0), ("processed", np.bool_, False))
 
@@ -684,7 +757,7 @@ class Pool:
         self.m_used = self.s_used = 0
         self.comms: dict[int, Comm] = {}  # by index
         self.free: dict[int, list[tuple[int, int]]] = {}  # by size: ranges of freed communicators
-        self.p2p = P2PDone()  # every communicator's p2p completion counters
+        self.p2p = P2PDone(budget_from_env(*P2P_BUDGET))  # every communicator's p2p completion counters
         self.rate = RateLog()  # every communicator's OP rows ingested
         self.cbase = np.full(0, -1, np.int64)  # by communicator index: its mbase (-1 not here)
         # by communicator index: the earliest last arrival of the rows it keeps for the slow
@@ -694,16 +767,34 @@ class Pool:
         self.p2pmin = np.full(0, NO_ROWS, np.int64)
         # node agents' summaries of each chunk, kept for the slow judge as the chunk's rows
         # (Summaries: every communicator's run of rows, in seq order) until a window closes
-        # (settle): handing each communicator its rows as they came was a Python call per
-        # communicator per chunk, ~8 us each (2,048 a chunk at 16,384 ranks: 15-20% of the
-        # engine's ingest)
+        # (settle), not handed to each communicator as they come (a Python call per
+        # communicator per chunk: thousands a chunk in a large job)
         self.blocks: list[SummaryBlock] = []
         self.blocked = np.zeros(0, bool)  # by communicator index: it has rows in the blocks
+        # byte budgets of what senders make it hold beyond the tables the edge charges: op rings'
+        # member rows (made when an op spans chunks; one row of a communicator of 1,024 members
+        # made 26 MiB) and PEER rows (a communicator keeps max(4096, 64 n))
+        self.budget = {k: budget_from_env(var, d) for k, (var, d) in BUDGETS.items()}
+        self.held = dict.fromkeys(BUDGETS, 0)
+        # communicator indices holding each, least recently used first (evicted first)
+        self.holders: dict[str, OrderedDict[int, None]] = {k: OrderedDict() for k in BUDGETS}
+        self.dropped: Counter[str] = Counter()  # rows refused for want of room, by reason
+        self.evicted: Counter[str] = Counter()  # rings and PEER tables let go to make room
+        self.ratelog = RateLimitedLog(log)
+        self.p2p.ratelog = self.ratelog
+        # rows kept for the slow judge: counted as they come (an upper bound: the judge takes
+        # them elsewhere), counted exactly (recount) when that passes the budget
+        self.kept_budget = budget_from_env(*KEPT_BUDGET)
+        self.kept = 0
+        self._refused = 0  # bytes refused since the last recount
+        self._over = False  # the last recount found no room
 
     def keep_summaries(self, out: np.ndarray, gaps: np.ndarray, idx: np.ndarray, head: np.ndarray,
                        tail: np.ndarray, la_min: np.ndarray) -> None:  # fmt: skip
         """A chunk's summaries (COMPLETED rows and their members' compute, ``idx[k]``'s rows
         ``head[k]:tail[k]``, earliest last arrival ``la_min[k]``; distinct communicators)."""
+        if not self.keep(out.nbytes + gaps.nbytes, len(out)):
+            return
         self.blocks.append(SummaryBlock(out, gaps, idx.copy(), head, tail))
         self.pmin[idx] = np.minimum(self.pmin[idx], la_min)
         self.blocked[idx] = True
@@ -781,6 +872,12 @@ class Pool:
             self._base(c)
             return
         grow = False
+        if self.m_used + c.n > len(self.member["grank"]) or self.s_used + c.W > len(self.slot["tag"]):
+            live = self.comms.values()
+            m_live, s_live = sum(d.n for d in live) + c.n, sum(d.W for d in live) + c.W
+            if 2 * m_live <= self.m_used or 2 * s_live <= self.s_used:
+                self._compact()  # freed ranges of other sizes: reused, not added to
+                grow = True
         for arrs, spec, used, need in (
             (self.member, self.MEMBER, self.m_used, c.n),
             (self.slot, self.SLOT, self.s_used, c.W),
@@ -799,6 +896,30 @@ class Pool:
             self._point(d)
         self.member["owner"][c.mbase : c.mbase + c.n] = c.idx
         self._base(c)
+
+    def _compact(self) -> None:
+        """The attached communicators' ranges moved to the front, in order, the freed ones
+        dropped: a freed range is reused by a communicator of its size only, so communicators of
+        ever new sizes made and freed (a sender's) would grow the pool without bound."""
+        live = list(self.comms.values())
+        self.free = {}
+        for arrs, spec, base, size, attr in (
+            (self.member, self.MEMBER, "mbase", "n", "m_used"),
+            (self.slot, self.SLOT, "sbase", "W", "s_used"),
+        ):
+            start = np.array([getattr(d, base) for d in live], np.int64)
+            lens = np.array([getattr(d, size) for d in live], np.int64)
+            new = np.r_[0, np.cumsum(lens)[:-1]] if len(lens) else lens
+            src = np.repeat(start - new, lens) + np.arange(int(lens.sum()))
+            for k, dt, f in spec:
+                a = np.full(max(1024, 2 * len(src)), f, dt)
+                a[: len(src)] = arrs[k][src]
+                arrs[k] = a
+            for d, b in zip(live, new.tolist(), strict=True):
+                setattr(d, base, b)
+            setattr(self, attr, len(src))
+        for d in live:
+            self.cbase[d.idx] = d.mbase
 
     def _base(self, c: Comm) -> None:
         if c.idx >= len(self.cbase):
@@ -846,9 +967,89 @@ class Pool:
             self.p2p.forget(c.idx)
             rate.forget(c.idx)
             self.free.setdefault(c.n, []).append((c.mbase, c.sbase))
+            self.let_go(c, "ring")
+            self.let_go(c, "peer")
             self.cbase[c.idx] = -1
             self.pmin[c.idx] = self.p2pmin[c.idx] = NO_ROWS
             c.mbase = c.sbase = -1
+
+    def keep(self, nbytes: int, rows: int) -> bool:
+        """Whether ``rows`` completed ops (``nbytes``) may be kept for the slow judge within the
+        budget; counted under "kept bytes" if not."""
+        most = self.kept_budget
+        if self.kept + nbytes > most:
+            if not self._over or self._refused >= most // 64:  # (a recount visits every communicator)
+                self.recount()
+                self._over = self.kept + nbytes > most
+            if self.kept + nbytes > most:
+                self._refused += nbytes
+                self.refuse("kept bytes", KEPT_BUDGET[0], rows, "completed op(s)")
+                return False
+        self.kept += nbytes
+        return True
+
+    def recount(self) -> None:
+        """What every communicator keeps for the slow judge now, in bytes (a view counts its own)."""
+        n = sum(b.out.nbytes + b.gaps.nbytes for b in self.blocks)
+        for c in self.comms.values():
+            n += sum(p.nbytes for p in c.pending) + sum(g.nbytes for g in c.pending_gaps)
+            n += sum(p.nbytes for p in c.p2p_pending)
+        self.kept, self._refused, self._over = n, 0, False
+
+    def refuse(self, reason: str, var: str, rows: int, what: str = "record(s)") -> None:
+        """``rows`` refused for want of room in the budget ``var``: counted under ``reason``
+        (c4d_records_rejected) and logged at most once a minute per reason."""
+        self.dropped[reason] += rows
+        self.ratelog(reason, f"c4d engine: dropped %d {what}: {reason} ({var})", rows, n=rows)
+
+    def drops(self) -> dict[str, int]:
+        """What the byte budgets refused or let go, by reason (rows; p2p: counters)."""
+        out = dict(self.dropped)
+        out.update({f"{k} evicted": v for k, v in self.evicted.items()})
+        if self.p2p.dropped:
+            out["p2p bytes"] = self.p2p.dropped
+        return out
+
+    def room(self, c: Comm, what: str, nbytes: int) -> bool:
+        """Whether ``c`` may hold ``nbytes`` more of ``what`` ("ring", "peer") within the job's
+        budget, the least recently used other holders let go to make room; charged if so."""
+        held, most, order = self.held, self.budget[what], self.holders[what]
+        while held[what] + nbytes > most and order:
+            victim = next(iter(order))
+            if victim == c.idx:
+                if len(order) == 1:
+                    break
+                order.move_to_end(victim)
+                continue
+            v = self.comms[victim]
+            if what == "peer":  # its oldest part: a communicator keeps its latest rows longest
+                self.dropped["peer bytes"] += len(v.peer_rows[0])
+                v._pop_peers()
+            else:
+                self.let_go(v, what)
+            self.evicted[what] += 1
+            self.ratelog(f"{what} evicted", "c4d engine: the job's %s budget (%s, %d bytes) is full: "
+                         "the least recently used let go", what, BUDGETS[what][0], most)  # fmt: skip
+        if held[what] + nbytes > most:
+            return False
+        held[what] += nbytes
+        order[c.idx] = None
+        order.move_to_end(c.idx)
+        return True
+
+    def let_go(self, c: Comm, what: str) -> None:
+        """``c``'s op ring or PEER rows freed and uncharged (a ring's ops not complete are
+        counted incomplete and their late rows ignored: Comm.scatter)."""
+        order = self.holders[what]
+        if c.idx not in order:
+            return
+        del order[c.idx]
+        if what == "ring" and c._ring is not None:
+            self.held[what] -= c._ring[0].size * RING_CELL_BYTES
+            c._drop_ring()
+        elif what == "peer":
+            self.held[what] -= sum(p.nbytes for p in c.peer_rows)
+            c.peer_rows, c.peer_n = [], 0
 
     @classmethod
     def _own(cls, c: Comm) -> None:
@@ -877,10 +1078,22 @@ def compute_before(last_cum: np.ndarray, member: np.ndarray, seq: np.ndarray, cu
 class Comm:
     """One communicator's arrays. ``n`` members, op ring of ``W`` sequence slots."""
 
+    @staticmethod
+    def slots(n: int) -> int:
+        """W, the op ring's sequence slots for ``n`` members."""
+        return int(min(1024, max(64, (1 << 20) // max(n, 1))))
+
+    @staticmethod
+    def table_bytes(n: int) -> int:
+        """What the master holds for a communicator of ``n`` members before its op ring's member
+        rows are made: this object, its share of the Pool, the edge's and the bookkeeping's entries
+        (C4D_MAX_COMM_BYTES charges it: c4d/validate.py; tests/test_edge_ingest.py measures it)."""
+        return 12288 + 24 * Comm.slots(n) + 800 * n
+
     def __init__(self, idx: int, cid: int, n: int, pool: Pool | None = None) -> None:
         self.idx, self.id, self.n = idx, cid, n
         self.mbase = self.sbase = -1  # where its arrays lie in the engine's Pool (-1: its own)
-        self.W = int(min(1024, max(64, (1 << 20) // max(n, 1))))
+        self.W = Comm.slots(n)
         self.grank = np.full(n, -1, np.int64)
         self.gone = np.zeros(n, bool)
         self.parent = 0
@@ -902,6 +1115,9 @@ class Comm:
         self.pend_issue = np.zeros(n, np.int64)
         self.pend_start = np.zeros(n, np.int64)
         self.p2p_in_flight = np.zeros(n, np.int64)
+        self.pend_count = np.zeros(n, np.uint64)  # what members must agree on (consistency.py)
+        self.pend_dtype = np.full(n, 255, np.int16)
+        self.pend_redop = np.full(n, 255, np.int16)
         # from OP records
         self.op_done = np.zeros(n, np.int64)  # highest collective seq finished + 1
         # p2p completion counters, (comm rank, op, peer) -> seq + 1 (p2p_done): the engine's
@@ -947,14 +1163,27 @@ class Comm:
             pool.attach(self)
 
     # -- the op ring's member rows ----------------------------------------------------------
-    def ring_rows(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """(has, arrival, end, compute gap), each W x n."""
+    def ring_rows(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+        """(has, arrival, end, compute gap), each W x n; None when the job's ring budget has no
+        room for them (Pool.room)."""
         if self._ring is None:
             W, n = self.W, self.n
+            if self._pool is not None and not self._pool.room(self, "ring", W * n * RING_CELL_BYTES):
+                return None
             # has, arrival, end, the member's compute before the op (-1 unknown; add_collectives)
             self._ring = (np.zeros((W, n), bool), np.zeros((W, n), np.int64), np.zeros((W, n), np.int64),
                           np.full((W, n), -1, np.int64))  # fmt: skip
         return self._ring
+
+    def _drop_ring(self) -> None:
+        """Its ring's member rows freed: the ops not complete in it are counted incomplete and
+        marked processed, so their late rows are ignored (never reduced from half a ring)."""
+        if self._ring is None:
+            return
+        open_ = (self.tag >= 0) & ~self.processed
+        self.incomplete += int((open_ & self._ring[0].any(axis=1)).sum())
+        self.processed[open_] = True
+        self._ring = None
 
     # -- derived views -----------------------------------------------------------------
     @property
@@ -999,6 +1228,37 @@ class Comm:
             self.p2p_taken = _tail([ops], self.p2p_taken, RECENT_XFER)
         else:
             self.recent_taken = _tail([ops], self.recent_taken, RECENT)
+
+    def take_closed(self, closed: int, P: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """The slow judge takes its COMPLETED rows of windows up to ``closed`` (a row's window:
+        ``last_arrive // P``), with their members' compute gaps and windows; None while none
+        is closed (most ticks, for every communicator: no copy)."""
+        if not self.pending or self.pending_min_la // P > closed:
+            return None
+        ops = cat(self.pending)
+        gaps = np.concatenate(self.pending_gaps) if len(self.pending_gaps) > 1 else self.pending_gaps[0]
+        win = ops["last_arrive"] // P
+        (ops, gaps, win), rest = split_rows(win > closed, ops, gaps, win)
+        self.took(ops[-RECENT_OPS:], p2p=False)
+        self.pending, self.pending_gaps = ([rest[0]], [rest[1]]) if rest is not None else ([], [])
+        self.pending_min_la = int(rest[0]["last_arrive"].min()) if rest is not None else NO_ROWS
+        if self._pool is not None:
+            self._pool.pmin[self.idx] = self.pending_min_la
+        return ops, gaps, win
+
+    def take_closed_p2p(self, closed: int, P: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """``take_closed`` of its P2P_DONE rows (and their windows)."""
+        if not self.p2p_pending or self.p2p_pending_min_la // P > closed:
+            return None
+        ops = cat(self.p2p_pending)
+        win = ops["last_arrive"] // P
+        (ops, win), rest = split_rows(win > closed, ops, win)
+        self.took(ops[-RECENT_OPS:], p2p=True)
+        self.p2p_pending = [rest[0]] if rest is not None else []
+        self.p2p_pending_min_la = int(rest[0]["last_arrive"].min()) if rest is not None else NO_ROWS
+        if self._pool is not None:
+            self._pool.p2pmin[self.idx] = self.p2p_pending_min_la
+        return ops, win
 
     def peer_table(self) -> np.ndarray:
         if len(self.peer_rows) > 1:
@@ -1049,13 +1309,35 @@ class Comm:
         self.pend_issue[cr] = hb["pend_issue_ns"].astype(np.int64)
         self.pend_start[cr] = hb["pend_start_ns"].astype(np.int64)
         self.p2p_in_flight[cr] = hb["p2p_in_flight"].astype(np.int64)
+        self.pend_count[cr] = hb["pend_count"]
+        self.pend_dtype[cr] = hb["pend_dtype"]
+        self.pend_redop[cr] = hb["pend_redop"]
 
     def add_peers(self, rows: np.ndarray) -> None:
-        self.peer_rows.append(rows.copy())
-        self.peer_n += len(rows)
+        """Keep PEER rows: its latest ``max(4096, 64 n)``, within the job's budget (Pool.room: the
+        communicators that added none for longest let theirs go first, then its own oldest)."""
+        part = rows.copy()
+        pool = self._pool
+        if pool is not None:
+            while not pool.room(self, "peer", part.nbytes) and self.peer_rows:
+                self._pop_peers()
+            if self.idx not in pool.holders["peer"]:  # no room even alone: refused
+                pool.refuse("peer bytes", BUDGETS["peer"][0], len(part))
+                return
+        self.peer_rows.append(part)
+        self.peer_n += len(part)
         cap = max(4096, 64 * self.n)
         while self.peer_n > cap and len(self.peer_rows) > 1:
-            self.peer_n -= len(self.peer_rows.pop(0))
+            self._pop_peers()
+
+    def _pop_peers(self) -> None:
+        """Its oldest part of PEER rows let go."""
+        old = self.peer_rows.pop(0)
+        self.peer_n -= len(old)
+        if self._pool is not None:
+            self._pool.held["peer"] -= old.nbytes
+            if not self.peer_rows:
+                self._pool.holders["peer"].pop(self.idx, None)
 
     def add_p2p(self, ops: np.ndarray) -> None:
         """p2p OP rows: completion counters per (member, op, peer) for the hang graph."""
@@ -1096,7 +1378,14 @@ class Comm:
         """Put collective OP rows (and each member's compute before the op) into the ring; return
         the slots of the ops now complete, in seq order, marked processed."""
         W = self.W
-        has, arr, end, gap = self.ring_rows()
+        ring = self.ring_rows()
+        if ring is None:  # no room in the job's ring budget: these rows are not kept
+            assert self._pool is not None
+            self._pool.refuse("ring bytes", BUDGETS["ring"][0], len(seq))
+            return np.empty(0, np.int64)
+        if self._pool is not None:
+            self._pool.holders["ring"].move_to_end(self.idx)
+        has, arr, end, gap = ring
         slot = seq % W
         tag = self.tag[slot]
         newer = seq > tag
@@ -1145,6 +1434,8 @@ class Comm:
         live view. ``la_min``: their earliest last arrival, when the caller has it."""
         if self._pool is not None and self.idx < len(self._pool.blocked) and self._pool.blocked[self.idx]:
             self._pool.settle_one(self)  # node summaries of it came before these rows
+        if self._pool is not None and not self._pool.keep(out.nbytes + gaps.nbytes, len(out)):
+            return
         self.pending.append(out)
         if len(out):
             la = int(out["last_arrive"].min()) if la_min is None else la_min
@@ -1163,9 +1454,8 @@ class Comm:
 def _join_latest(parts: list[np.ndarray], views: int, join) -> None:
     """The latest ``views`` parts (those appended since the last join) joined into one, in
     place. A part is a view of a whole chunk's rows, which stay alive until every communicator
-    judged them (twice the window's rows at the judge's peak, 1.1 GiB more at 16,384 ranks
-    through agents), and the tick a window closes on would join one part per chunk (64 per
-    pipeline link at 8,192 ranks); the parts joined before are not copied again."""
+    judged them (twice the window's rows at the judge's peak), and the tick a window closes
+    on would join one part per chunk; the parts joined before are not copied again."""
     k = min(views, len(parts))
     parts[-k:] = [join(parts[-k:])]
 
@@ -1202,7 +1492,8 @@ class Complete(NamedTuple):
 
     @classmethod
     def of(cls, c: Comm, slots: np.ndarray) -> Complete:
-        _has, arr, end, gap = c.ring_rows()
+        assert c._ring is not None  # (slots come from its ring)
+        _has, arr, end, gap = c._ring
         return cls(arr[slots], end[slots], gap[slots], c.opk[slots], c.nbytes[slots], c.tag[slots])
 
     @classmethod
@@ -1380,8 +1671,8 @@ def reduce_comms(done: list[tuple[Comm, Complete]], ranks: RankTable, gain: floa
     lab_lo, lab_hi = np.minimum.reduceat(lab, heads), np.maximum.reduceat(lab, heads)
     merges = may & (lab_lo != lab_hi)
     # each domain as a dense index (the unknown member's none): its latest refining wave (-1:
-    # none) and the latest wave that read it, in arrays (a data-parallel group of a 16,384-rank
-    # job spans 512 nodes, and a loop over their sets was 4% of the engine)
+    # none) and the latest wave that read it, in arrays (a large job's data-parallel group
+    # spans hundreds of nodes: no loop over their sets)
     uniq, dense = np.unique(dom, return_inverse=True)
     dense = np.where(dom != np.iinfo(np.int64).min, dense.ravel(), -1)
     last_w = np.full(len(uniq), -1, np.int64)  # domain -> wave of its latest refinement
@@ -1502,7 +1793,9 @@ class P2PPairs:
     for the link v -> u.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, on_disagree: Callable[[np.ndarray, np.ndarray], None] | None = None) -> None:
+        """``on_disagree(S, R)``: the pairs whose send (S) and receive (R) differ in count or dtype."""
+        self.on_disagree = on_disagree
         self.half = np.empty(0, P2P_HALF)
         # causality bounds per directed link, sorted by key (comm << 42 | src << 21 | dst):
         # the minimum of the current and the previous epoch
@@ -1546,6 +1839,8 @@ class P2PPairs:
         h["end"] = ops.end
         h["g"] = ops.rank
         h["comm"] = comm
+        dtype = ((ops.kinds >> np.uint64(8)) & np.uint64(0xFF)).view(np.int64)
+        h["sig"] = (ops.elems.view(np.int64) << 8) | dtype
         # whole-record copies (take): numpy copies a structured array's rows field by field
         allh = schema.join_records([self.half, h]) if len(self.half) else h
         # by link (comm, src, dst), seq, send before receive: each field packed by its own range
@@ -1564,6 +1859,10 @@ class P2PPairs:
         if not len(i):
             return
         S, R = take(allh, i), take(allh, i + 1)
+        if self.on_disagree is not None:
+            bad = S["sig"] != R["sig"]
+            if bad.any():
+                self.on_disagree(take(S, bad), take(R, bad))
         ksr = k[i]
         krs = self._key(S["comm"], S["dst"], S["src"])
         self._note(ksr, R["end"] - S["arr"], int(S["arr"].max()) // P2P_BOUND_EPOCH_NS)
@@ -1591,6 +1890,8 @@ class P2PPairs:
         for a, b, la, ci in zip(heads.tolist(), tails.tolist(), la_min, cidx[heads].tolist(), strict=True):
             c = comms[ci]
             rows = out[a:b]  # a view: the slow judge takes pending rows within a window or two
+            if c._pool is not None and not c._pool.keep(rows.nbytes, len(rows)):
+                continue
             c.p2p_pending.append(rows)
             c.p2p_views += 1
             if c.p2p_views > PENDING_PARTS:
@@ -1606,8 +1907,8 @@ class P2PPairs:
     def _note(self, key: np.ndarray, val: np.ndarray, epoch: int) -> None:
         """Fold this chunk's end_r - arrival_s into the per-link minima. ``key`` comes sorted
         (feed pairs the halves in link order): each link's minimum is one of its run's, and the
-        links already known are found by a search of the sorted keys (np.unique, np.minimum.at
-        and np.isin were 2.5% of the master at 16,384 ranks through agents)."""
+        links already known are found by a search of the sorted keys (cheaper than np.unique,
+        np.minimum.at and np.isin on every chunk)."""
         val = val.astype(np.int64)
         if len(key) > 1 and (key[1:] >= key[:-1]).all():
             heads = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])

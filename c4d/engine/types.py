@@ -1,7 +1,7 @@
 """What the engine returns: verdict enums, typed localizations, the Diagnosis record and the
 live-view snapshot.
 
-All frozen. A Diagnosis serialises to DESIGN.md's JSON object with ``to_json()``; its
+All frozen. A Diagnosis serialises to docs/cli.md's JSON object with ``to_json()``; its
 ``localization`` (how the culprit was found, how sure the engine is) is written there once,
 as the top-level ``localization`` object and mirrored into ``detail`` under the keys older
 readers know (``localized_by``, ``localized``, ``confidence``, ``suspects``, ``link``).
@@ -14,6 +14,9 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+DEFAULT_ISOLATE_CONFIDENCE = 0.9
+"""C4D_ISOLATE_CONFIDENCE's default: the calibrated confidence an ERROR needs to isolate a node."""
 
 
 class Level(enum.IntEnum):
@@ -29,7 +32,7 @@ class Level(enum.IntEnum):
 
 
 class DiagKind(enum.Enum):
-    """What went wrong (DESIGN.md, "Diagnosis semantics")."""
+    """What went wrong (docs/design.md, "Diagnoses")."""
 
     RankNonCommHang = "RankNonCommHang"
     """Peers arrived at (C, k) and wait > T while the culprit has not arrived and is not itself
@@ -46,8 +49,10 @@ class DiagKind(enum.Enum):
     """The rank stopped sending anything (no heartbeat) without a clean exit while others run."""
     CollectiveMismatch = "CollectiveMismatch"
     """Ranks wait on each other in a cycle: each is blocked in an op that another rank of the
-    cycle never entered (mismatched collective order, a program bug). Counted like a hang;
-    never isolates a node: no hardware is at fault."""
+    cycle never entered (mismatched collective order, a program bug); or the members of one
+    collective called it with different op, count, dtype, root or reduction op (named at once,
+    c4d/engine/consistency.py). Counted like a hang; never isolates a node: no hardware is at
+    fault."""
 
 
 class How(enum.Enum):
@@ -72,6 +77,9 @@ class How(enum.Enum):
     """Ranks blocked in each other's ops (CollectiveMismatch)."""
     heartbeat = "heartbeat"
     """The rank went silent (RankLost)."""
+    match = "match"
+    """Members' records of one op disagree (type, count, dtype): the minority ranks
+    (CollectiveMismatch; a program bug, never isolates)."""
     none = "none"
     """Nothing localizes: every member is a suspect."""
 
@@ -83,8 +91,13 @@ class Target(enum.Enum):
     """One or more culprit ranks, each on its own evidence (a node whose ranks all hang)."""
     link = "link"
     """The link between two ranks (both directions unless ``Localization.link`` says one)."""
+    node = "node"
+    """Every rank of one node (host, NIC, switch port): ``ranks`` are the node's ranks."""
     cycle = "cycle"
     """The ranks of a wait cycle, each with the op it is in and the op it never entered."""
+    minority = "minority"
+    """The members of a collective that called it differently from the rest (a program bug:
+    named, never isolated)."""
     suspects = "suspects"
     """Not localized: the ranks among which the culprit is."""
 
@@ -150,16 +163,34 @@ class Localization:
     """A named link's ends (a, b); with ``directed`` the fault is on a -> b only."""
     directed: bool = False
     cycle: tuple[CycleMember, ...] = ()
+    posterior: float | None = None
+    """The evidence model's probability of the named hypothesis among its candidates
+    (c4d/engine/blame.py); ``confidence`` never exceeds it."""
+    runner_up: str | None = None
+    """The next most probable hypothesis ("rank 3", "link 3-4", "node 1")."""
+    alternatives: tuple[str, ...] = ()
+    """Hypotheses nothing observable tells from the named one (its ends, for a link whose ends
+    have no other visible link), or the tied ones when only suspects are named."""
 
     @property
     def localized(self) -> bool:
-        """A culprit is named (a rank, a link or the ranks of a cycle), not only suspects."""
+        """A culprit is named (a rank, a link, a node or the ranks of a cycle), not only suspects."""
         return self.target is not Target.suspects
 
     @property
+    def hardware(self) -> bool:
+        """It names hardware (a rank, a link, a node), not a program bug or mere suspects."""
+        return self.target in (Target.rank, Target.link, Target.node) and self.how is not How.match
+
+    def isolates_at(self, threshold: float) -> bool:
+        """An ERROR with this localization takes nodes out: hardware named with a calibrated
+        confidence of at least ``threshold`` (C4D_ISOLATE_CONFIDENCE)."""
+        return self.hardware and self.confidence >= threshold
+
+    @property
     def isolates(self) -> bool:
-        """An ERROR with this localization takes nodes out: hardware named, not a program bug."""
-        return self.target in (Target.rank, Target.link)
+        """``isolates_at`` the default C4D_ISOLATE_CONFIDENCE."""
+        return self.isolates_at(DEFAULT_ISOLATE_CONFIDENCE)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -175,6 +206,11 @@ class Localization:
             out["directed"] = self.directed
         if self.cycle:
             out["cycle"] = [m.to_json() for m in self.cycle]
+        if self.posterior is not None:
+            out["posterior"] = self.posterior
+            out["runner_up"] = self.runner_up
+        if self.alternatives:
+            out["alternatives"] = list(self.alternatives)
         return out
 
     def legacy_detail(self) -> dict[str, Any]:
@@ -222,6 +258,8 @@ class Diagnosis:
     localization: Localization
     detail: Mapping[str, Any] = field(default_factory=dict)
     """Kind-specific facts (waits, victims, bandwidths, windows); see docs/engine.md."""
+    isolate_confidence: float = field(default=DEFAULT_ISOLATE_CONFIDENCE, compare=False)
+    """C4D_ISOLATE_CONFIDENCE in force: an ERROR isolates only hardware named at least this sure."""
 
     @property
     def time(self) -> float:
@@ -233,12 +271,20 @@ class Diagnosis:
 
     @property
     def blacklist_nodes(self) -> tuple[str, ...]:
-        """Nodes to isolate: only an ERROR whose localization names hardware triggers the action."""
-        if self.level is Level.ERROR and self.localization.isolates:
+        """Nodes to isolate: only an ERROR whose localization names hardware with a calibrated
+        confidence of at least ``isolate_confidence`` triggers the action."""
+        if self.isolates:
             return tuple(n for n in self.nodes if n and n != "?")
         return ()
 
+    @property
+    def isolates(self) -> bool:
+        return self.level is Level.ERROR and self.localization.isolates_at(self.isolate_confidence)
+
     def to_json(self) -> dict[str, Any]:
+        detail = {**self.localization.legacy_detail(), **self.detail}
+        if self.level is Level.ERROR:
+            detail["isolates"] = self.isolates
         return {
             "time": round(self.time_ns / 1e9, 6),
             "level": self.level.name,
@@ -249,7 +295,7 @@ class Diagnosis:
             "ranks": list(self.ranks),
             "nodes": list(self.nodes),
             "hang_times": self.hang_times,
-            "detail": {**self.localization.legacy_detail(), **self.detail},
+            "detail": detail,
             "localization": self.localization.to_json(),
         }
 

@@ -27,6 +27,13 @@ import numpy as np
 from c4d import schema
 from c4d.formats import flight_recorder, inspector
 from c4d.formats import to_records as tr
+from c4d.formats.budget import (
+    DEFAULT_MAX_BYTES,
+    DEFAULT_MAX_SECONDS,
+    RECORD_COST,
+    Budget,
+    BudgetError,
+)
 from c4d.formats.to_records import FormatError, ImportOptions
 from c4d.trace import MAGIC as C4D_MAGIC
 from c4d.trace import RawTrace, TraceError, read_raw
@@ -149,14 +156,19 @@ def load_any(
     *,
     opts: ImportOptions | None = None,
     on_warning: Callable[[str], None] | None = None,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    max_seconds: float = DEFAULT_MAX_SECONDS,
 ) -> RawTrace:
     """Load ``path`` in format ``fmt`` (detected when None) as a ``RawTrace``.
 
-    Imports carry no c4d thresholds: ``opts`` says which to assume (default: DESIGN.md's, T = 10 s,
+    Imports carry no c4d thresholds: ``opts`` says which to assume (default: docs/design.md's, T = 10 s,
     18 times). Non-fatal problems (a corrupt dump among good ones, lines that are not records) go to
     ``on_warning`` one line each and into ``meta["import"]["warnings"]``; a path that cannot be
-    loaded at all raises ``FormatError`` with one line.
+    loaded at all raises ``FormatError`` with one line. An import of another tool's files holds at
+    most ``max_bytes`` of data in memory and runs at most ``max_seconds`` (c4d.formats.budget,
+    docs/untrusted-input.md); past either it raises ``BudgetError`` (a ``FormatError``).
     """
+    budget = Budget(max_bytes, max_seconds)
     fmt = fmt or detect(path)
     if fmt not in FORMATS:
         raise FormatError(f"unknown format {fmt!r}; one of {', '.join(FORMATS)}")
@@ -169,10 +181,10 @@ def load_any(
         except TraceError as e:
             raise FormatError(str(e)) from None
     if fmt == "fr":
-        return flight_recorder.read(path, opts, on_warning=on_warning)
+        return flight_recorder.read(path, opts, on_warning=on_warning, budget=budget)
     if fmt == "inspector":
-        return inspector.read(path, opts, on_warning=on_warning)
-    return read_nccl_tests(path, opts, on_warning=on_warning)
+        return inspector.read(path, opts, on_warning=on_warning, budget=budget)
+    return read_nccl_tests(path, opts, on_warning=on_warning, budget=budget)
 
 
 # ------------------------------------------------------------------------------------- nccl-tests
@@ -181,24 +193,29 @@ def read_nccl_tests(
     opts: ImportOptions | None = None,
     *,
     on_warning: Callable[[str], None] | None = None,
+    budget: Budget | None = None,
 ) -> RawTrace:
     """nccl-tests output (a file, or a directory of them) → a synthetic RawTrace (module doc)."""
     from c4d.formats import nccl_tests
 
     p = Path(path)
+    budget = budget or Budget()
     files = sorted(f for f in p.iterdir() if f.is_file()) if p.is_dir() else [p]
     runs: list[tuple[str, Any]] = []
     warns: list[str] = []
     for f in files:
+        budget.check_time(str(p))
         if p.is_dir() and _file_format(f) != "nccl-tests":
             continue
         try:
-            runs.extend((f.name, r) for r in nccl_tests.parse_file(f))
-        except (nccl_tests.NcclTestsError, OSError, UnicodeDecodeError) as e:
-            warns.append(f"{f}: {e}")
+            runs.extend((f.name, r) for r in nccl_tests.parse_file(f, budget, warns))
+        except BudgetError:
+            raise
+        except (nccl_tests.NcclTestsError, FormatError, OSError, UnicodeDecodeError) as e:
+            warns.append(f"{e}" if isinstance(e, FormatError) else f"{f}: {e}")
     if not runs:
         raise FormatError(f"{p}: no nccl-tests results" + (f" ({warns[0]})" if warns else ""))
-    rt = nccl_tests_trace(runs, opts or ImportOptions(), path=str(p), warns=warns)
+    rt = nccl_tests_trace(runs, opts or ImportOptions(), path=str(p), warns=warns, budget=budget)
     if on_warning:
         for w in warns:
             on_warning(w)
@@ -245,10 +262,16 @@ def _nranks(run: Any) -> int:
 
 
 def nccl_tests_trace(
-    runs: list[tuple[str, Any]], opts: ImportOptions, *, path: str = "", warns: list[str] | None = None
+    runs: list[tuple[str, Any]],
+    opts: ImportOptions,
+    *,
+    path: str = "",
+    warns: list[str] | None = None,
+    budget: Budget | None = None,
 ) -> RawTrace:
     """Parsed nccl-tests runs → RawTrace: one communicator per run, one op per rank per row and block."""
     warns = warns if warns is not None else []
+    budget = budget or Budget()
     op_parts: list[np.ndarray] = []
     comm_parts: list[np.ndarray] = []
     beat_parts: list[np.ndarray] = []
@@ -257,6 +280,7 @@ def nccl_tests_trace(
     t = T0_NS
     world = 0
     for i, (name, run) in enumerate(runs):
+        budget.check_time(name)
         n = _nranks(run)
         op = _infer_op(run, n, warns, name)
         rows = run.rows
@@ -292,6 +316,7 @@ def nccl_tests_trace(
         end = start + dur
         t = int(end[-1]) + _GAP_NS
         k = len(ops_df)
+        budget.charge((n * k + n * (opts.hang_times + 2)) * RECORD_COST, f"{name}: {n} ranks x {k:,} ops")
         ranks = np.arange(n, dtype=np.int32)
         R = np.repeat(ranks, k)
         T = np.tile(np.arange(k), n)

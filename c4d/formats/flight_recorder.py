@@ -1,11 +1,13 @@
 """Import PyTorch Flight Recorder dumps (one pickle per rank) as c4d records.
 
-Pipeline: ``find_dumps`` (which files, which rank) → ``load_dump`` (the one guarded loader: a
-restricted unpickler, one-line errors) → ``_columns`` (entries → numpy columns, per file, in
-worker processes when there are many) → ``convert`` (vectorised: communicators, sequences, OP
-records, per-communicator heartbeats) → ``to_records.assemble``.
+Pipeline: ``find_dumps`` (which files, which rank) → ``_native_columns`` (the native reader,
+c4d/formats/fr_native.py: pickle bytes → the same columns, within the same limits) or, for a dump
+it leaves alone or without the library, ``load_dump`` (the guarded loader: a restricted unpickler,
+one-line errors) → ``_columns`` (entries → numpy columns, per file, in worker processes when
+there are many) → ``convert`` (vectorised: communicators, sequences, OP records,
+per-communicator heartbeats) → ``to_records.assemble``.
 
-Mapping (facts: shared/reference/flight-recorder-format.md; semantics: record.h):
+Mapping (facts: docs/design.md, "PyTorch Flight Recorder dumps"; semantics: record.h):
 
 * rank: the number at the end of the file name (``<prefix><rank>``, as torch's ``DebugInfoWriter``
   names them); the dumps hold no host name, so REGISTER.node is "".
@@ -23,7 +25,7 @@ Mapping (facts: shared/reference/flight-recorder-format.md; semantics: record.h)
   watchdog saw the start event: CUDA-event based, but only as fine as the watchdog's polling);
   ``end_ns`` = ``time_discovered_completed_ns``. Done = state "completed" or ``retired``.
 * a rank whose dump shows no start times (``TORCH_NCCL_ENABLE_TIMING`` off, or gloo) has
-  REGISTER.device_timing = 0 and "arrived" = "issued", as DESIGN.md says for ranks without device
+  REGISTER.device_timing = 0 and "arrived" = "issued", as docs/design.md says for ranks without device
   timing; otherwise a "scheduled" op has not arrived.
 * every op not done is pending in that rank × communicator's HEARTBEAT at the dump time (the latest
   time any dump mentions), the oldest one as pend_*; see to_records for how the replay goes on.
@@ -32,24 +34,29 @@ Mapping (facts: shared/reference/flight-recorder-format.md; semantics: record.h)
 from __future__ import annotations
 
 import ast
+import contextlib
 import gc
 import json
 import math
 import os
 import pickle
 import re
+import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import lru_cache
-from operator import itemgetter, methodcaller
+from itertools import chain
+from operator import index, itemgetter, methodcaller
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from c4d import schema
+from c4d import heap, schema
+from c4d.formats import fr_match, fr_native
 from c4d.formats import to_records as tr
+from c4d.formats.budget import RECORD_COST, Budget, BudgetError, HostileFile, human, rss_bytes
 from c4d.formats.to_records import FormatError, ImportOptions
 from c4d.trace import RawTrace
 
@@ -125,14 +132,116 @@ class _DumpUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError("uses a persistent id; a Flight Recorder dump never does")
 
 
-def load_dump(path: str | os.PathLike) -> dict[str, Any]:
-    """Load one rank's dump (pickle, or the JSON form) safely; ``FormatError`` with one line otherwise."""
+# A dump's cost is counted as references: each reference to a shared object counts that object's
+# whole structure again (what every reader that walks the entries pays); NODE_COST bytes each.
+NODE_COST = 8
+EXPAND_PER_BYTE = 64  # references per byte of pickle past which a dump is hostile (real ones: < 2)
+BUILT_PER_BYTE = 64  # bytes of Python objects unpickling may build per byte (real dumps: < 16)
+FREE = 64 << 20  # what any dump may expand to or build before those ratios count
+ENTRY_COST = 512  # memory an entry (each reference in ``entries``) costs while its columns are made
+COLUMN_COST = 128  # an entry's share of the columns kept per dump (13 numpy columns)
+JSON_COST = 16  # json.load of a JSON dump: Python objects per byte of text, at worst
+MAX_RANK = 1 << 17  # c4d.validate's C4D_MAX_RANKS: a rank number or group past it is not a job's
+_CHECK_EVERY = 1 << 18  # bytes of pickle between two checks of the clock and the memory built
+
+
+class _Guarded:
+    """The dump's bytes as the C unpickler reads them. Every 256 KiB it reads, the import's clock and
+    the memory built since the load began (resident size) are checked against BUILT_PER_BYTE times
+    what it read: a pickle of opcodes that build far more than they weigh (empty containers, a byte
+    each) is stopped while it builds."""
+
+    def __init__(self, data: bytes, budget: Budget, name: str):
+        self._data, self._pos, self._next = data, 0, _CHECK_EVERY
+        self._budget, self._name = budget, name
+        self._rss0, self._left = rss_bytes(), budget.left()
+
+    def _check(self) -> None:
+        self._next = self._pos + _CHECK_EVERY
+        self._budget.check_time(self._name)
+        grown = rss_bytes() - self._rss0
+        limit = min(self._left, BUILT_PER_BYTE * self._pos + FREE)
+        if grown > limit:
+            raise _built_too_much(self._name, grown, self._pos, limit)
+
+    def peek(self, n: int = 0) -> bytes:
+        if self._pos >= self._next:
+            self._check()
+        return self._data[self._pos : self._pos + _CHECK_EVERY]
+
+    def read(self, n: int = -1) -> bytes:
+        if n is None or n < 0:
+            n = len(self._data) - self._pos
+        b = self._data[self._pos : self._pos + n]
+        self._pos += len(b)
+        if self._pos >= self._next:
+            self._check()
+        return b
+
+    def readinto(self, buf: Any) -> int:
+        b = self.read(len(buf))
+        buf[: len(b)] = b
+        return len(b)
+
+    def readline(self) -> bytes:
+        i = self._data.find(b"\n", self._pos)
+        return self.read((i + 1 if i >= 0 else len(self._data)) - self._pos)
+
+
+_EXPAND_STEP = 1 << 16  # references listed at once while counting
+
+
+def expanded_size(root: Any, limit: int) -> int:
+    """References in ``root``'s structure as if nothing in it were shared (a list two entries
+    share counts twice), counted at C speed and stopping past ``limit``: the work any walk of
+    the entries would do, known before one is done. Plain data only (what _DumpUnpickler builds)."""
+    total = 1
+    stack: list[list[Any]] = [[root]] if gc.is_tracked(root) else []
+    while stack:
+        chunk = stack.pop()
+        try:
+            least = sum(map(len, chunk))  # a lower bound of the chunk's references
+        except TypeError:
+            least = 0
+        if total + least > limit:
+            return total + least
+        if least > _EXPAND_STEP and len(chunk) > 1:
+            h = len(chunk) // 2
+            stack.append(chunk[h:])
+            stack.append(chunk[:h])
+            continue
+        refs = gc.get_referents(*chunk)
+        total += len(refs)
+        if total > limit:
+            return total
+        inner = list(filter(gc.is_tracked, refs))
+        del refs
+        for i in range(0, len(inner), 4096):
+            stack.append(inner[i : i + 4096])
+    return total
+
+
+def load_dump(path: str | os.PathLike, budget: Budget | None = None) -> dict[str, Any]:
+    """Load one rank's dump (pickle, or the JSON form) safely; ``FormatError`` with one line otherwise.
+
+    Within ``budget``: what unpickling builds must fit what is left of it (``HostileFile`` otherwise);
+    the clock is checked as it reads. What reading the entries costs is checked by ``_columns``, on
+    the fields it reads, before it reads them."""
     p = Path(path)
+    budget = budget or Budget()
     gc_was = gc.isenabled()
     gc.disable()  # unpickling builds millions of containers: the collector only slows it down
     try:
-        with open(p, "rb") as f:
-            obj = json.load(f) if p.suffix == ".json" else _DumpUnpickler(f).load()
+        size = p.stat().st_size
+        if p.suffix == ".json":
+            budget.fits(size * JSON_COST, f"{p}: a {human(size)} JSON dump")
+            with open(p, "rb") as f:
+                obj = json.load(f)
+        else:
+            budget.fits(size, f"{p}: a {human(size)} dump")
+            obj = _DumpUnpickler(_Guarded(p.read_bytes(), budget, str(p))).load()  # type: ignore[arg-type]
+    except FormatError:
+        raise
     except OSError as e:
         raise FormatError(f"{p}: {e.strerror or e}") from None
     except pickle.UnpicklingError as e:
@@ -150,7 +259,41 @@ def load_dump(path: str | os.PathLike) -> dict[str, Any]:
         raise FormatError(f"{p}: not a Flight Recorder dump (no top-level dict with a 'version' key)")
     if not isinstance(obj.get("entries", []), list):
         raise FormatError(f"{p}: 'entries' is a {type(obj['entries']).__name__}, not a list")
+    entries = obj.get("entries") or []
+    budget.fits(len(entries) * ENTRY_COST, f"{p}: {len(entries):,} entries")
     return obj
+
+
+def walk_limit(size: int, budget: Budget) -> int:
+    """References reading a dump of ``size`` bytes may walk (``expanded_size``'s limit)."""
+    return min(budget.left() // NODE_COST, EXPAND_PER_BYTE * size + FREE // NODE_COST)
+
+
+def _check_walk(parts: list[Any], limit: int | None, name: str) -> None:
+    """``HostileFile`` if reading ``parts`` (the values taken from the entries) would walk more than
+    ``limit`` references: a value shared by many entries counts once per entry, as each read of it
+    costs. Values c4d never reads (stack frames, pg_status) are never walked, so never counted."""
+    if limit is None:
+        return
+    refs = expanded_size(parts, limit)
+    if refs > limit:
+        raise _expands(name, limit)
+
+
+def _expands(name: str, limit: int) -> HostileFile:
+    return HostileFile(
+        f"{name}: its structure expands to more than {limit:,} references (shared parts counted each "
+        f"time they are used; {EXPAND_PER_BYTE} a byte of pickle allowed, within what is left of "
+        "--max-import-bytes): not read"
+    )
+
+
+def _built_too_much(name: str, grown: int, pos: int, limit: int) -> HostileFile:
+    return HostileFile(
+        f"{name}: unpickling it built {human(grown)} from {human(pos)} of pickle, over "
+        f"the {human(limit)} allowed ({BUILT_PER_BYTE} bytes a byte, and within what is left "
+        "of --max-import-bytes): not read"
+    )
 
 
 @dataclass
@@ -175,6 +318,9 @@ def find_dumps(directory: str | os.PathLike, prefix: str | None = None) -> DumpF
     for n in names:
         m = _RANK_RE.match(n)
         jm = _JSON_RANK_RE.match(n)
+        if (m or jm) and int((m or jm).group(2)) >= MAX_RANK:  # type: ignore[union-attr]
+            skipped.append(f"{n}: rank {(m or jm).group(2)} is past {MAX_RANK - 1}")  # type: ignore[union-attr]
+            continue
         if m and (prefix is None or m.group(1) == prefix):
             if _is_pickle(d / n):
                 picks.setdefault(m.group(1), {})[int(m.group(2))] = d / n
@@ -219,8 +365,8 @@ def parse_name(profiling_name: str) -> tuple[int, int, bool]:
 
 
 def _numel(sizes: Any) -> int:
-    try:  # one tensor is the common case: skip the map/sum
-        return math.prod(sizes[0]) if len(sizes) == 1 else sum(map(math.prod, sizes))
+    try:  # dimensions must be ints: a list among them would make math.prod repeat it
+        return sum(math.prod(map(index, dims)) for dims in sizes)
     except (TypeError, IndexError):
         return 0
 
@@ -229,14 +375,14 @@ def _first(xs: Any) -> str:
     return xs[0] if xs else ""
 
 
-_G_PG = itemgetter("process_group")
+def _text(x: Any) -> str:
+    return str(x) if type(x) in _ATOMS else ""
+
+
 _G_0 = itemgetter(0)
-_G_INPUT_SIZES = itemgetter("input_sizes")
-_G_INPUT_DTYPES = itemgetter("input_dtypes")
-_G_DURATION = itemgetter("duration_ms")
 
 
-# scalar entry fields read in one C-level pass (itemgetter → tuples → one tuple per field)
+# the entry fields read, in one C-level pass over the entries (itemgetter → tuples → one per field)
 _SCALARS = (
     "collective_seq_id",
     "p2p_seq_id",
@@ -246,9 +392,16 @@ _SCALARS = (
     "retired",
     "state",
     "profiling_name",
+    "process_group",
+    "input_sizes",
+    "input_dtypes",
 )
-_REQUIRED = frozenset(("collective_seq_id", "p2p_seq_id", "time_created_ns", "state", "profiling_name"))
+_REQUIRED = frozenset(
+    ("collective_seq_id", "p2p_seq_id", "time_created_ns", "state", "profiling_name", "process_group")
+)
+_DEFAULTS: dict[str, Any] = {"input_dtypes": ()}
 _G_SCALARS = itemgetter(*_SCALARS)
+_ATOMS = frozenset((int, float, bool, str, type(None)))
 
 
 def _scalars(ents: list[dict[str, Any]]) -> list[Sequence[Any]]:
@@ -257,46 +410,76 @@ def _scalars(ents: list[dict[str, Any]]) -> list[Sequence[Any]]:
     try:
         return list(zip(*map(_G_SCALARS, ents), strict=True)) if ents else [()] * len(_SCALARS)
     except KeyError:
-        get = {k: itemgetter(k) if k in _REQUIRED else methodcaller("get", k) for k in _SCALARS}
+        get = {
+            k: itemgetter(k) if k in _REQUIRED else methodcaller("get", k, _DEFAULTS.get(k)) for k in _SCALARS
+        }
         return [list(map(get[k], ents)) for k in _SCALARS]
 
 
-def _int_col(col: Sequence[Any]) -> np.ndarray:
-    """Ints where None (pickle) or 0 (JSON) mean "not known" → int64 with 0."""
+def _field(ents: list[dict[str, Any]], key: str, default: Any = None) -> list[Any]:
+    """``key`` of every entry (``default`` where absent), C-level maps only."""
     try:
-        return np.array(col, dtype=np.int64)
-    except TypeError:  # a None among them
-        a = np.array(col, dtype=object)
-        a[a == None] = 0  # noqa: E711 - elementwise comparison with None
-        return a.astype(np.int64)
+        return list(map(itemgetter(key), ents))
+    except KeyError:
+        return list(map(methodcaller("get", key, default), ents))
 
 
-def _numels(ents: list[dict[str, Any]], key: str = "input_sizes") -> np.ndarray:
-    """Elements of each entry's tensors; 0 where the sizes are missing or not sizes."""
-    n = len(ents)
-    try:  # the common case, every entry one tensor: C-level maps only
-        sizes = list(map(_G_INPUT_SIZES if key == "input_sizes" else itemgetter(key), ents))
-        if n and all(map((1).__eq__, map(len, sizes))):
-            return np.fromiter(map(math.prod, map(_G_0, sizes)), dtype=np.int64, count=n)
-    except (KeyError, TypeError, IndexError, ValueError):
-        sizes = [e.get(key) for e in ents]
+def _int_col(col: Sequence[Any]) -> np.ndarray:
+    """Ints where None (pickle) or 0 (JSON) mean "not known" → int64 with 0. Converting never walks a
+    value: a container among them raises TypeError."""
+    n = len(col)
+    try:
+        return np.fromiter(col, dtype=np.int64, count=n)
+    except TypeError:  # a None among them (or something that is not a number)
+        if col.count(None) == n:
+            return np.zeros(n, np.int64)
+        return np.fromiter([0 if x is None else x for x in col], dtype=np.int64, count=n)
+
+
+def _numels(sizes: Sequence[Any], limit: int | None = None, name: str = "dump") -> np.ndarray:
+    """Elements of each entry's tensors (``input_sizes`` or ``output_sizes``); 0 where the sizes are
+    missing or not sizes. Their structure is counted against ``limit`` before it is read."""
+    n = len(sizes)
+    try:  # the common case, every entry as many tensors of one rank: one numpy pass over the ints
+        counts = set(map(len, sizes)) if n else set()
+        if len(counts) == 1 and (t := counts.pop()):
+            if limit is not None and n * t > limit:  # one long list shared by every entry
+                _check_walk([sizes], limit, name)
+            dims = list(map(_G_0, sizes)) if t == 1 else list(chain.from_iterable(sizes))
+            ranks = set(map(len, dims))
+            if len(ranks) == 1 and (k := ranks.pop()):
+                if limit is not None and n * t * k > limit:
+                    _check_walk([dims], limit, name)
+                flat = np.fromiter(chain.from_iterable(dims), dtype=np.int64, count=n * t * k)
+                return flat.reshape(n, t, k).prod(axis=2).sum(axis=1)
+    except (TypeError, IndexError, ValueError, OverflowError):
+        pass
+    _check_walk([sizes], limit, name)
     return np.fromiter(map(_numel, sizes), dtype=np.int64, count=n)
 
 
-def _dtypes(ents: list[dict[str, Any]]) -> list[str]:
+def _dtypes(in_dtypes: Sequence[Any]) -> list[str]:
     try:  # every entry with an input dtype: C-level maps only
-        return list(map(_G_0, map(_G_INPUT_DTYPES, ents)))
-    except (KeyError, TypeError, IndexError):
-        return list(map(_first, map(methodcaller("get", "input_dtypes", ()), ents)))
+        return list(map(_G_0, in_dtypes))
+    except (TypeError, IndexError, KeyError):
+        return list(map(_first, (x if isinstance(x, list | tuple) else () for x in in_dtypes)))
 
 
-def _durations(ents: list[dict[str, Any]]) -> np.ndarray:
-    try:
-        dur = np.fromiter(map(_G_DURATION, ents), dtype=np.float64, count=len(ents))
-    except (KeyError, TypeError, ValueError):  # absent (old versions) or None: not known
-        get = methodcaller("get", "duration_ms", math.nan)
-        dur = np.array([math.nan if x is None else x for x in map(get, ents)], dtype=np.float64)
+def _durations(durs: Sequence[Any]) -> np.ndarray:
+    try:  # absent (old versions) or None: not known (NaN)
+        dur = np.fromiter(durs, dtype=np.float64, count=len(durs))
+    except (TypeError, ValueError):
+        dur = np.array([x if type(x) in (int, float) else math.nan for x in durs], dtype=np.float64)
     return np.where(np.isfinite(dur), dur, np.nan)
+
+
+def _strings(col: Sequence[Any]) -> bool:
+    """Every value a string (hashing them walks nothing): one C-level pass."""
+    try:
+        "".join(col)
+        return True
+    except TypeError:
+        return False
 
 
 def _factorize(values: Sequence[Any]) -> tuple[np.ndarray, list[Any]]:
@@ -306,23 +489,33 @@ def _factorize(values: Sequence[Any]) -> tuple[np.ndarray, list[Any]]:
     return np.fromiter(map(code.__getitem__, values), dtype=np.int32, count=len(values)), list(uni)
 
 
-def _columns(dump: dict[str, Any]) -> dict[str, Any]:
-    """One dump's entries as numpy columns (string columns as codes + their unique values)."""
+def _columns(dump: dict[str, Any], limit: int | None = None, name: str = "dump") -> dict[str, Any]:
+    """One dump's entries as numpy columns (string columns as codes + their unique values).
+
+    The fields read are taken from the entries first (references only). Numbers are converted by
+    numpy, which never walks a value; the rest (strings to hash unless they are strings, sizes,
+    pg_config) has its structure counted against ``limit`` (``_check_walk``) before it is read."""
     ents = dump.get("entries") or []
     n = len(ents)
-    cseq, pseq, t_created, t_started, t_completed, retired, state, name = _scalars(ents)
-    pgs = list(map(_G_PG, ents))
-    pg_codes, pg_uni = _factorize(list(map(_G_0, pgs)))
+    scal = _scalars(ents)
+    cseq, pseq, t_created, t_started, t_completed, retired, state, pname, pgs, in_sizes, in_dt = scal
+    pg_names = list(map(_G_0, pgs))
+    dts = _dtypes(in_dt)
+    first = ents[0].get("record_id", 0) if n else 0
+    top = [dump.get("version", ""), dump.get("comm_lib_version", ""), dump.get("pg_config")]
+    hashed = [c for c in (state, pname, pg_names, dts) if not _strings(c)]
+    _check_walk([top, *hashed], limit, name)
+    pg_codes, pg_uni = _factorize(pg_names)
     first_of: Any = np.unique(pg_codes, return_index=True)[1] if n else []
-    descs = {str(pgs[i][0]): str(pgs[i][1]) if len(pgs[i]) > 1 else "" for i in first_of}
-    nm_codes, nm_uni = _factorize(name)
+    descs = {str(pg_names[i]): _text(pgs[i][1]) if len(pgs[i]) > 1 else "" for i in first_of}
+    nm_codes, nm_uni = _factorize(pname)
     st_codes, st_uni = _factorize(state)
     use_out = np.array([parse_name(str(x))[2] for x in nm_uni], dtype=bool)
-    numel = _numels(ents)
+    numel = _numels(in_sizes, limit, name)
     if n and use_out.any():
-        idx = np.flatnonzero(use_out[nm_codes])
-        numel[idx] = [_numel(ents[i].get("output_sizes")) for i in idx.tolist()]
-    dt_codes, dt_uni = _factorize(_dtypes(ents))
+        idx = np.flatnonzero(use_out[nm_codes]).tolist()
+        numel[idx] = _numels([ents[i].get("output_sizes") for i in idx], limit, name)
+    dt_codes, dt_uni = _factorize(dts)
     return {
         "n": n,
         "pg": pg_codes.astype(np.int32),
@@ -334,18 +527,18 @@ def _columns(dump: dict[str, Any]) -> dict[str, Any]:
         "states": [str(x) for x in st_uni],
         "dtype": dt_codes.astype(np.int32),
         "dtypes": [str(x) for x in dt_uni],
-        "cseq": np.array(cseq, dtype=np.int64),
-        "pseq": np.array(pseq, dtype=np.int64),
-        "first_record": int(ents[0].get("record_id", 0) or 0) if n else 0,
-        "retired": np.array(retired, dtype=bool),
+        "cseq": _int_col(cseq),
+        "pseq": _int_col(pseq),
+        "first_record": int(first or 0),
+        "retired": np.fromiter(retired, dtype=bool, count=n),
         "t_created": _int_col(t_created),
         "t_started": _int_col(t_started),
         "t_completed": _int_col(t_completed),
-        "duration_ms": _durations(ents),
+        "duration_ms": _durations(_field(ents, "duration_ms")),
         "numel": numel,
-        "version": str(dump.get("version", "")),
-        "comm_lib_version": str(dump.get("comm_lib_version", "") or ""),
-        "pg_config": _pg_config(dump.get("pg_config")),
+        "version": _text(top[0]),
+        "comm_lib_version": _text(top[1] or ""),
+        "pg_config": _pg_config(top[2]),
     }
 
 
@@ -359,31 +552,153 @@ def _pg_config(cfg: Any) -> dict[str, list[int]]:
             continue
         ranks = v.get("ranks")
         if isinstance(ranks, str):
-            try:
-                ranks = json.loads(ranks)
-            except ValueError:
-                try:
-                    ranks = ast.literal_eval(ranks)
-                except (ValueError, SyntaxError):
-                    continue
-        if isinstance(ranks, list | tuple) and ranks and all(isinstance(r, int) for r in ranks):
-            out[str(v.get("name", key))] = sorted(set(ranks))
+            got = _ranks_text(ranks)
+        elif isinstance(ranks, list | tuple):
+            got = _ranks_valid(ranks)
+        else:
+            got = None
+        if got is not None:
+            out[str(v.get("name", key))] = list(got)
     return out
 
 
-def _load_one(item: tuple[int, str]) -> tuple[int, dict[str, Any] | str]:
-    """Worker: load + column one file; an error becomes its one-line message."""
-    rank, path = item
+@lru_cache(maxsize=4096)
+def _ranks_text(text: str) -> tuple[int, ...] | None:
+    """A pg_config ranks string, parsed and checked once per process however many dumps repeat it."""
+    if len(text) > 8 * MAX_RANK:  # "[0, 1, ...]" of MAX_RANK ranks is shorter
+        return None
+    ranks = _rank_list(text)
+    return _ranks_valid(ranks) if isinstance(ranks, list | tuple) else None
+
+
+def _ranks_valid(ranks: list[Any] | tuple[Any, ...]) -> tuple[int, ...] | None:
+    """Sorted distinct ranks, or None unless 1..MAX_RANK ints in [0, MAX_RANK)."""
+    if 0 < len(ranks) <= MAX_RANK and all(type(r) is int and 0 <= r < MAX_RANK for r in ranks):
+        return tuple(sorted(set(ranks)))
+    return None
+
+
+def _rank_list(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        try:
+            return ast.literal_eval(text)
+        except (ValueError, SyntaxError, RecursionError, MemoryError, TypeError):
+            return None
+
+
+_USE_OUTPUT = tuple(n for n, op in _OP_NAMES.items() if op == Op.ReduceScatter)
+
+
+_bufs = threading.local()
+
+
+def _read_into(f: Any, size: int) -> memoryview:
+    """The file's bytes in a buffer kept from one dump to the next (one per reading thread): a
+    fresh one per dump would be pages the kernel maps and zeroes anew each time."""
+    buf = getattr(_bufs, "buf", None)
+    if buf is None or len(buf) < size:
+        buf = _bufs.buf = bytearray(max(size, 2 * len(buf or b"")))
+    view = memoryview(buf)[:size]
+    got = f.readinto(view)
+    return view[:got]
+
+
+def _native_columns(p: Path, budget: Budget) -> dict[str, Any] | None:
+    """``_columns`` of one pickle, read by the native reader (c4d/formats/fr_native.py) within the
+    same limits as ``load_dump`` and ``_columns``; ``None`` where it leaves the file to them."""
+    if p.suffix == ".json" or not fr_native.enabled():
+        return None
+    try:
+        with open(p, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            budget.fits(size, f"{p}: a {human(size)} dump")
+            data = _read_into(f, size)
+    except OSError as e:
+        raise FormatError(f"{p}: {e.strerror or e}") from None
+    left = budget.left()
+    r = fr_native.read(
+        data,
+        fr_native.Limits(
+            built_per_byte=BUILT_PER_BYTE,
+            free_bytes=FREE,
+            budget_left=left,
+            walk_limit=walk_limit(len(data), budget),
+            max_entries=left // ENTRY_COST,
+            check_every=_CHECK_EVERY,
+            deadline=budget.deadline,
+            use_output=_USE_OUTPUT,
+        ),
+        str(p),
+    )
+    if r is None:
+        return None
+    if r.status == fr_native.BUILT:
+        raise _built_too_much(str(p), r.a, r.b, r.c)
+    if r.status == fr_native.EXPAND:
+        raise _expands(str(p), r.c)
+    if r.status == fr_native.TOO_MANY:
+        budget.fits(r.n * ENTRY_COST, f"{p}: {r.n:,} entries")
+    elif r.status == fr_native.TIME:
+        budget.check_time(str(p))
+    elif r.status == fr_native.ERROR:
+        raise FormatError(f"{p}: {r.msg}")
+    elif r.status == fr_native.NOT_A_DUMP:
+        raise FormatError(f"{p}: not a Flight Recorder dump ({r.msg})")
+    if r.status != fr_native.OK or r.cols is None or r.tables is None:
+        return None  # a limit the Python reader then meets itself
+    pg_names, descs, names, states, dtypes, top, cfg = r.tables[:7]
+    pg_config: dict[str, list[int]] = {}
+    for name, text in zip(cfg[::2], cfg[1::2], strict=True):
+        if (got := _ranks_text(text)) is not None:
+            pg_config[name] = list(got)
+    c = r.cols
+    return {
+        "n": r.n,
+        "pg": c["pg"],
+        "pg_names": pg_names,
+        "pg_desc": dict(zip(pg_names, descs, strict=True)),
+        "name": c["name"],
+        "names": names,
+        "state": c["state"],
+        "states": states,
+        "dtype": c["dtype"],
+        "dtypes": dtypes,
+        "cseq": c["cseq"],
+        "pseq": c["pseq"],
+        "first_record": r.first_record,
+        "retired": c["retired"],
+        "t_created": c["t_created"],
+        "t_started": c["t_started"],
+        "t_completed": c["t_completed"],
+        "duration_ms": c["duration_ms"],
+        "numel": c["numel"],
+        "version": top[0],
+        "comm_lib_version": top[1],
+        "pg_config": pg_config,
+    }
+
+
+def _load_one(item: tuple[Any, ...]) -> tuple[int, dict[str, Any] | str | BudgetError]:
+    """Worker: load + column one file within the budget it is given (rank, path[, budget]); an
+    error becomes its one-line message, an import over its time budget the BudgetError."""
+    rank, path = item[0], item[1]
+    budget = (item[2] if len(item) > 2 else None) or Budget()
     gc_was = gc.isenabled()
     gc.disable()  # until the dump is freed: a collection would walk its million fresh containers
     try:
-        dump = load_dump(path)
-        cols = _columns(dump)
-        del dump  # freed by reference counting, never traversed by the collector
+        cols = _native_columns(Path(path), budget)
+        if cols is None:
+            dump = load_dump(path, budget)
+            cols = _columns(dump, walk_limit(Path(path).stat().st_size, budget), str(path))
+            del dump  # freed by reference counting, never traversed by the collector
         return rank, cols
+    except BudgetError as e:
+        return rank, e
     except FormatError as e:
         return rank, str(e)
-    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError, OverflowError) as e:
         what = f"entry lacks key {e}" if isinstance(e, KeyError) else f"{type(e).__name__}: {e}"
         return rank, f"{path}: not a Flight Recorder dump ({what})"
     finally:
@@ -391,23 +706,84 @@ def _load_one(item: tuple[int, str]) -> tuple[int, dict[str, Any] | str]:
             gc.enable()
 
 
-def _load_all(files: dict[int, Path], workers: int | None) -> list[tuple[int, dict[str, Any] | str]]:
+def _reader_threads(dumps: int) -> int:
+    """Threads for the native reader (its C++ runs without the GIL): the cores this process may
+    run on, at most 4, when there are dumps enough to share; 1 for Python's unpickler."""
+    if not fr_native.enabled() or dumps < 8:
+        return 1
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(4, cores))
+
+
+def _timed_load(item: tuple[Any, ...]) -> tuple[int, dict[str, Any] | str | BudgetError]:
+    """``_load_one`` after the import's time check (over time: the BudgetError, raised by ``_kept``
+    in order, so a reading thread never raises past the others)."""
+    try:
+        item[2].check_time(item[1])
+    except BudgetError as e:
+        return item[0], e
+    return _load_one(item)
+
+
+def _kept(res: tuple[int, Any], budget: Budget, path: Any) -> tuple[int, Any]:
+    """Charge what a loaded dump keeps (its columns, the records they become); a worker's
+    BudgetError refuses the import."""
+    rank, cols = res
+    if isinstance(cols, BudgetError):
+        raise cols
+    if isinstance(cols, dict):
+        n = int(cols["n"])
+        budget.charge(n * (COLUMN_COST + RECORD_COST), f"{path}: {n:,} entries")
+    return rank, cols
+
+
+def _load_all(
+    files: dict[int, Path], workers: int | None, budget: Budget | None = None
+) -> list[tuple[int, dict[str, Any] | str]]:
+    budget = budget or Budget()
     items = [(r, str(p)) for r, p in files.items()]
     total = sum(p.stat().st_size for p in files.values())
     if workers is None:  # the cores this process may run on, for inputs worth a process pool (the
         # 1-minute load average lags by a minute: it counted the previous command as busy cores)
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        workers = min(8, cores) if len(items) >= 8 and total >= 16 << 20 else 1
+        # the native reader takes a few ms a dump: a pool's start and the columns sent back cost more
+        worth = (1 << 30) if fr_native.enabled() else (16 << 20)
+        workers = min(8, cores) if len(items) >= 8 and total >= worth else 1
     if workers > 1:
         import multiprocessing as mp
 
         try:
             ctx = mp.get_context("fork")
-            with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as ex:
-                return list(ex.map(_load_one, items, chunksize=max(1, len(items) // (workers * 4))))
+            # a worker only loads dumps (trees: no cycles to collect) and exits with the pool: the
+            # collector, re-armed between dumps, would walk every object the worker holds
+            ex = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=gc.disable)
         except (OSError, ValueError, RuntimeError):
-            pass  # no fork here (or no processes allowed): load in this process
-    return [_load_one(it) for it in items]
+            ex = None  # no fork here (or no processes allowed): load in this process
+        if ex is not None:
+            # each worker's dump within what was left when the import began; kept columns charged here
+            jobs = [(r, p, budget) for r, p in items]
+            path_of = dict(items)
+            try:
+                chunk = max(1, len(items) // (workers * 4))
+                done = ex.map(_load_one, jobs, chunksize=chunk)
+                return [_kept(res, budget, path_of[res[0]]) for res in done]
+            finally:
+                ex.shutdown(wait=True, cancel_futures=True)
+    out = []
+    gc_was = gc.isenabled()
+    gc.disable()  # between two dumps too: each one's millions of allocations would trigger a collection
+    try:
+        threads = _reader_threads(len(items))
+        # the native reader lets go of the GIL: with threads the cores read dumps side by side
+        with ThreadPoolExecutor(max_workers=threads) if threads > 1 else contextlib.nullcontext() as tx:
+            jobs = [(r, p, budget) for r, p in items]
+            done = tx.map(_timed_load, jobs) if tx is not None else map(_timed_load, jobs)
+            for (_r, p), res in zip(items, done, strict=True):
+                out.append(_kept(res, budget, p))
+    finally:
+        if gc_was:
+            gc.enable()
+    return out
 
 
 # ------------------------------------------------------------------------------------------ convert
@@ -500,8 +876,14 @@ def convert(
     for r, n in pairs:
         inferred.setdefault(n, []).append(r)
     member_sets: dict[tuple[int, str], list[int]] = {}
+    # the default group spans every rank of the job: where pg_config does not list it (gloo), ranks
+    # up to the highest any dump or pg_config names, so a rank that left no dump is still a member
+    top = max([*dump_ranks, *(max(mem) for cfg in m.pg_config.values() for mem in cfg.values() if mem)])
     for r, n in pairs:
-        member_sets[(r, n)] = m.pg_config.get(r, {}).get(n) or sorted(inferred[n])
+        cfg = m.pg_config.get(r, {}).get(n)
+        if cfg is None and m.pg_desc.get(n) == "default_pg":
+            cfg = sorted(set(inferred[n]) | set(range(top + 1)))
+        member_sets[(r, n)] = cfg or sorted(inferred[n])
     for r in dump_ranks:  # groups a rank belongs to by its own pg_config, used or not
         for n, members in m.pg_config.get(r, {}).items():
             if r in members:
@@ -615,10 +997,60 @@ def convert(
     ops_ = _Ops.cat(c_ops, p_ops)
     ops_.flags |= np.where(ops_.start > 0, int(schema.OpFlag.DEVICE_TIMING), 0).astype(np.uint8)
 
+    # -- the collectives matched across ranks (c4d/formats/fr_match.py): ops some member never
+    # issued are not done, whatever their entries say; disagreements, lost and late ranks found
+    nc = len(c_ops.seq)
+    u_ids, k_ci = np.unique(k_id, return_inverse=True)
+    k_ci = k_ci.ravel()
+    info = [comm_info[f"{int(i):016x}"] for i in u_ids]
+    # a (rank, communicator) is one key: those of a wrapped ring buffer without a collective left
+    wrapped = np.array([m.first_record.get(r, 0) > 0 for r in k_rank.tolist()], dtype=bool)
+    has_rows = np.zeros(len(k_rank), dtype=bool)
+    has_rows[ops_.pi[:nc]] = True
+    no_rows = np.flatnonzero(wrapped & ~has_rows)
+    unknown = set(zip(k_rank[no_rows].tolist(), k_ci[no_rows].tolist(), strict=True))
+    matched = fr_match.check(
+        comms=fr_match.Comms(u_ids, [i["name"] for i in info], [i["ranks"] for i in info]),
+        cidx=k_ci[ops_.pi[:nc]],
+        rank=ops_.rank[:nc],
+        seq=ops_.seq[:nc],
+        kind=ops_.kind[:nc],
+        count=ops_.count[:nc],
+        dtype=ops_.dname[:nc],
+        dtype_names=m.dtypes,
+        issue=ops_.issue[:nc],
+        done=ops_.done[:nc],
+        dump_ranks=dump_ranks,
+        unknown_ranks=unknown,
+        timed_ranks=set(ranks_timed.tolist()),
+    )
+    ops_.done[:nc] = matched.done
+    # a send or recv whose peer never issued its side cannot have completed either (ranks whose ring
+    # buffer wrapped are left out: their p2p counts start at the oldest entry kept)
+    p_never = fr_match.p2p_unissued(
+        comms=fr_match.Comms(u_ids, [i["name"] for i in info], [i["ranks"] for i in info]),
+        cidx=k_ci[ops_.pi[nc:]],
+        rank=ops_.rank[nc:],
+        recv=ops_.kind[nc:] == Op.Recv,
+        peer=ops_.peer[nc:],
+        seq=ops_.seq[nc:],
+        counted={r for r in dump_ranks if m.first_record.get(r, 0) == 0},
+    )
+    claimed = int((p_never & ops_.done[nc:]).sum())
+    ops_.done[nc:] &= ~p_never
+    if matched.unissued_ops or claimed:
+        warns.append(
+            f"{matched.unissued_ops + claimed} op(s) marked done in their dumps were never issued by some "
+            "member of their group (or, for a send or recv, by its peer): taken as not completed"
+        )
+
     # -- OP records: the completed ops
-    dn = ops_.done
+    # in the order the replay takes them (when each ended), so assemble need not reorder the records
+    dn = np.flatnonzero(ops_.done)
+    t_rec = np.maximum(np.maximum(ops_.issue[dn], ops_.start[dn]), ops_.end[dn])
+    dn = dn[np.argsort(t_rec, kind="stable")]
     op_recs = tr.ops(
-        int(dn.sum()),
+        len(dn),
         rank=ops_.rank[dn],
         comm_id=k_id[ops_.pi[dn]],
         seq=ops_.seq[dn],
@@ -638,7 +1070,6 @@ def convert(
 
     # -- the state at the dump
     t_end = int(max(ops_.issue.max(initial=0), ops_.start.max(initial=0), ops_.end.max(initial=0)))
-    wrapped = np.array([m.first_record.get(int(r), 0) > 0 for r in k_rank], dtype=bool)
     beats = _final_beats(
         ops_, len(c_ops.seq), len(keys), len(pairs), wrapped, k_rank, k_id, k_crank, k_nranks
     )
@@ -674,6 +1105,7 @@ def convert(
             "ranks": len(dump_ranks),
             "ranks_without_dump": no_dump,
             "entries": int(nrow),
+            "findings": matched.findings,
         },
         "comms": comm_info,
         "import": {"warnings": warns},
@@ -708,6 +1140,7 @@ class _Ops:
     bytes: np.ndarray
     count: np.ndarray
     dtype: np.ndarray
+    dname: np.ndarray  # index of the c10 dtype name (Float, Double, ...) in _Merged.dtypes
     flags: np.ndarray
     group: np.ndarray
 
@@ -729,6 +1162,7 @@ class _Ops:
             bytes=c["numel"][rows] * dsz[dt, 1],
             count=c["numel"][rows],
             dtype=dsz[dt, 0],
+            dname=dt,
             flags=np.zeros(len(rows), dtype=np.uint8),
             group=np.zeros(len(rows), dtype=np.int64),
         )
@@ -826,9 +1260,13 @@ def read(
     prefix: str | None = None,
     workers: int | None = None,
     on_warning: Callable[[str], None] | None = None,
+    budget: Budget | None = None,
 ) -> RawTrace:
-    """A directory of dumps (or one dump file) → RawTrace. Unreadable files are skipped with a warning."""
+    """A directory of dumps (or one dump file) → RawTrace, within ``budget`` (c4d.formats.budget).
+    Unreadable files, and dumps built to cost far more than they weigh, are skipped with a warning."""
     opts = opts or ImportOptions()
+    budget = budget or Budget()
+    heap.keep_freed_blocks()  # the columns' many large temporaries reuse freed pages (c4d/heap.py)
     p = Path(path)
     if p.is_dir():
         found = find_dumps(p, prefix)
@@ -837,13 +1275,14 @@ def read(
         m = _RANK_RE.match(p.name) or _JSON_RANK_RE.match(p.name)
         files, warns = {int(m.group(2)) if m else 0: p}, []
     loaded: list[tuple[int, dict[str, Any]]] = []
-    for rank, res in _load_all(files, workers):
+    for rank, res in _load_all(files, workers, budget):
         if isinstance(res, str):
             warns.append(res)
         else:
             loaded.append((rank, res))
     if not loaded:
         raise FormatError(f"{p}: no readable Flight Recorder dump" + (f" ({warns[0]})" if warns else ""))
+    budget.check_time(str(p))
     rt = convert(
         loaded,
         opts,

@@ -38,10 +38,11 @@ import numpy as np
 
 from c4d import schema
 from c4d.formats import to_records as tr
+from c4d.formats.budget import RECORD_COST, Budget, BudgetError, HostileFile, LineReader
 from c4d.formats.to_records import FormatError, ImportOptions
 from c4d.trace import RawTrace
 
-if TYPE_CHECKING:  # pandas loads in ~0.5 s: only parsing needs it
+if TYPE_CHECKING:  # pandas is slow to import: only parsing needs it
     import pandas as pd
 
 Op = schema.Op
@@ -79,25 +80,27 @@ COLUMNS = [
 ]
 
 
-def find_files(path: str | os.PathLike) -> list[Path]:
+def find_files(path: str | os.PathLike, budget: Budget | None = None) -> list[Path]:
     """The file itself, or every log under a directory whose content starts like Inspector's."""
     p = Path(path)
     if p.is_file():
         return [p]
     if not p.is_dir():
         raise FormatError(f"{p}: no such file or directory")
-    out = [f for f in sorted(p.rglob("*")) if f.is_file() and f.suffix in _SUFFIXES and looks_like(f)]
+    out = []
+    for f in sorted(p.rglob("*")):
+        if budget is not None:
+            budget.tick(str(p), every=64)
+        if f.is_file() and f.suffix in _SUFFIXES and looks_like(f):
+            out.append(f)
     if not out:
         raise FormatError(f"{p}: no NCCL Inspector logs (JSON lines with header/metadata/coll_perf)")
     return out
 
 
-def _read_text(p: Path) -> str:
-    with open(p, "rb") as f:
-        head = f.read(2)
-        f.seek(0)
-        data = gzip.decompress(f.read()) if head == b"\x1f\x8b" else f.read()
-    return data.decode("utf-8", errors="replace")
+# what one parsed line holds until the DataFrame is built (a list of 17 Python values), and the
+# DataFrame's share per row while it is built from them
+ROW_COST = 1536
 
 
 def looks_like(p: Path, probe: int = 1 << 16) -> bool:
@@ -176,32 +179,46 @@ def _row(obj: dict[str, Any]) -> list[Any] | None:
     ]
 
 
-def parse(files: list[Path], warns: list[str]) -> pd.DataFrame:
-    """Every usable line of ``files`` as one row (COLUMNS); bad lines are counted per file."""
+def parse(files: list[Path], warns: list[str], budget: Budget | None = None) -> pd.DataFrame:
+    """Every usable line of ``files`` as one row (COLUMNS), read line by line under ``budget``;
+    bad lines are counted per file, a file refused as hostile is skipped with one warning."""
+    budget = budget or Budget()
     rows: list[list[Any]] = []
     for f in files:
-        try:
-            text = _read_text(f)
-        except (OSError, EOFError, gzip.BadGzipFile) as e:
-            warns.append(f"{f}: unreadable ({e})")
-            continue
+        reader = LineReader(f, budget)
         bad, first_bad = 0, 0
-        for i, line in enumerate(text.splitlines(), 1):
-            s = line.strip()
-            if not s:
-                continue
-            try:
-                obj = json.loads(s)
-                r = _row(obj) if isinstance(obj, dict) else None
-            except ValueError:
-                r = None
-            if r is None:
-                bad += 1
-                first_bad = first_bad or i
-            else:
-                rows.append(r)
+        mine: list[list[Any]] = []  # this file's rows: none are kept from a file refused as hostile
+        try:
+            for line in reader:
+                s = line.strip()
+                if not s:
+                    continue
+                try:
+                    obj = json.loads(s)
+                    r = _row(obj) if isinstance(obj, dict) else None
+                except (ValueError, RecursionError):
+                    r = None
+                if r is None:
+                    bad += 1
+                    first_bad = first_bad or reader.lines
+                else:
+                    budget.charge(ROW_COST, f"{f}: line {reader.lines}")
+                    mine.append(r)
+        except BudgetError:  # over the import's budget: the whole import is refused
+            raise
+        except HostileFile as e:
+            warns.append(str(e))
+            budget.used -= ROW_COST * len(mine)
+            mine = []
+        except FormatError as e:  # a damaged gzip: what came before the damage is kept
+            warns.append(f"{e} (read to line {reader.lines})")
+        except OSError as e:
+            warns.append(f"{f}: unreadable ({e.strerror or e})")
         if bad:
             warns.append(f"{f}: {bad} lines are not Inspector records (first at line {first_bad})")
+        if w := reader.warning():
+            warns.append(w)
+        rows.extend(mine)
     import pandas as pd
 
     return pd.DataFrame(rows, columns=COLUMNS)
@@ -220,12 +237,19 @@ def _global_ranks(df: pd.DataFrame, warns: list[str]) -> dict[tuple[str, int], i
 
 
 def convert(
-    df: pd.DataFrame, opts: ImportOptions, *, path: str = "", warns: list[str] | None = None
+    df: pd.DataFrame,
+    opts: ImportOptions,
+    *,
+    path: str = "",
+    warns: list[str] | None = None,
+    budget: Budget | None = None,
 ) -> RawTrace:
     """Inspector rows (``parse``) → RawTrace."""
     warns = warns if warns is not None else []
     if df.empty:
         raise FormatError(f"{path}: no NCCL Inspector records")
+    if budget is not None:  # one OP per row, beats per rank x communicator at the end
+        budget.charge(len(df) * RECORD_COST, f"{path}: {len(df):,} records")
     df = df.drop_duplicates().reset_index(drop=True)
     g_of = _global_ranks(df, warns)
     df["rank"] = [g_of[hp] for hp in zip(df["host"], df["pid"], strict=True)]
@@ -342,11 +366,16 @@ def read(
     opts: ImportOptions | None = None,
     *,
     on_warning: Callable[[str], None] | None = None,
+    budget: Budget | None = None,
 ) -> RawTrace:
-    """A log file or a directory of them → RawTrace."""
+    """A log file or a directory of them → RawTrace, within ``budget`` (c4d.formats.budget)."""
     warns: list[str] = []
-    df = parse(find_files(path), warns)
-    rt = convert(df, opts or ImportOptions(), path=str(path), warns=warns)
+    budget = budget or Budget()
+    df = parse(find_files(path, budget), warns, budget)
+    if df.empty:
+        raise FormatError(f"{path}: no NCCL Inspector records" + (f" ({warns[0]})" if warns else ""))
+    budget.check_time(str(path))
+    rt = convert(df, opts or ImportOptions(), path=str(path), warns=warns, budget=budget)
     if on_warning:
         for w in warns:
             on_warning(w)

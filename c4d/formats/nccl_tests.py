@@ -6,8 +6,8 @@ Entry points, all pure functions::
     runs = parse_file(path)      # text or the ``-J file.json`` report, detected
     run  = parse_json(text)      # the ``-J`` report only
 
-What the text reader copes with (facts from nccl-tests' ``src/util.cu``; samples under
-``shared/data/nccl-tests``):
+What the text reader copes with (facts from nccl-tests' ``src/util.cu``; samples: the captures
+the tests read, ``$C4D_NCCL_TESTS_DATA``):
 
 * every table layout the header line can describe: the ``#wrong`` column (v2.13+) or the older
   ``error`` column, with or without ``root``, ``cputime`` (``-C 1``), per-iteration columns
@@ -34,6 +34,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
+
+from c4d.formats.budget import Budget, BudgetError, LineReader, human
+
+# memory a parsed line holds until its run's DataFrame is built (a row is a dict of ~15 values)
+ROW_COST = 1536
+DEVICE_COST = 512
+LINE_COST = 128
+STREAM_COST = 4096
+JSON_COST = 16  # json.loads of a document: Python objects per byte of text, at worst
 
 
 class NcclTestsError(ValueError):
@@ -360,57 +369,64 @@ class _Builder:
         )
 
 
-def _split_streams(lines: Iterable[str]) -> dict[str | None, list[str]]:
-    streams: dict[str | None, list[str]] = {}
-    for raw in lines:
-        line = raw.rstrip("\r\n")
-        key = None
-        for rx in _LAUNCHER_PREFIXES:
-            m = rx.match(line)
-            if m:
-                key, line = m.group(1), line[m.end() :]
-                break
-        streams.setdefault(key, []).append(line)
-    return streams
+def _split_line(raw: str) -> tuple[str | None, str]:
+    """(launcher rank prefix or None, the line without it)."""
+    line = raw.rstrip("\r\n")
+    for rx in _LAUNCHER_PREFIXES:
+        m = rx.match(line)
+        if m:
+            return m.group(1), line[m.end() :]
+    return None, line
 
 
-def _parse_stream(lines: list[str]) -> tuple[list[NcclTestsRun], list[str]]:
-    """Runs of one stream, and failure lines that belong to no run."""
-    runs: list[NcclTestsRun] = []
-    b = _Builder()
-    hint: str | None = None
-    orphan_failures: list[str] = []
+class _StreamParser:
+    """The runs of one stream (one launcher rank's lines), fed a line at a time."""
 
-    def finish(new_layout: _Layout | None = None) -> _Builder:
+    def __init__(self, budget: Budget | None = None):
+        self.runs: list[NcclTestsRun] = []
+        self.hint: str | None = None
+        self.orphan_failures: list[str] = []
+        self.b = _Builder()
+        self.budget = budget
+
+    def _charge(self, n: int, what: str) -> None:
+        if self.budget is not None:
+            self.budget.charge(n, what)
+
+    def finish(self, new_layout: _Layout | None = None) -> _Builder:
+        b = self.b
         if b.has_result():
-            runs.append(b.build())
+            self.runs.append(b.build())
         else:
-            orphan_failures.extend(b.failures)
-        return _Builder(new_layout, hint)
+            self.orphan_failures.extend(b.failures)
+        self.b = _Builder(new_layout, self.hint)
+        return self.b
 
-    for line in lines:
+    def feed(self, line: str) -> None:
+        b = self.b
         s = line.strip()
         if not s:
-            continue
+            return
         if s.startswith("#"):
             if m := _RE_VERSION.match(s):
                 if b.past_preamble() or b.version or b.program or b.params:
-                    b = finish()
+                    b = self.finish()
                 b.version = m.group(1)
                 if lib := _RE_LIBRARY.search(s):
                     b.library = _library_version(int(lib.group(1)))
             elif m := _RE_STARTING.match(s):
                 if b.past_preamble() or b.program or b.params:
-                    b = finish()
+                    b = self.finish()
                 b.program = m.group(1)
             elif _RE_PARAMS.match(s):
                 if b.past_preamble() or b.params:
-                    b = finish()
+                    b = self.finish()
                 b.params = {_PARAM_KEYS[k]: v for k, v in _RE_PARAM_ITEM.findall(s)}
             elif m := _RE_DEVICE.match(s):
                 if b.header_seen or b.rows:
-                    b = finish()
+                    b = self.finish()
                 g = m.groups()
+                self._charge(DEVICE_COST + len(s), "device lines")
                 b.devices.append(Device(int(g[0]), int(g[1]), int(g[2]), g[3], int(g[4]), g[5], g[6]))
             elif m := _RE_OOB.match(s):
                 b.oob = int(m.group(1))
@@ -420,6 +436,7 @@ def _parse_stream(lines: list[str]) -> tuple[list[NcclTestsRun], list[str]]:
             elif m := _RE_CONCLUDED.match(s):
                 b.program = b.program or m.group(1)
             elif m := _RE_ERROR.match(s):
+                self._charge(LINE_COST + len(s), "error lines")
                 b.failures.append(m.group(1).strip())
             else:
                 tokens = s.lstrip("#").split()
@@ -428,46 +445,72 @@ def _parse_stream(lines: list[str]) -> tuple[list[NcclTestsRun], list[str]]:
                     if layout is not None:
                         if b.rows or b.avg is not None:
                             keep = b
-                            b = finish(layout)
+                            b = self.finish(layout)
                             b.params, b.devices = keep.params, list(keep.devices)
                             b.version, b.program, b.library = keep.version, keep.program, keep.library
                         b.layout = layout
                         b.header_seen = True
-            continue
+            return
         if "Test failure" in s or "NCCL failure" in s or "Cuda failure" in s:
+            self._charge(LINE_COST + len(s), "failure lines")
             b.failures.append(s.lstrip(". ").strip())
-            continue
+            return
         if (m := _RE_NCCL_BANNER.search(s)) and b.nccl_banner is None:
             b.nccl_banner = m.group(1)
         row = b.layout.parse_row(s.split())
         if row is not None:
             if b.avg is not None:  # a table after a trailer without a new preamble: a new run
-                b = finish(b.layout)
+                b = self.finish(b.layout)
+            self._charge(ROW_COST, "table rows")
             b.rows.append(row)
-            continue
+            return
         if hm := _RE_PROGRAM_HINT.search(s):
-            hint = hm.group(1)
+            self.hint = hm.group(1)
             if not b.past_preamble() and b.program_hint is None:
-                b.program_hint = hint
-    finish()
-    return runs, orphan_failures
+                b.program_hint = self.hint
 
 
-def parse_text(text: str) -> list[NcclTestsRun]:
-    """Every run in nccl-tests stdout (raw, or as captured by a launcher). Raises
-    :class:`NcclTestsError` if there is none."""
+def _parse_stream(lines: Iterable[str]) -> tuple[list[NcclTestsRun], list[str]]:
+    """Runs of one stream, and failure lines that belong to no run."""
+    sp = _StreamParser()
+    for line in lines:
+        sp.feed(line)
+    sp.finish()
+    return sp.runs, sp.orphan_failures
+
+
+def parse_lines(lines: Iterable[str], budget: Budget | None = None) -> list[NcclTestsRun]:
+    """Every run in nccl-tests stdout given line by line (raw, or as captured by a launcher);
+    memory holds the runs' rows, not the text. Raises :class:`NcclTestsError` if there is none."""
+    streams: dict[str | None, _StreamParser] = {}
+    for raw in lines:
+        key, line = _split_line(raw)
+        sp = streams.get(key)
+        if sp is None:
+            if budget is not None:
+                budget.charge(STREAM_COST, "a launcher rank's stream")
+            sp = streams[key] = _StreamParser(budget)
+        sp.feed(line)
+        if budget is not None:
+            budget.tick("nccl-tests text")
     runs: list[NcclTestsRun] = []
     orphans: list[str] = []
-    for lines in _split_streams(text.splitlines()).values():
-        r, o = _parse_stream(lines)
-        runs.extend(r)
-        orphans.extend(o)
+    for sp in streams.values():
+        sp.finish()
+        runs.extend(sp.runs)
+        orphans.extend(sp.orphan_failures)
     if not runs:
         raise NcclTestsError("no nccl-tests result table or 'Avg bus bandwidth' line found")
     if orphans:  # e.g. another rank's "Test failure" line under its own launcher prefix
         last = runs[-1]
         runs[-1] = dataclasses.replace(last, failures=last.failures + tuple(orphans))
     return runs
+
+
+def parse_text(text: str) -> list[NcclTestsRun]:
+    """Every run in nccl-tests stdout (raw, or as captured by a launcher). Raises
+    :class:`NcclTestsError` if there is none."""
+    return parse_lines(text.splitlines())
 
 
 # ---------------------------------------------------------------- JSON (-J)
@@ -481,6 +524,14 @@ def parse_json(text: str) -> NcclTestsRun:
         raise NcclTestsError(f"not valid JSON: {e}") from None
     if not isinstance(doc, dict) or "results" not in doc:
         raise NcclTestsError("JSON has no 'results' list: not an nccl-tests -J report")
+    try:
+        return _from_json(doc)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        what = f"no {e}" if isinstance(e, KeyError) else f"{type(e).__name__}: {e}"
+        raise NcclTestsError(f"not an nccl-tests -J report ({what})") from None
+
+
+def _from_json(doc: dict) -> NcclTestsRun:
     cfg = doc.get("config") or {}
     params = {k: str(v) for k, v in cfg.items()}
     devices = tuple(
@@ -541,9 +592,25 @@ def _s(v) -> str | None:
     return None if v is None else str(v)
 
 
-def parse_file(path: str | Path) -> list[NcclTestsRun]:
-    """A saved output: nccl-tests stdout (any launcher) or a ``-J`` JSON report."""
-    text = Path(path).read_text(encoding="utf-8", errors="replace")
-    if text.lstrip().startswith("{"):
-        return [parse_json(text)]
-    return parse_text(text)
+def parse_file(
+    path: str | Path, budget: Budget | None = None, warns: list[str] | None = None
+) -> list[NcclTestsRun]:
+    """A saved output: nccl-tests stdout (any launcher) or a ``-J`` JSON report. Text is read
+    line by line under ``budget`` (lines over its limit skipped, one line in ``warns``); a JSON
+    report is parsed whole, so its size times JSON_COST must fit the budget."""
+    p = Path(path)
+    budget = budget or Budget()
+    with open(p, "rb") as f:
+        head = f.read(4096).lstrip()
+    if head.startswith(b"{"):
+        size = p.stat().st_size
+        budget.fits(size * JSON_COST, f"{p}: a {human(size)} JSON report")
+        return [parse_json(p.read_text(encoding="utf-8", errors="replace"))]
+    reader = LineReader(p, budget)
+    try:
+        runs = parse_lines((ln.decode("utf-8", errors="replace") for ln in reader), budget)
+    except BudgetError as e:
+        raise BudgetError(f"{p}, line {reader.lines}: {e}") from None
+    if warns is not None and (w := reader.warning()):
+        warns.append(w)
+    return runs

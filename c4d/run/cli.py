@@ -9,10 +9,10 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import socket
 import sys
 
+from c4d import signals
 from c4d.run.policy import RETRYABLE_PATTERNS, Policy, PolicyConfig, compile_patterns
 
 EPILOG = """\
@@ -227,7 +227,7 @@ def _fail(text: str) -> int:
 
 def config(args):
     """RunConfig from parsed options; ValueError with a one-line reason for bad input."""
-    from c4d.actions.isolate import parse_actions
+    from c4d.actions.factory import parse_actions
     from c4d.run.supervisor import RunConfig
 
     compile_patterns(args.retryable_error)  # a bad pattern is bad input: one line, status 1
@@ -280,16 +280,6 @@ def config(args):
     )
 
 
-def _signals_raise() -> None:
-    """SIGTERM/SIGHUP unwind like Ctrl-C: the job is stopped, the summary written."""
-
-    def handler(signum, _frame):
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, handler)
-
-
 def cmd_run(args) -> int:
     from c4d.native import NativeMissing
     from c4d.run.supervisor import Supervisor
@@ -301,7 +291,7 @@ def cmd_run(args) -> int:
         cfg = config(args)
     except ValueError as e:
         return _fail(str(e))
-    _signals_raise()
+    signals.raise_on_signals()
     try:
         sup = Supervisor(cfg)
     except (OSError, ValueError) as e:

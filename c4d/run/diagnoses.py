@@ -10,7 +10,7 @@ forward to the job's master, and the diagnoses will come back over its channel, 
 same JSON form.
 
 ``JsonFollower`` reads the JSON lines an external ``c4d master --json`` writes (``c4d run
---master EP --diagnoses-from FILE``): a file it tails. Both return DESIGN.md's JSON objects.
+--master EP --diagnoses-from FILE``): a file it tails. Both return docs/cli.md's JSON objects.
 """
 
 from __future__ import annotations
@@ -91,13 +91,72 @@ class LocalMaster:
         self.master.close()
 
 
+_READ_MAX = 16 << 20  # read per poll; the rest waits for the next
+MAX_LINE = 1 << 20  # a diagnosis line of c4d master --json is a few KiB (with stacks, tens)
+_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+def _ints(xs: Any, limit: int = 1 << 17) -> list[int]:
+    """The ints of a JSON list (bools and everything else dropped), at most ``limit``."""
+    if not isinstance(xs, list):
+        return []
+    return [x for x in xs[:limit] if isinstance(x, int) and not isinstance(x, bool)]
+
+
+def sanitize(obj: dict[str, Any]) -> dict[str, Any]:
+    """A diagnosis read from a file (not from this ``c4d run``'s own master), made as safe as one the
+    master's edge let through: node names in c4d.names' safe form, those that were not already in it
+    listed in ``detail["refused_nodes"]`` (never isolated: they did not come through a master);
+    names of kinds, levels, ops and communicators the same; ranks and victims ints only. The rest is
+    kept as JSON (written only through json.dumps, which escapes control characters)."""
+    from c4d import names
+
+    d = dict(obj)
+    detail = d.get("detail")
+    detail = dict(detail) if isinstance(detail, dict) else {}
+    nodes: list[str] = []
+    refused: list[str] = []
+    raw = d.get("nodes")
+    raw_nodes: list[Any] = raw if isinstance(raw, list) else []
+    for n in raw_nodes[:64]:
+        safe = names.clean(n if isinstance(n, str) else json.dumps(n))
+        if not (isinstance(n, str) and names.is_clean(n)) and safe != names.UNKNOWN:
+            refused.append(safe)
+        nodes.append(safe)
+    d["nodes"] = nodes
+    if refused:
+        detail["refused_nodes"] = refused
+    level = d.get("level")
+    d["level"] = level if level in _LEVELS else names.clean(str(level))
+    for k in ("kind", "op", "comm"):
+        v = d.get(k)
+        if v is not None and not (k == "comm" and isinstance(v, int) and not isinstance(v, bool)):
+            d[k] = names.clean(v if isinstance(v, str) else json.dumps(v))
+    if not (isinstance(d.get("seq"), int) and not isinstance(d.get("seq"), bool)):
+        d["seq"] = None
+    d["ranks"] = _ints(d.get("ranks"))
+    if "victims" in detail:
+        detail["victims"] = _ints(detail["victims"])
+    if "localized" in detail:
+        detail["localized"] = detail["localized"] is True
+    detail.pop("evidence_file", None)  # c4d run writes it, inside its run directory
+    if isinstance(detail.get("stacks"), dict):  # filled in by this node's dumps, never by the file
+        detail.pop("stacks")
+    d["detail"] = detail
+    return d
+
+
 class JsonFollower:
-    """Tails a JSON-lines file of diagnoses; lines that are not JSON objects are skipped (logged once)."""
+    """Tails a JSON-lines file of diagnoses; lines that are not JSON objects are skipped (logged once).
+
+    The file is untrusted (anything may write it): each diagnosis goes through ``sanitize``, and a
+    line longer than MAX_LINE is dropped whole, never held."""
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
         self._pos = 0
         self._buf = b""
+        self._skipping = False
         self._warned = False
         try:  # only what is written from now on: older diagnoses belong to older attempts
             self._pos = self.path.stat().st_size
@@ -111,7 +170,7 @@ class JsonFollower:
                 if os.fstat(f.fileno()).st_size < self._pos:
                     self._pos = 0  # truncated or replaced
                 f.seek(self._pos)
-                data = f.read()
+                data = f.read(_READ_MAX)
                 self._pos = f.tell()
         except FileNotFoundError:
             return []
@@ -120,21 +179,34 @@ class JsonFollower:
                 log.warning("c4d run: cannot read %s: %s", self.path, e)
                 self._warned = True
             return []
-        self._buf += data
-        *lines, self._buf = self._buf.split(b"\n")
+        *lines, rest = (self._buf + data).split(b"\n")
+        if self._skipping and lines:  # the rest of a line too long to hold ends here
+            lines, self._skipping = lines[1:], False
+        if len(rest) > MAX_LINE or self._skipping:
+            self._skip_warning()
+            rest, self._skipping = b"", True
+        self._buf = rest
         out = []
         for line in lines:
+            if len(line) > MAX_LINE:
+                self._skip_warning()
+                continue
             try:
                 obj = json.loads(line)
                 if not isinstance(obj, dict) or "level" not in obj:
                     raise ValueError("not a diagnosis")
-            except ValueError:
+            except (ValueError, RecursionError):
                 if line.strip() and not self._warned:
                     log.warning("c4d run: skipping a line of %s that is not a diagnosis", self.path)
                     self._warned = True
                 continue
-            out.append(obj)
+            out.append(sanitize(obj))
         return out
+
+    def _skip_warning(self) -> None:
+        if not self._warned:
+            log.warning("c4d run: skipping a line of %s longer than %d bytes", self.path, MAX_LINE)
+            self._warned = True
 
     def pids(self) -> dict[int, int]:
         return {}

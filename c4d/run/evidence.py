@@ -1,6 +1,7 @@
 """Last words: the stacks of a hang's culprit ranks (and, once, of its victims).
 
-On a hang's first WARNING (RankNonCommHang, RankCommHang, RankLost) the master asks the
+On a hang's first WARNING (RankNonCommHang, RankCommHang, RankLost; a CollectiveMismatch whose
+members are still in the op: its minority the culprits, the other side the victims) the master asks the
 culprit's node for evidence; this node's ``c4d run`` dumps the stacks of the culprit ranks
 that run here, and, once per attempt, of up to ``max_victims`` of the ranks waiting for
 them. Dumps run on a worker thread, one at a time (a debugger stops its target while it
@@ -9,6 +10,11 @@ same hang (the next count, the ERROR) carries them as ``detail["stacks"]``: ``{"
 {"role": "culprit"|"victim", "pid": ..., "python": ..., "native": ..., "tools": [...],
 "error": ...}}``. An ERROR that comes before the dumps are done waits for them (bounded):
 the job is stopped right after it, and its evidence must have them.
+
+A hang seen only in the logs (``c4d run``'s ``--job-hang-interval``: no output for that long)
+names no rank: before the job is stopped, ``dump_job`` dumps the job's ranks (registered, else
+found by ``RANK``), else its processes, up to ``max_victims``, and the attempt's evidence keeps
+them like a diagnosed hang's.
 
 A rank's pid comes from its registration; it is only dumped if that pid is one of this
 ``c4d run``'s job processes (the pid of a rank on another node means nothing here). Without
@@ -33,6 +39,45 @@ from c4d.run import proctree, stacks
 log = logging.getLogger("c4d.run")
 
 HANG_KINDS = ("RankNonCommHang", "RankCommHang", "RankLost")
+
+
+def wants_stacks(j: Mapping[str, Any]) -> bool:
+    """A hang, or a collective whose members called it differently and are still in it (named
+    from their heartbeats, or a stall that followed): each side's stacks say where it called it.
+    A disagreement named from records is over (the op completed): nothing to dump."""
+    if j.get("kind") in HANG_KINDS:
+        return True
+    det = j.get("detail") or {}
+    return j.get("kind") == "CollectiveMismatch" and (det.get("evidence") == "heartbeats" or "stalled" in det)
+
+
+def _other_sides(j: Mapping[str, Any], culprits: list[int]) -> list[int]:
+    """A mismatch's members outside its culprits (the other side of each op: its victims)."""
+    sides = (j.get("detail") or {}).get("sides") or []
+    out = [
+        int(r)
+        for s in sides
+        if isinstance(s, Mapping)
+        for r in s.get("ranks") or []
+        if int(r) not in culprits
+    ]
+    return sorted(set(out))
+
+
+def evidence_path(run_dir: str | Path, attempt: int, kind: Any, nodes: list[str]) -> Path:
+    """Where an isolation's evidence is written: in ``run_dir/evidence``, named only from parts in
+    c4d.names' safe form (no separator, no leading dot), the first two nodes and a count: at most
+    ~220 characters, under every file system's limit on a name."""
+    from c4d import names
+
+    parts = [names.clean(str(kind)), *(names.clean(str(n)) for n in nodes[:2])]
+    if len(nodes) > 2:
+        parts.append(f"{len(nodes) - 2}-more")
+    base = Path(run_dir) / "evidence"
+    p = base / f"attempt{int(attempt)}-{'-'.join(parts)}.json"
+    if p.resolve().parent != base.resolve():  # cannot happen with safe names; never write elsewhere
+        raise ValueError(f"evidence path {p} is outside {base}")
+    return p
 
 
 def as_json(d: Any) -> dict[str, Any]:
@@ -98,14 +143,14 @@ class Evidence:
         out = []
         for j, futs in items:
             if futs and all(f.done() for f in futs.values()):
-                out.append({**j, "stacks": {r: f.result() for r, f in futs.items()}})
+                out.append({**j, "stacks": {r: f.result() for r, f in futs.items() if not f.cancelled()}})
         return out
 
     # -- requests ------------------------------------------------------------------------
     def on_diagnosis(self, d: Any, pids: Mapping[int, int] | None = None) -> bool:
         """Dump stacks for a hang's first WARNING/ERROR; True when dumps were started."""
         j = as_json(d)
-        if j.get("kind") not in HANG_KINDS or j.get("level") not in ("WARNING", "ERROR"):
+        if not wants_stacks(j) or j.get("level") not in ("WARNING", "ERROR"):
             return False
         key = hang_key(j)
         with self._lock:
@@ -118,7 +163,7 @@ class Evidence:
             culprits = [int(r) for r in j.get("ranks") or []]
             victims: list[int] = []
             if not self._victims_dumped:
-                waiting = (j.get("detail") or {}).get("victims") or []
+                waiting = (j.get("detail") or {}).get("victims") or _other_sides(j, culprits)
                 victims = [int(v) for v in waiting if int(v) not in culprits][: self.max_victims]
                 self._victims_dumped = bool(victims)
             futs: dict[str, Future] = {}
@@ -146,6 +191,38 @@ class Evidence:
         if d.error:
             log.warning("c4d run: stacks of rank %d (pid %d): %s", rank, pid, d.error)
         return {**base, **d.to_json()}
+
+    def dump_job(
+        self, what: Mapping[str, Any], pids: Mapping[int, int] | None, wait_s: float
+    ) -> dict[str, Any]:
+        """Stacks of a hang that names no rank (``what``: its JSON object): every rank of the job
+        that runs here (registered, else found by ``RANK``), else every process of the job, up to
+        ``max_victims``; waits up to ``wait_s`` and returns what was dumped by then (an entry
+        that was not says so). ``collected`` and the sidecar keep it under ``what``."""
+        j = dict(what)
+        with self._lock:
+            tree = self.job_pids()
+            known = {r: p for r, p in (pids or {}).items() if p > 0 and p in tree}
+            if not known:
+                known = ranks_by_environment(tree)
+            futs: dict[str, Future] = {}
+            if known:
+                for r in sorted(known)[: self.max_victims]:
+                    futs[str(r)] = self._pool.submit(self._one, r, "silent", known[r], tree)
+            else:  # a job that sets no RANK: its processes, the launched ones first
+                for pid in sorted(tree)[: self.max_victims]:
+                    futs[f"pid:{pid}"] = self._pool.submit(self._one, -1, "process", pid, tree)
+            self._pending[hang_key(j)] = (j, futs)
+        log.warning("c4d run: dumping the stacks of the silent job: %s", ", ".join(futs) or "no process left")
+        wait(list(futs.values()), timeout=wait_s)
+        out = {}
+        for k, f in futs.items():
+            if f.done() and not f.cancelled():
+                out[k] = f.result()
+            else:
+                f.cancel()
+                out[k] = {"role": "silent", "error": f"not dumped within {wait_s:g} s"}
+        return out
 
     # -- results -------------------------------------------------------------------------
     def stacks_for(self, d: Any, wait_s: float = 0.0) -> dict[str, Any] | None:

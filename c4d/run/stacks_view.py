@@ -69,7 +69,8 @@ def rank_line(rank: str, s: Mapping[str, Any]) -> str:
     native = sorted(digest(s.get("native")), key=lambda p: -p.count(" ← "))  # stable: gdb's order on ties
     parts += [p for p in native if p not in parts]
     body = " | ".join(parts[:3]) if parts else (s.get("error") or "no frames")
-    return f"rank {rank} {s.get('role', '')}: {body}"
+    who = f"rank {rank}" if str(rank).isdigit() else str(rank).replace(":", " ")  # "pid:N": not a rank
+    return f"{who} {s.get('role', '')}: {body}"
 
 
 def live_lines(diagnoses: Iterable[Any], limit: int = 6) -> list[str]:

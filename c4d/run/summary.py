@@ -6,7 +6,20 @@ a person, on stderr, when ``c4d run`` ends.
 
 from __future__ import annotations
 
+import re
 from typing import Any
+
+# what must not reach a terminal raw: C0/C1 controls (ESC sequences, newlines that forge log
+# lines), DEL, and Unicode line separators and bidirectional overrides
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def safe(text: Any) -> str:
+    """``text`` for a terminal: every control character written as an escape (``\\x1b``)."""
+    return _UNSAFE.sub(
+        lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 256 else f"\\u{ord(m.group()):04x}",
+        str(text),
+    )
 
 
 def to_json(sup: Any, status: int) -> dict[str, Any]:
@@ -63,32 +76,38 @@ def _brief(d: dict[str, Any]) -> dict[str, Any]:
 
 
 def render(data: dict[str, Any]) -> str:
+    """The summary for a person; every string that came from a diagnosis or a command is escaped
+    (``safe``): a diagnosis file or a failing command's stderr cannot write to the terminal."""
     n = len(data["attempts"])
-    lines = [f"c4d run: summary ({data['node']}, {n} attempt{'s' if n != 1 else ''})"]
+    lines = [f"c4d run: summary ({safe(data['node'])}, {n} attempt{'s' if n != 1 else ''})"]
     for a in data["attempts"]:
-        head = f"  attempt {a['attempt']}: {a['ended']}"
+        head = f"  attempt {a['attempt']}: {safe(a['ended'])}"
         if a["exit_status"] is not None:
             head += f", status {a['exit_status']}"
         head += f", {a['seconds']:.1f} s"
         if a["detail"]:
-            head += f" ({a['detail']})"
+            head += f" ({safe(a['detail'])})"
         lines.append(head)
         for e in a["errors"]:
-            where = ", ".join(e["nodes"] or []) or "?"
-            ranks = ",".join(map(str, e["ranks"] or []))
-            st = f"; stacks of ranks {','.join(e['stacks_of_ranks'])}" if e["stacks_of_ranks"] else ""
-            lines.append(f"    {e['level']} {e['kind']}: ranks {ranks} on {where}{st}")
+            where = ", ".join(safe(x) for x in e["nodes"] or []) or "?"
+            ranks = ",".join(safe(r) for r in e["ranks"] or [])
+            st = (
+                f"; stacks of ranks {','.join(map(safe, e['stacks_of_ranks']))}"
+                if e["stacks_of_ranks"]
+                else ""
+            )
+            lines.append(f"    {safe(e['level'])} {safe(e['kind'])}: ranks {ranks} on {where}{st}")
         for act in a["actions"]:
-            lines.append(f"    isolation {act['action']} of {act['node']}: {act['status']}"
-                         + (f" ({act['message']})" if act.get("message") else ""))  # fmt: skip
+            lines.append(f"    isolation {safe(act['action'])} of {safe(act['node'])}: {safe(act['status'])}"
+                         + (f" ({safe(act['message'])})" if act.get("message") else ""))  # fmt: skip
         if a["isolated"]:
-            lines.append(f"    isolated: {', '.join(a['isolated'])}")
+            lines.append(f"    isolated: {', '.join(map(safe, a['isolated']))}")
         for ev in a["evidence"]:
-            lines.append(f"    evidence: {ev}")
+            lines.append(f"    evidence: {safe(ev)}")
         if a["decision"]:
             verb = "restart" if a["decision"]["restart"] else "stop"
-            lines.append(f"    → {verb}: {a['decision']['why']}")
-    lines.append(f"  nodes isolated: {', '.join(data['nodes_isolated']) or 'none'}")
-    lines.append(f"  log: {data['log']}")
+            lines.append(f"    → {verb}: {safe(a['decision']['why'])}")
+    lines.append(f"  nodes isolated: {', '.join(map(safe, data['nodes_isolated'])) or 'none'}")
+    lines.append(f"  log: {safe(data['log'])}")
     lines.append(f"c4d run: exit status {data['exit_status']}")
     return "\n".join(lines)

@@ -12,7 +12,8 @@ master and look at what happened:
 * one process exited non-zero → the job failed: stop the rest;
 * one process (or, from the ranks' FINAL heartbeats, one rank) exited 0 and the rest did
   not follow within ``--job-exit-hang-interval`` → stop (exit hang);
-* no output for ``--job-hang-interval`` → stop (hang seen in the logs).
+* no output for ``--job-hang-interval`` → stop (hang seen in the logs), after dumping the
+  stacks of the job's ranks into the attempt's evidence (``evidence.dump_job``).
 
 Then ``policy.decide`` says whether to start again. The job learns its history from
 ``C4D_RESTART_COUNT`` and ``C4D_PROC_START_COUNT``, and which nodes to avoid from
@@ -36,11 +37,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from c4d import names, signals
 from c4d.actions import blacklist
-from c4d.actions.isolate import Action, Isolator, Outcome
+from c4d.actions.base import Action
+from c4d.actions.isolate import Isolator, Outcome
 from c4d.run import launcher
 from c4d.run.diagnoses import Endpoint, JsonFollower, LocalMaster
-from c4d.run.evidence import Evidence
+from c4d.run.evidence import Evidence, evidence_path
 from c4d.run.logs import LogCapture
 from c4d.run.policy import (
     Attempt,
@@ -212,6 +215,8 @@ class Supervisor:
             end, extra = End.interrupted, str(e)
         if end is End.c4d_error:  # before the stop: the dumps need the processes alive
             self._await_evidence(rec)
+        elif end is End.log_hang:
+            self._log_hang_evidence(idx, rec)
         stopped = end not in (End.succeeded, End.failed) or any(rc is None for rc in self.job.poll())
         rcs = self.job.stop(cfg.grace_s) if stopped else self.job.poll()
         self.capture.join(2.0)
@@ -301,6 +306,7 @@ class Supervisor:
         self._pids = source.pids if source is not None else None
         first_final: float | None = None
         while True:
+            signals.check()  # a SIGTERM whose KeyboardInterrupt a destructor swallowed
             if self._agent is not None:  # receives for up to 0.05 s, forwards what is due
                 self._agent.step(timeout_s=0.05)
             if source is not None:
@@ -356,6 +362,29 @@ class Supervisor:
             if self.evidence.stacks_for(d, wait_s=self.cfg.evidence_wait_s) is not None:
                 rec.errors[n] = self.evidence.enrich(d)
 
+    def _log_hang_evidence(self, idx: int, rec: AttemptRecord) -> None:
+        """A hang seen in the logs names no rank: the stacks of the job's ranks (of its
+        processes, when it sets no RANK), into the attempt's evidence, before the job is stopped."""
+        cfg = self.cfg
+        detail: dict[str, Any] = {"silent_s": cfg.job_hang_interval, "log": str(cfg.log_file)}
+        what = {
+            "time": time.time(),
+            "level": "ERROR",
+            "kind": End.log_hang.value,
+            "ranks": [],
+            "nodes": [cfg.node],
+            "detail": detail,
+        }
+        st = self.evidence.dump_job(what, self._pids() if self._pids else None, cfg.evidence_wait_s)
+        ev = evidence_path(cfg.run_dir, idx, End.log_hang.value, [cfg.node])
+        try:
+            ev.parent.mkdir(parents=True, exist_ok=True)
+            ev.write_text(json.dumps({**what, "detail": {**detail, "stacks": st}}, indent=1))
+        except OSError as e:
+            log.error("c4d run: cannot write the evidence file %s: %s", ev, e)
+            return
+        rec.evidence.append(str(ev))
+
     def _act(self, idx: int, rec: AttemptRecord) -> tuple[str, ...]:
         """Isolate the localized culprit nodes of the attempt's ERRORs, with the evidence."""
         cfg = self.cfg
@@ -364,28 +393,40 @@ class Supervisor:
         for n, d in enumerate(rec.errors):
             detail = dict(d.get("detail") or {})
             nodes = [x for x in d.get("nodes") or [] if x and x != "?"]
-            if not (detail.get("localized") and nodes):
-                log.warning("c4d run: %s names no localized node: nothing to isolate", d.get("kind"))
+            refused = set(detail.get("refused_nodes") or ())  # names a diagnosis file had unsafe
+            # the master says whether the ERROR isolates (hardware named at C4D_ISOLATE_CONFIDENCE);
+            # a diagnosis from an older master only whether it localized
+            isolates = detail.get("isolates", detail.get("localized"))
+            if not (isolates and nodes):
+                log.warning("c4d run: %s names no node sure enough to isolate", d.get("kind"))
                 continue
-            ev = cfg.run_dir / "evidence" / f"attempt{idx}-{d.get('kind')}-{'-'.join(nodes)}.json"
+            ev = evidence_path(cfg.run_dir, idx, d.get("kind"), nodes)
             d = {**d, "detail": {**detail, "evidence_file": str(ev)}}
             rec.errors[n] = d
             ev.parent.mkdir(parents=True, exist_ok=True)
             ev.write_text(json.dumps(d, indent=1))
             rec.evidence.append(str(ev))
             for node in nodes:
+                if node in refused or not names.is_clean(node):
+                    why = "the diagnosis named it in a form no master sends (not a safe node name)"
+                    self._journal_blacklist(node, "refused", why)
+                    act = {"action": "blacklist", "node": node, "status": "refused", "message": why}
+                    rec.actions.append(act)
+                    continue
                 added = blacklist.append_nodes(cfg.blacklist, [node])
-                self._journal_blacklist(node, bool(added))
+                listed = bool(added) or node in blacklist.read_nodes(cfg.blacklist)
+                status = "isolated" if added else "already-isolated" if listed else "refused"
+                self._journal_blacklist(node, status)
                 outcomes: list[Outcome] = self.isolator.isolate(node, d)
                 rec.actions.extend(o.to_json() for o in outcomes)
-                if node not in isolated:
+                if listed and node not in isolated:
                     isolated.append(node)
         return tuple(isolated)
 
-    def _journal_blacklist(self, node: str, added: bool) -> None:
+    def _journal_blacklist(self, node: str, status: str, message: str = "") -> None:
         cfg = self.cfg
-        status = "isolated" if added else "already-isolated"
-        log.warning("c4d run: blacklist %s: %s (%s)", node, status, cfg.blacklist)
+        why = f": {message}" if message else ""
+        log.warning("c4d run: blacklist %s: %s (%s)%s", node, status, cfg.blacklist, why)
         entry = {
             "action": "blacklist",
             "node": node,
@@ -393,6 +434,8 @@ class Supervisor:
             "file": str(cfg.blacklist),
             "at": time.time(),
         }
+        if message:
+            entry["message"] = message
         with open(cfg.run_dir / "actions.jsonl", "a", encoding="utf-8") as f:
             f.write(json.dumps(entry) + "\n")
 

@@ -225,6 +225,8 @@ void fill_pending(c4d_heartbeat_record& h, uint32_t i) {
     h.pend_seq = UINT64_MAX;
     h.pend_peer = -1;
     h.pend_op = 255;
+    h.pend_dtype = 255;
+    h.pend_redop = 255;
     return;
   }
   const OpSlot& s = g_ops.at(i);
@@ -235,7 +237,13 @@ void fill_pending(c4d_heartbeat_record& h, uint32_t i) {
   h.pend_peer = s.peer;
   h.pend_op = s.op;
   h.pend_flags = s.flags;
+  h.pend_count = s.count;  // what the members of one op must agree on (c4d/engine/consistency.py)
+  h.pend_dtype = s.dtype;
+  h.pend_redop = s.redop;
 }
+
+uint8_t saturate8(uint32_t v) { return v > 255u ? uint8_t(255) : uint8_t(v); }
+uint32_t saturate32(uint64_t v) { return v > UINT32_MAX ? UINT32_MAX : uint32_t(v); }
 
 /* What the shim cannot see, said once per process when it first happens (never on the
  * application's threads). */
@@ -297,16 +305,16 @@ void heartbeats(uint16_t hb_flags) {
   h.n_issued = a.ops_seen;
   h.n_arrived = a.ops_arrived;
   h.n_done = a.ops_done;
-  h.dropped = dropped;
+  h.dropped = saturate32(dropped);
   h.sent = sent;
   h.comm_rank = g_cfg.rank;
   h.comm_nranks = g_cfg.world_size;
-  h.device = a.reg.cuda_device;
-  h.hb_flags = hb_flags;
+  h.device = int16_t(a.reg.cuda_device);
+  h.hb_flags = uint8_t(hb_flags);
   fill_pending(h, oldest);
   uint32_t p2p = 0;
   for (uint32_t c = 0; c < nc; ++c) p2p += a.progress[c].p2p_in_flight;
-  h.p2p_in_flight = p2p;
+  h.p2p_in_flight = saturate8(p2p);
   append(&h);
 
   for (uint32_t c = 0; c < nc; ++c) {
@@ -321,13 +329,13 @@ void heartbeats(uint16_t hb_flags) {
     h.n_done = p.done_mark;
     h.last_arrive_ns = p.last_arrive_ns;
     h.last_done_ns = p.last_done_ns;
-    h.dropped = dropped;
+    h.dropped = saturate32(dropped);
     h.sent = sent;
     h.comm_rank = s->rank.load(std::memory_order_relaxed);
     h.comm_nranks = s->nranks.load(std::memory_order_relaxed);
-    h.device = s->device.load(std::memory_order_relaxed);
-    h.hb_flags = hb_flags;
-    h.p2p_in_flight = p.p2p_in_flight;
+    h.device = int16_t(s->device.load(std::memory_order_relaxed));
+    h.hb_flags = uint8_t(hb_flags);
+    h.p2p_in_flight = saturate8(p.p2p_in_flight);
     fill_pending(h, p.pend);
     append(&h);
   }

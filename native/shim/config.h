@@ -11,7 +11,7 @@
 namespace c4d {
 
 struct Config {
-  /* DESIGN.md's table */
+  /* docs/design.md's job-side table */
   uint64_t hang_timeout_us;  // C4D_HANG_TIMEOUT
   int hang_times;            // C4D_HANG_TIMES
   int bw_check_period_s;     // C4D_CONN_BW_CHECK_PERIOD

@@ -61,7 +61,8 @@ std::string parse_one(const std::string& spec, Fault* f) {
     return "unknown kind '" + kind +
            "' (expected noncomm-hang, comm-hang, noncomm-slow, comm-slow, crash or mismatch)";
   if (at == std::string::npos) return "missing '@key=value' (e.g. " + kind + "@rank=3)";
-  bool seen_step = false, seen_factor = false, seen_dir = false, seen_until = false, seen_secs = false;
+  bool seen_step = false, seen_factor = false, seen_dir = false, seen_until = false, seen_secs = false,
+       seen_what = false;
   for (const std::string& raw : split(spec.substr(at + 1), ',')) {
     std::string kv = trim(raw);
     size_t eq = kv.find('=');
@@ -110,10 +111,21 @@ std::string parse_one(const std::string& spec, Fault* f) {
       if (val.empty() || errno || *end || !std::isfinite(v) || v <= 0.0 || v > 1e6)
         return "secs=" + val + " is not a number of seconds > 0";
       f->secs = v;
+    } else if (key == "what") {
+      if (seen_what) return "what= given twice";
+      seen_what = true;
+      if (val == "skip") f->what = What::Skip;
+      else if (val == "op") f->what = What::Op;
+      else if (val == "count") f->what = What::Count;
+      else if (val == "dtype") f->what = What::Dtype;
+      else if (val == "root") f->what = What::Root;
+      else if (val == "count-hang") f->what = What::CountHang;
+      else if (val == "dtype-hang") f->what = What::DtypeHang;
+      else return "what=" + val + " is not skip, op, count, dtype, root, count-hang or dtype-hang";
     } else if (key == "node") {
       return "node= must be resolved to rank= by the launcher (c4d sim) before simnccl sees it";
     } else {
-      return "unknown key '" + key + "' (expected rank, link, dir, step, until, secs, factor)";
+      return "unknown key '" + key + "' (expected rank, link, dir, step, until, secs, factor, what)";
     }
   }
   if (f->rank < 0 && f->link_a < 0) return "needs rank=R or link=R-S";
@@ -124,6 +136,7 @@ std::string parse_one(const std::string& spec, Fault* f) {
   if (seen_until && f->until <= f->step) return "until= must be after step=";
   if (seen_secs && f->kind != Kind::NonCommHang) return "secs= applies to noncomm-hang only";
   if (f->kind == Kind::Mismatch && f->rank < 0) return "mismatch needs rank=R";
+  if (seen_what && f->kind != Kind::Mismatch) return "what= applies to mismatch only";
   return "";
 }
 

@@ -2,7 +2,7 @@
  * SIMNCCL_FAULTS parser, shared by libnccl.so.2 (comm faults) and c4d-simtrain
  * (compute faults and crashes), so both read the same grammar the same way.
  *
- * Grammar (DESIGN.md, "Fault SPEC"), specs separated by ';':
+ * Grammar (docs/cli.md, "c4d sim"), specs separated by ';':
  *   KIND@key=value,...   KIND: noncomm-hang | comm-hang | noncomm-slow | comm-slow | crash | mismatch
  *   rank=R       global rank (every kind)
  *   link=R-S     the link between global ranks R and S (comm kinds only)
@@ -11,6 +11,7 @@
  *   until=U      slow kinds: active before step U only (a transient slowdown that recovers)
  *   secs=X       noncomm-hang: the stall lasts X seconds, then the rank goes on (a transient hang)
  *   factor=F     slow kinds only: compute time x F or link bandwidth / F (default 4, >= 1)
+ *   what=W       mismatch only: skip (default) | op | count | dtype | root | count-hang | dtype-hang
  * Exactly one of rank= / link=. node=NAME is resolved to rank= by the Python launcher;
  * seeing it here is an error. A malformed spec yields one error line and is dropped;
  * the well-formed specs beside it still apply.
@@ -19,7 +20,12 @@
  * directions of every link of that rank, in every communicator; a link fault hits that link,
  * both directions unless dir= picks one. mismatch@rank=R,step=S is a program-order bug, not
  * hardware: at step S rank R leaves out one collective (its TP reduce-scatter, or its DP
- * all-reduce when tp = 1) and every rank then joins a world all-reduce (c4d-simtrain).
+ * all-reduce when tp = 1) and every rank then joins a world all-reduce (c4d-simtrain);
+ * with what=op|count|dtype|root every rank instead joins one more world collective at the end
+ * of step S, which rank R calls differently (a broadcast for the others' all-reduce, twice
+ * the count, int32 for float32, itself as the broadcast's root). count and dtype move the same
+ * bytes rounded to 8 (they complete with wrong data); count-hang (four elements for one) and
+ * dtype-hang (two float64 for two float32) move more, and every member hangs.
  */
 #ifndef SIMNCCL_FAULT_SPEC_H
 #define SIMNCCL_FAULT_SPEC_H
@@ -31,6 +37,8 @@ namespace simfault {
 
 enum class Kind { NonCommHang, CommHang, NonCommSlow, CommSlow, Crash, Mismatch };
 enum class Dir { Both, Fwd, Rev };
+/* mismatch: what the rank gets wrong (what=); Skip leaves a collective out */
+enum class What { Skip, Op, Count, Dtype, Root, CountHang, DtypeHang };
 
 struct Fault {
   Kind kind = Kind::Crash;
@@ -41,6 +49,7 @@ struct Fault {
   int until = -1;   /* slow kinds: first step no longer affected; -1 = never recovers */
   double secs = 0;  /* noncomm-hang: stall length in seconds; 0 = forever */
   double factor = 4.0;
+  What what = What::Skip; /* mismatch only */
 
   bool touches_rank(int r) const { return rank == r; }
   /* Is step s inside the fault's active steps? */

@@ -17,7 +17,7 @@
  * (ProxyOp events started by ncclProxyOpToArgs when the progress thread appends posted
  * ops, ncclProxyGetPostedOps). Transfers between ranks of one node (SIMNCCL_RANKS_PER_NODE)
  * stand for NVLink/P2P/SHM, which run in the kernel with no proxy: no ProxyOp, no
- * ProxyStep (plugins/profiler/README.md, "Known Limitations").
+ * ProxyStep (NVIDIA/nccl plugins/profiler/README.md, "Known Limitations").
  */
 #ifndef SIMNCCL_PROFILER_H
 #define SIMNCCL_PROFILER_H

@@ -15,7 +15,9 @@
  * Env: RANK, WORLD_SIZE, LOCAL_RANK; SIMNCCL_FAULTS (crash / noncomm-* / mismatch of this
  * rank are applied here; comm-* by simnccl), SIMNCCL_JITTER and SIMNCCL_SEED (compute jitter).
  * A mismatch fault at step S: the rank leaves out its TP reduce-scatter (its DP all-reduce
- * when tp = 1) and every rank joins a world all-reduce at the end of step S.
+ * when tp = 1) and every rank joins a world all-reduce at the end of step S (what=skip, the
+ * default). With what=op|count|dtype|root every rank joins one more world collective at the end
+ * of step S, which the faulty rank calls differently (world_probe below).
  *
  * Layout (Megatron order, tp fastest, then dp, then pp):
  *   rank = pp_idx * (dp * tp) + dp_idx * tp + tp_idx,   dp = WORLD_SIZE / (tp * pp)
@@ -696,6 +698,31 @@ double env_fraction(const char* name, double def) {
   return (*end || !(v >= 0 && v < 0.9)) ? def : v; /* simnccl already reported a bad value */
 }
 
+/* A mismatch fault's world collective: the others all-reduce one float (two for dtype-hang; or,
+ * for what=root, broadcast it from a root other than the faulty rank); the faulty rank calls a
+ * broadcast, two elements, int32, names itself the root, four elements (count-hang) or two
+ * float64 (dtype-hang). `buf` holds at least 16 bytes. */
+void world_probe(float* buf, simfault::What what, int faulty_rank, int rank, ncclComm_t world, cudaStream_t s) {
+  using W = simfault::What;
+  const bool faulty = rank == faulty_rank;
+  if (what == W::Root) {
+    const int root = faulty ? rank : (faulty_rank == 0 ? 1 : 0);
+    NB_OK(ncclBroadcast(buf, buf, 1, ncclFloat32, root, world, s), world);
+  } else if (faulty && what == W::Op) {
+    NB_OK(ncclBroadcast(buf, buf, 1, ncclFloat32, 0, world, s), world);
+  } else if (faulty && what == W::Count) {
+    NB_OK(ncclAllReduce(buf, buf, 2, ncclFloat32, ncclSum, world, s), world);
+  } else if (faulty && what == W::Dtype) {
+    NB_OK(ncclAllReduce(buf, buf, 1, ncclInt32, ncclSum, world, s), world);
+  } else if (faulty && what == W::CountHang) {
+    NB_OK(ncclAllReduce(buf, buf, 4, ncclFloat32, ncclSum, world, s), world);
+  } else if (what == W::DtypeHang) {
+    NB_OK(ncclAllReduce(buf, buf, 2, faulty ? ncclFloat64 : ncclFloat32, ncclSum, world, s), world);
+  } else {
+    NB_OK(ncclAllReduce(buf, buf, 1, ncclFloat32, ncclSum, world, s), world);
+  }
+}
+
 int run_training(const Args& a, ncclComm_t world, cudaStream_t s, int rank, int world_size) {
   const int tp = int(a.tp), pp = int(a.pp);
   if (world_size % (tp * pp) != 0) die("WORLD_SIZE=%d is not a multiple of tp*pp=%d", world_size, tp * pp);
@@ -711,8 +738,14 @@ int run_training(const Args& a, ncclComm_t world, cudaStream_t s, int rank, int 
 
   /* this rank's driver-level faults (simnccl reports malformed specs; fault_spec.h) */
   long crash_step = -1, hang_step = -1, slow_step = -1, slow_until = -1, skip_step = -1, barrier_step = -1;
+  long probe_step = -1, probe_rank = -1; /* mismatch what=op|count|dtype|root */
+  simfault::What probe_what = simfault::What::Skip;
   double slow_factor = 1, hang_secs = 0;
   for (const simfault::Fault& f : simfault::parse_faults(getenv("SIMNCCL_FAULTS")).faults) {
+    if (f.kind == simfault::Kind::Mismatch && f.what != simfault::What::Skip) {
+      probe_step = f.step, probe_rank = f.rank, probe_what = f.what; /* every rank joins the probe */
+      continue;
+    }
     if (f.kind == simfault::Kind::Mismatch) barrier_step = f.step; /* every rank joins the world op */
     if (f.rank != rank) continue;
     auto earliest = [&](long cur) { return cur < 0 || f.step < cur ? long(f.step) : cur; };
@@ -743,6 +776,9 @@ int run_training(const Args& a, ncclComm_t world, cudaStream_t s, int rank, int 
   CUDA_OK(cudaMemset(ag_in, 0, tpn * 4));
   CUDA_OK(cudaMemset(rs_in, 0, tpn * 4 * size_t(tp)));
   CUDA_OK(cudaMemset(grad, 0, dpn * 4));
+  float* probe_buf = nullptr; /* the mismatch probe's two floats */
+  CUDA_OK(cudaMalloc((void**)&probe_buf, 16));
+  CUDA_OK(cudaMemset(probe_buf, 0, 16));
   CUDA_OK(cudaMemset(act_out, 0, ppn * 4));
   CUDA_OK(cudaMemset(g_out, 0, ppn * 4));
 
@@ -791,6 +827,7 @@ int run_training(const Args& a, ncclComm_t world, cudaStream_t s, int rank, int 
     }
     if (!(skip && tp == 1)) NB_OK(ncclAllReduce(grad, grad, dpn, ncclFloat32, ncclSum, dpc, s), dpc);
     if (step == barrier_step) NB_OK(ncclAllReduce(grad, grad, 1, ncclFloat32, ncclSum, world, s), world);
+    if (step == probe_step) world_probe(probe_buf, probe_what, int(probe_rank), rank, world, s);
     CUDA_OK(cudaStreamSynchronize(s));
     for (ncclComm_t c : {tpc, dpc, ppc}) { /* what a framework's NCCL watchdog does */
       ncclResult_t ae = ncclSuccess;
@@ -803,7 +840,7 @@ int run_training(const Args& a, ncclComm_t world, cudaStream_t s, int rank, int 
   NCCL_OK(ncclCommDestroy(tpc));
   NCCL_OK(ncclCommDestroy(dpc));
   NCCL_OK(ncclCommDestroy(ppc));
-  for (float* p : {ag_in, ag_out, rs_in, rs_out, grad, act_out, act_in, g_out, g_in}) CUDA_OK(cudaFree(p));
+  for (float* p : {ag_in, ag_out, rs_in, rs_out, grad, act_out, act_in, g_out, g_in, probe_buf}) CUDA_OK(cudaFree(p));
   return 0;
 }
 

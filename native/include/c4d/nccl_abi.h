@@ -1,6 +1,6 @@
 /*
  * The NCCL ABI as c4d needs it, declared from NCCL's documented public API
- * (facts: shared/reference/nccl-api-notes.md). We never include NVIDIA's nccl.h:
+ * (facts: docs/design.md, "NCCL's public API"). We never include NVIDIA's nccl.h:
  * it drags in the CUDA headers and a 350 MB wheel for one header.
  *
  * Both libc4d.so (the interposer) and simnccl (the CPU implementation) compile

@@ -1,6 +1,6 @@
 /*
  * The NCCL profiler plugin interface, version 5 (NCCL 2.28.3+), declared by c4d from
- * the documented facts (shared/reference/nccl-profiler-plugin.md); we never include
+ * the documented facts (docs/design.md, "NCCL's profiler plugin"); we never include
  * NVIDIA's headers. simnccl loads plugins through it, and the shim exports
  * `ncclProfiler_v5` and `ncclProfiler_v6` with it (native/shim/profiler.h). C and C++.
  *

@@ -29,7 +29,7 @@
 extern "C" {
 #endif
 
-#define C4D_SCHEMA_VERSION 1
+#define C4D_SCHEMA_VERSION 2 /* 2: the heartbeat's pending op says its count, dtype and reduction op */
 #define C4D_RECORD_SIZE 128
 #define C4D_BATCH_MAGIC 0x42443443u /* "C4DB" little-endian */
 
@@ -167,16 +167,20 @@ typedef struct c4d_heartbeat_record {
   uint64_t pend_seq;       /* oldest op (coll or p2p) not done; UINT64_MAX none */
   uint64_t pend_issue_ns;  /* its host issue time */
   uint64_t pend_start_ns;  /* its device start time; 0 not arrived */
-  uint64_t dropped;        /* process total: records dropped (queue full, no master) */
+  uint64_t pend_count;     /* its element count, as passed to NCCL; 0 none (version 2) */
+  uint64_t sent;           /* process total: records handed to ZeroMQ (queued, not necessarily delivered) */
+  uint32_t dropped;        /* process total: records dropped (queue full, no master); saturates
+                              at UINT32_MAX (64 bits before version 2) */
   int32_t comm_rank;
   int32_t comm_nranks;
   int32_t pend_peer;       /* its root/peer, -1 none */
+  int16_t device;          /* (32 bits before version 2) */
+  uint8_t p2p_in_flight;   /* p2p ops issued and not done, saturates at 255 (32 bits before version 2) */
+  uint8_t hb_flags;        /* enum c4d_heartbeat_flags (16 bits before version 2) */
   uint8_t pend_op;         /* its enum c4d_op_kind, 255 none */
   uint8_t pend_flags;      /* its enum c4d_op_flags */
-  uint16_t hb_flags;       /* enum c4d_heartbeat_flags */
-  uint32_t p2p_in_flight;  /* p2p ops issued and not done */
-  int32_t device;
-  uint64_t sent;           /* process total: records handed to ZeroMQ (queued, not necessarily delivered) */
+  uint8_t pend_dtype;      /* its ncclDataType_t, 255 none or unknown (version 2) */
+  uint8_t pend_redop;      /* its ncclRedOp_t, 255 none or unknown (version 2) */
 } c4d_heartbeat_record;
 
 typedef struct c4d_comm_record {
