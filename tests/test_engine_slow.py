@@ -718,3 +718,24 @@ def test_closed_rows_taken_as_a_prefix_or_by_mask_alike():
                 root = root.base
             assert not np.shares_memory(root, got[0])
         assert c.pending_min_la == (int(la[~shut].min()) if (~shut).any() else NO_ROWS)
+
+
+def test_a_slow_nic_under_every_ring_of_a_node_is_named_as_that_node():
+    """Node 1's network links slowed 4x in both of the job's DP rings (tp 2: two sibling rings,
+    each crossing node 1 twice): each ring's sibling is as slow as itself, so each is judged
+    against its own past (siblings hid both: no diagnosis), and the slow units share node 1."""
+    fs = [Fault("comm-slow", link=lk, step=40, factor=4.0) for lk in [(2, 4), (6, 8), (3, 5), (7, 9)]]
+    run = run_cached(Job(tp=2, pp=1, dp=6, ranks_per_node=4, steps=120, skew_ms=50.0, faults=fs))
+    ds = only(run, DiagKind.RankCommSlow, [4, 5, 6, 7])
+    assert {d.localization.target for d in ds} == {Target.node}
+    assert {d.nodes for d in ds} == {("node-1",)}
+    assert all(d.detail["compared_with"] == "own baseline" for d in ds)
+
+
+def test_two_sibling_rings_slowed_unequally_are_both_found():
+    """A 3x slow link in one DP ring and a 5x one in its only sibling: against each other the
+    first looks fast and the second 0.6x (neither was found); against their own pasts both are."""
+    fs = [Fault("comm-slow", link=lk, step=40, factor=f) for lk, f in [((2, 4), 3.0), ((3, 5), 5.0)]]
+    run = run_cached(Job(tp=2, pp=1, dp=4, ranks_per_node=4, steps=120, skew_ms=50.0, faults=fs))
+    links = {d.localization.link for d in run.diagnoses if d.kind is DiagKind.RankCommSlow}
+    assert links == {(2, 4), (3, 5)}, run.diagnoses

@@ -458,6 +458,10 @@ class SlowJudge:
         shared = _shared_slowdown(units, cfg.slow_degraded_ratio)
         for u in units:
             u.shared = shared
+            # siblings slowed alike (every ring leaving one node's NIC) would hide each other:
+            # a unit whose siblings fell below the degraded line of its own past is judged on that
+            if u.sib_ref and u.own_ref and u.sib_ref < cfg.slow_degraded_ratio * u.own_ref * shared:
+                u.sib_ref = None
         slow: dict[tuple, _Unit] = {}  # by unit key: a p2p link is slow when either direction is
         for u in units:
             if u.sib_ref:
