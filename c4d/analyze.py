@@ -29,7 +29,7 @@ import numpy as np
 
 from c4d import heap, schema
 from c4d.engine import Diagnosis, make_engine
-from c4d.engine.state import OP_SPLIT
+from c4d.engine.rows import OP_SPLIT
 from c4d.ingest import Ingest
 from c4d.trace import RawTrace, Trace, from_raw, read_raw
 from c4d.validate import Edge, Limits

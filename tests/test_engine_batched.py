@@ -200,7 +200,7 @@ def test_communicators_on_one_host_clock_share_a_wave(monkeypatch):
 def test_packed_lexsort_orders_as_numpy_lexsort():
     """state.lexsort packs integer keys into one int64 for a stable argsort: the same order as
     np.lexsort for any dtype and range, np.lexsort itself where the ranges do not fit."""
-    from c4d.engine.state import lexsort
+    from c4d.engine.rows import lexsort
 
     rng = np.random.default_rng(11)
     packed = 0
@@ -223,7 +223,7 @@ def test_register_repeats_skipped_at_once_as_one_by_one():
     """RankTable.register skips a batch's REGISTER rows that say what it knows in one pass: the
     same node names and indices, pids, restarts and job settings as taking every row one by one
     (new pids, new and renamed nodes, ranks twice in a batch, undecodable and empty names)."""
-    from c4d.engine.state import RankTable
+    from c4d.engine.ranks import RankTable
 
     rng = np.random.default_rng(3)
     # b"p" * 37 + b"\xffxy" reads as a name whose UTF-8 is 42 bytes; cut to the field's 40, those

@@ -8,7 +8,8 @@ from __future__ import annotations
 import numpy as np
 
 from c4d.engine import state
-from c4d.engine.state import COMPLETED, NO_ROWS, RECENT_OPS, Comm, Pool, cat
+from c4d.engine.rows import COMPLETED, NO_ROWS, cat
+from c4d.engine.state import RECENT_OPS, Comm, Pool
 
 
 def _rows(seqs, la0: int) -> np.ndarray:

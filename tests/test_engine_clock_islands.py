@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from c4d.engine import clock
-from c4d.engine.state import RankTable
+from c4d.engine.ranks import RankTable
 
 finite = st.floats(-1e12, 1e12, allow_nan=False, allow_infinity=False)
 

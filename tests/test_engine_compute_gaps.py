@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from c4d import schema
-from c4d.engine.state import compute_gaps
+from c4d.engine.compute import compute_gaps
 
 
 def _reference(ops, last_end, compute_ns):

@@ -288,7 +288,9 @@ def test_p2p_transfer_is_measured_only_where_the_lone_side_provably_arrived_last
     """Pipeline stages as simtrain runs them: stage 0 sends activations and receives gradients
     in one group (shared events), stage 1 receives and sends alone. Stage 1's clock is off by
     ``skew_us``, which no estimate knows: causality bounds decide who arrived last."""
-    from c4d.engine.state import OpCols, P2PPairs, RankTable
+    from c4d.engine.ranks import RankTable
+    from c4d.engine.rows import OpCols
+    from c4d.engine.state import P2PPairs
     from c4d.schema import Op
 
     ranks = RankTable()
@@ -419,8 +421,8 @@ def _p2p_links_one_by_one(p: np.ndarray, min_ops: int):
 
 @pytest.mark.parametrize("seed", range(20))
 def test_p2p_link_statistics_equal_the_per_link_reference(seed):
+    from c4d.engine.rows import P2P_DONE
     from c4d.engine.slow import p2p_links
-    from c4d.engine.state import P2P_DONE
 
     rng = np.random.default_rng(seed)
     n = int(rng.integers(0, 400))
@@ -437,8 +439,8 @@ def test_p2p_link_statistics_equal_the_per_link_reference(seed):
 
 @pytest.mark.parametrize("seed", range(10))
 def test_p2p_links_of_many_communicators_at_once_equal_one_by_one(seed):
+    from c4d.engine.rows import P2P_DONE
     from c4d.engine.slow import p2p_links, p2p_links_many
-    from c4d.engine.state import P2P_DONE
 
     rng = np.random.default_rng(seed)
     parts = []
@@ -570,8 +572,8 @@ def test_row_medians_and_column_counts_match_numpy():
     """The judge's medians of rows of 8 (a sorting network over columns, NaN last) and its
     column counts (a product with ones) give np.sort's and np.sum's values: ties, NaN,
     infinities, float32 and float64, rows of other widths and short matrices (np.sort)."""
+    from c4d.engine.rows import row_nanmedian
     from c4d.engine.slow import _col_count
-    from c4d.engine.state import row_nanmedian
 
     def reference(a):
         m, n = a.shape
@@ -596,7 +598,7 @@ def test_row_medians_and_column_counts_match_numpy():
 def test_row_median_of_integers_equals_numpy():
     """A chunk's reduction takes row medians of integer times from one sort: the same values
     as np.median (large timestamps, ties, odd and even widths, one column, no rows)."""
-    from c4d.engine.state import _row_median
+    from c4d.engine.rows import row_median
 
     rng = np.random.default_rng(5)
     for _ in range(300):
@@ -605,7 +607,7 @@ def test_row_median_of_integers_equals_numpy():
         a = rng.integers(0, int(rng.choice([3, 10**4, 10**9])), (m, n)) + base
         if rng.random() < 0.3:
             a = -a
-        assert np.array_equal(_row_median(a.astype(np.int64)), np.median(a.astype(np.int64), axis=1))
+        assert np.array_equal(row_median(a.astype(np.int64)), np.median(a.astype(np.int64), axis=1))
 
 
 def test_p2p_link_bounds_fold_sorted_keys_as_any_order():
@@ -636,7 +638,7 @@ def test_calm_communicators_skipped_give_what_judging_them_gives():
     slow_stood_out_share and slow_last_frac, NaN, a member slow in most ops, two windows in a row)."""
     from c4d.engine import slow
     from c4d.engine.config import EngineConfig
-    from c4d.engine.state import COMPLETED
+    from c4d.engine.rows import COMPLETED
 
     rng = np.random.default_rng(11)
     half = EngineConfig().slow_arrival_min_ms * 1e6 / 2
@@ -686,7 +688,7 @@ def test_closed_rows_taken_as_a_prefix_or_by_mask_alike():
     the same rows either way, the kept ones independent of what was taken."""
     from c4d.engine import slow
     from c4d.engine.config import EngineConfig
-    from c4d.engine.state import COMPLETED, NO_ROWS
+    from c4d.engine.rows import COMPLETED, NO_ROWS
 
     rng = np.random.default_rng(5)
     P = 10**9

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from c4d.engine.state import RankTable
+from c4d.engine.ranks import RankTable
 
 EPOCH_NS = 30_000_000_000  # bounds older than one to two epochs are forgotten (clock steps, drift)
 

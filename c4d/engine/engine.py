@@ -21,33 +21,34 @@ import numpy as np
 from c4d import schema
 from c4d.columns import Columns
 from c4d.engine import clock, hang
+from c4d.engine.compute import compute_before, compute_gaps
 from c4d.engine.config import EngineConfig, ResolvedThresholds
 from c4d.engine.consistency import Consistency, Mismatch
-from c4d.engine.slow import SlowFinding, SlowJudge
-from c4d.engine.stage import Stages
-from c4d.engine.state import (
-    _END_SYNC,
+from c4d.engine.ranks import RankTable
+from c4d.engine.rows import (
+    END_SYNC,
     GONE_EVENTS,
     IN_GROUP,
-    MAX_COMMS_EVER,
     MAX_NRANKS,
     MAX_RANK,
     OP_SPLIT,
     P2P,
+    OpCols,
+    lexsort,
+    take,
+)
+from c4d.engine.slow import SlowFinding, SlowJudge
+from c4d.engine.stage import Stages
+from c4d.engine.state import (
+    MAX_COMMS_EVER,
     RATE_WINDOW_NS,
     Comm,
     Complete,
-    OpCols,
     P2PDone,
     P2PPairs,
     Pool,
-    RankTable,
     budget_from_env,
-    compute_before,
-    compute_gaps,
-    lexsort,
     reduce_comms,
-    take,
 )
 from c4d.engine.summaries import Summaries
 from c4d.engine.types import CommSnapshot, DiagKind, Diagnosis, EngineSnapshot, Level, Localization, RankState
@@ -859,7 +860,7 @@ class Engine:
         recv_c = np.repeat(np.maximum.reduceat(recv, heads), lens)
         np.maximum.at(self.ranks.last_recv, g[heard], recv_c[heard])
         out["aligned"] = known[seg]
-        sync = np.logical_or.reduceat(out["ends_known"] & _END_SYNC[out["op"]], heads)
+        sync = np.logical_or.reduceat(out["ends_known"] & END_SYNC[out["op"]], heads)
         refine = use & known & sync & (cn >= 2)
         if self.cfg.clock_gain > 0 and refine.any():
             self.ranks.mark_refined(nd[starts[refine]])

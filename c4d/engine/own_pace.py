@@ -30,8 +30,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from c4d.engine.compute import compute_before
 from c4d.engine.config import EngineConfig
-from c4d.engine.state import OpCols, RankTable, compute_before
+from c4d.engine.ranks import RankTable
+from c4d.engine.rows import OpCols
 from c4d.schema import OpFlag
 
 COMPUTE_GIVEN = int(OpFlag.COMPUTE_GIVEN)

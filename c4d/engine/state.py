@@ -34,63 +34,29 @@ from typing import NamedTuple
 import numpy as np
 
 from c4d import schema
-from c4d.columns import Columns
+from c4d.engine.compute import compute_before
+from c4d.engine.ranks import RankTable
+from c4d.engine.rows import (
+    COMPLETED,
+    END_SYNC,
+    NO_ROWS,
+    OP_SPLIT,
+    P2P,
+    P2P_DONE,
+    RECV,
+    SEND,
+    OpCols,
+    cat,
+    grow,
+    lexsort,
+    row_median,
+    split_rows,
+    take,
+)
 from c4d.opstats import busbw_factor, total_bytes
 from c4d.ratelog import RateLimitedLog
-from c4d.schema import Op, OpFlag
 
 log = logging.getLogger("c4d.engine")
-
-MAX_RANK = 1 << 20
-MAX_NRANKS = 1 << 17
-P2P = int(OpFlag.P2P)
-IN_GROUP = int(OpFlag.IN_GROUP)
-SEND, RECV = int(Op.Send), int(Op.Recv)
-END_SYNC_OPS = (int(Op.AllReduce), int(Op.AllGather), int(Op.ReduceScatter), int(Op.AlltoAll))
-_END_SYNC = np.zeros(256, bool)  # by op code: END_SYNC_OPS
-_END_SYNC[list(END_SYNC_OPS)] = True
-GONE_EVENTS = (int(schema.CommEvent.FINALIZE), int(schema.CommEvent.DESTROY), int(schema.CommEvent.ABORT))
-
-COMPLETED = np.dtype(
-    [
-        ("seq", "<i8"),
-        ("op", "u1"),
-        ("bytes", "<i8"),
-        ("last_arrive", "<i8"),  # L: latest aligned arrival (master clock)
-        ("first_arrive", "<i8"),
-        ("transfer", "<i8"),  # median aligned end - L
-        ("busbw", "<f8"),  # GB/s, nccl-tests formula
-        ("last", "<i4"),  # comm rank that arrived last
-        ("margin", "<i8"),  # L - next-to-last arrival
-        ("wait_med", "<i8"),
-        ("wait_max", "<i8"),
-        ("aligned", "?"),  # every member's clock offset was known when it was reduced
-        ("ends_known", "?"),  # every member's end time was known
-    ]
-)
-
-# Per rank and op, the wait / transfer split of a completed op (Engine(split=True) hands them
-# out; c4d.analyze's ops_split and the Prometheus metrics read them). Times are master clock
-# (aligned with the engine's offsets) or durations; NaN where unknown (p2p ops have no wait).
-OP_SPLIT = np.dtype(
-    [
-        ("comm_id", "<u8"),
-        ("seq", "<i8"),
-        ("rank", "<i4"),  # global
-        ("comm_rank", "<i4"),
-        ("peer", "<i4"),  # p2p: the other end (comm rank); -1 for collectives
-        ("op", "u1"),
-        ("bytes", "<i8"),
-        ("arrive_ns", "<f8"),  # this rank's arrival, master clock
-        ("last_arrive_ns", "<f8"),  # the op's last arrival L, master clock
-        ("wait_ns", "<f8"),  # L - own arrival (from own durations across hosts, see _reduce)
-        ("transfer_ns", "<f8"),  # the op's: last arrival -> done
-        ("lateness_ns", "<f8"),  # own arrival - the op's median arrival
-        ("compute_ns", "<f8"),  # own compute since its previous op of this communicator
-        ("algbw_gbs", "<f8"),
-        ("busbw_gbs", "<f8"),
-    ]
-)
 
 # One side of a p2p transfer waiting for its counterpart (send k from src to dst pairs with
 # recv k at dst from src).
@@ -112,19 +78,6 @@ P2P_HALF = np.dtype(
 P2P_BOUND_EPOCH_NS = 30_000_000_000
 P2P_HALF_CAP = 65536  # unpaired sides kept (the oldest go first)
 
-# A paired p2p transfer whose transfer time is measurable (see P2PPairs).
-P2P_DONE = np.dtype(
-    [
-        ("src", "<i4"),
-        ("dst", "<i4"),
-        ("seq", "<i8"),
-        ("bytes", "<i8"),
-        ("last_arrive", "<i8"),  # master clock (aligned), for the window
-        ("transfer", "<i8"),
-        ("aligned", "?"),
-    ]
-)
-
 
 # what the live view reads of a communicator's latest completed collectives and transfers
 RECENT = np.dtype(
@@ -133,7 +86,6 @@ RECENT = np.dtype(
 RECENT_XFER = np.dtype([("transfer", "<i8"), ("bytes", "<i8")])
 RATE_WINDOW_NS = 5_000_000_000  # the live view's ops/s is measured over this much master time
 RECENT_OPS = 256  # completed ops kept per communicator: what the live view summarises
-NO_ROWS = 1 << 62  # the earliest last arrival of no rows
 PENDING_PARTS = 16  # chunks' rows a communicator keeps as views for the slow judge (Comm._completed)
 # chunks' node summaries the pool keeps before it hands them out joined (Pool.settle): every
 # communicator's views keep a block alive until the judge took them all: without a bound a
@@ -167,425 +119,6 @@ def budget_from_env(var: str, default: int, env=None) -> int:
         log.warning("c4d: %s=%r is not a positive number of bytes; using %d", var, raw, default)
         return default
     return v
-
-
-def _grow(a: np.ndarray, n: int, fill) -> np.ndarray:
-    out = np.full(n, fill, dtype=a.dtype)
-    out[: len(a)] = a
-    return out
-
-
-cat = schema.join_records  # short names: the engine joins and cuts rows everywhere
-take = schema.take_records
-
-
-def lexsort(keys: tuple[np.ndarray, ...]) -> np.ndarray:
-    """``np.lexsort(keys)`` (the last key sorts first) for integer keys: one stable argsort of
-    the keys packed into one int64 when their ranges fit in 62 bits. Records come in runs
-    (a rank's in order, a batch per sender), which a stable sort takes as they are, much
-    faster than np.lexsort on a chunk's collectives. Keys of wider ranges go to np.lexsort."""
-    m = len(keys[0])
-    if m < 2:
-        return np.zeros(m, np.int64)
-    packed = np.zeros(m, np.int64)
-    shift = 0
-    for k in keys:
-        lo, hi = int(k.min()), int(k.max())
-        bits = (hi - lo).bit_length()
-        if shift + bits > 62:
-            return np.lexsort(keys)
-        if bits:  # offsets from the minimum (an unsigned key's in its own type: no overflow)
-            d = k - k.min() if k.dtype.kind == "u" else k.astype(np.int64) - lo
-            packed |= d.astype(np.int64) << shift
-        shift += bits
-    return np.argsort(packed, kind="stable")
-
-
-class OpCols(NamedTuple):
-    """OP fields that several steps of a chunk read, read once, as contiguous columns: the
-    rows' words transposed in one pass (c4d.columns). A field of 128-byte rows read where it
-    lies is a pass over every cache line of them, and the gaps, own pace, group sharing,
-    membership, collectives and p2p steps read a dozen of them again and again."""
-
-    rank: np.ndarray  # int64
-    flags: np.ndarray
-    nranks: np.ndarray  # comm_nranks, int64
-    comm_rank: np.ndarray  # int64
-    arr: np.ndarray  # arrival: the start event, else the issue time (int64)
-    cid: np.ndarray  # comm_id (uint64)
-    seq: np.ndarray  # int64
-    op: np.ndarray  # uint8
-    nbytes: np.ndarray  # bytes, int64
-    end: np.ndarray  # end_ns, int64
-    peer: np.ndarray  # int64
-    compute: np.ndarray  # compute_ns, int64
-    elems: np.ndarray  # elements as passed to NCCL (uint64; consistency.py)
-    kinds: np.ndarray  # op | dtype << 8 | redop << 16 (uint64; consistency.py)
-
-    @classmethod
-    def of(cls, ops: np.ndarray, rank: np.ndarray | None = None) -> OpCols:
-        """``rank``: the rows' rank field as int64 when the caller has read it."""
-        c = Columns.of(ops)
-        i64 = np.int64
-        start = c["start_ns"].view(i64)  # (a view: the same bits as astype from uint64)
-        arr = np.where(start > 0, start, c["issue_ns"].view(i64))
-        g = c["rank"].astype(i64) if rank is None else rank
-        return cls(
-            g, c["flags"], c["comm_nranks"].astype(i64), c["comm_rank"].astype(i64), arr, c["comm_id"],
-            c["seq"].view(i64), c["op"], c["bytes"].view(i64), c["end_ns"].view(i64),
-            c["peer"].astype(i64), c["compute_ns"], c["count"],
-            (c.words[14] >> np.uint64(32)) & np.uint64(0xFFFFFF),  # op, dtype, redop: one word's bytes
-        )  # fmt: skip
-
-    def take(self, idx: np.ndarray) -> OpCols:
-        return OpCols(*(a[idx] for a in self))
-
-
-def compute_gaps(
-    ops: np.ndarray, last_end: np.ndarray, compute_ns: np.ndarray, cols: OpCols | None = None
-) -> tuple[np.ndarray, np.ndarray]:
-    """Per op: arrival minus the end of the same rank's previous synchronizing op (its compute
-    gap), -1 unknown; and the rank's compute so far, this gap included (a running sum, so
-    the compute between any two of its synchronizing ops is a difference). Ops of one-rank communicators
-    (a pure data-parallel job's TP and PP groups) wait for nobody, so they do not end a
-    compute gap: a rank's compute before its DP all-reduce spans them.
-
-    ``last_end`` and ``compute_ns`` (indexed by global rank, updated here) carry each rank's
-    latest end and running sum from chunk to chunk: the master's engine and a node agent
-    (c4d/agent/summary.py) keep their own, and compute the same values from a rank's stream.
-    ``cols``: ``OpCols.of(ops)`` when the caller has it."""
-    if cols is None:
-        cols = OpCols.of(ops)
-    arr, g = cols.arr, cols.rank
-    sync = cols.nranks >= 2
-    end = np.where(sync, cols.end, 0)
-    m = len(ops)
-    gaps = np.full(m, -1, np.int64)
-    cum = np.zeros(m, np.int64)
-    if not m:
-        return gaps, cum
-    order = lexsort((arr, g))
-    gs, a, e, sy = g[order], arr[order], end[order], sync[order]
-    first = np.ones(m, bool)
-    first[1:] = gs[1:] != gs[:-1]
-    seg = np.cumsum(first) - 1  # segment (rank) of each sorted row
-    heads = np.flatnonzero(first)
-    ranks_ = gs[heads]
-    # prev[i] = the latest end before row i in its rank's order: a running max per segment of
-    # (the rank's last end, then its rows' ends), done at once by lifting each segment above the
-    # previous ones (times relative to the chunk's earliest, so nothing overflows)
-    before = np.empty(m, np.int64)  # the value each row's running max takes in before it
-    before[first] = last_end[ranks_]
-    nf = ~first
-    before[nf] = e[np.flatnonzero(nf) - 1]
-    pos = before > 0
-    if pos.any():
-        lo = int(before[pos].min())
-        span = int(before.max()) - lo + 2
-        if span * (len(heads) + 1) < (1 << 62):
-            lifted = np.where(pos, before - lo + 1, 0) + seg * span
-            prev = np.maximum.accumulate(lifted) - seg * span
-            prev = np.where(prev > 0, prev + lo - 1, 0)
-        else:  # times too far apart to lift: one running max per rank
-            prev = np.empty(m, np.int64)
-            for h, t in zip(heads.tolist(), [*heads[1:].tolist(), m], strict=True):
-                prev[h:t] = np.maximum.accumulate(before[h:t])
-    else:
-        prev = np.zeros(m, np.int64)
-    gp = np.where(prev > 0, np.maximum(a - prev, 0), -1)
-    # only the gaps that end (ops of two ranks or more) add up: a one-rank op's gap is a part
-    # of the gap the next synchronizing op ends, counted there once
-    add = np.where(sy, np.maximum(gp, 0), 0)
-    run = np.cumsum(add)
-    base = run[heads] - add[heads]  # the running sum before each segment
-    cs = compute_ns[ranks_][seg] + run - base[seg]
-    gaps[order], cum[order] = gp, cs
-    tails = np.r_[heads[1:] - 1, m - 1]
-    compute_ns[ranks_] = cs[tails]
-    seg_end = np.maximum.reduceat(e, heads)
-    last_end[ranks_] = np.maximum(last_end[ranks_], seg_end)
-    return gaps, cum
-
-
-# Batcher's odd-even merge sort of 8: 19 compare-exchanges, each a minimum and a maximum of
-# two columns over every row at once (np.sort along rows of 8 sorts row by row)
-_SORT8 = ((0, 1), (2, 3), (4, 5), (6, 7), (0, 2), (1, 3), (4, 6), (5, 7), (1, 2), (5, 6), (0, 4),
-          (3, 7), (1, 5), (2, 6), (1, 4), (3, 6), (2, 4), (3, 5), (3, 4))  # fmt: skip
-
-
-def _sort_rows(a: np.ndarray, nan: np.ndarray) -> np.ndarray:
-    """Each row sorted, NaN last (``nan``: where they are), flat."""
-    if a.shape[1] != 8 or a.shape[0] < 64:
-        return np.sort(a, axis=1).ravel()
-    inf = np.array(np.inf, a.dtype)
-    cols = [np.where(nan[:, j], inf, a[:, j]) for j in range(8)]  # NaN as +inf: after every value
-    for i, j in _SORT8:
-        lo = np.minimum(cols[i], cols[j])
-        np.maximum(cols[i], cols[j], out=cols[j])
-        cols[i] = lo
-    return np.stack(cols, axis=1).ravel()
-
-
-Cut = tuple[np.ndarray, ...]
-
-
-def split_rows(keep: np.ndarray, *cols: np.ndarray) -> tuple[Cut, Cut | None]:
-    """Row-aligned arrays cut into the rows taken and those kept (``keep``; None: none). When
-    the kept come after the others (the usual order) the taken are views and the kept copied:
-    a window's rows at 16,384 ranks are ~1 GiB, copied once more by masks."""
-    j = len(keep) - int(np.count_nonzero(keep))
-    if keep[j:].all():
-        return tuple(a[:j] for a in cols), (tuple(a[j:].copy() for a in cols) if j < len(keep) else None)
-
-    def pick(a: np.ndarray, m: np.ndarray) -> np.ndarray:  # whole records (numpy copies fields one by one)
-        return take(a, m) if a.dtype.names else a[m]
-
-    return tuple(pick(a, ~keep) for a in cols), tuple(pick(a, keep) for a in cols)
-
-
-def _row_median(a: np.ndarray) -> np.ndarray:
-    """``np.median(a, axis=1)`` of an integer matrix, from one sort of its rows: np.median's
-    partition and mean cost several times this on short rows, and a chunk's reduction runs it
-    on every op. The two middle values are averaged in float64, as np.mean does."""
-    n = a.shape[1]
-    s = np.sort(a, axis=1)
-    return (s[:, (n - 1) // 2].astype(np.float64) + s[:, n // 2].astype(np.float64)) / 2
-
-
-def row_nanmedian(a: np.ndarray) -> np.ndarray:
-    """Median of each row ignoring NaN (NaN when a row has none); np.nanmedian is much slower here."""
-    m, n = a.shape
-    nan = np.isnan(a)
-    srt = _sort_rows(a, nan)  # NaN sort last
-    if n == 8 and nan.flags.c_contiguous:  # a node agent's summaries: a row's 8 flags are one word
-        k = n - np.bitwise_count(nan.view(np.uint64)).ravel().astype(np.int64)
-    else:  # (a reduction along short rows is slow)
-        k = n - nan.sum(axis=1)
-    at = np.arange(m) * n
-    lo = srt[at + np.maximum((k - 1) // 2, 0)].astype(np.float64)  # float32 values exactly
-    hi = srt[at + np.maximum(k // 2, 0)]
-    return np.where(k > 0, (lo + hi) / 2, np.nan)
-
-
-class RankTable:
-    """Per global rank, arrays indexed by rank (grown by doubling)."""
-
-    def __init__(self) -> None:
-        self.n = 0
-        self.seen = np.zeros(0, bool)
-        self.node = np.zeros(0, np.int32)  # index into node_names, -1 unknown
-        self.pid = np.zeros(0, np.int64)
-        self.last_recv = np.zeros(0, np.int64)  # master clock of the batch that carried its last record
-        self.final = np.zeros(0, bool)
-        self.pend_tmax = np.zeros(0, np.int64)  # max record time_ns fed since the last tick (rank clock)
-        # clock (c4d/engine/clock.py): offset = rel + anchor of the domain's island; a domain is
-        # a node (a host's ranks share its clock) or a rank whose node is unknown; an island is
-        # a set of domains the end-time consensus links (label: a node index, or -1 - rank);
-        # theta = receipt bounds
-        self.theta = np.zeros(0, np.int64)
-        self.theta_cur = np.zeros(0, np.int64)
-        self.theta_prev = np.zeros(0, np.int64)
-        self.theta_ok = np.zeros(0, bool)
-        self.rel_rank = np.zeros(0, np.float64)
-        self.rel_rank_ok = np.zeros(0, bool)
-        self.rel_rank_refined = np.zeros(0, bool)
-        self.rel_node = np.zeros(0, np.float64)
-        self.rel_node_ok = np.zeros(0, bool)
-        self.rel_node_refined = np.zeros(0, bool)
-        self.isl_node = np.zeros(0, np.int64)
-        self.isl_rank = np.zeros(0, np.int64)
-        self.anc_node = np.zeros(0, np.float64)
-        self.anc_rank = np.zeros(0, np.float64)
-        self.last_end = np.zeros(0, np.int64)  # latest op end seen (rank clock), for compute gaps
-        self.compute_ns = np.zeros(0, np.int64)  # running sum of its compute gaps
-        self.lag_hist: deque[tuple[int, int]] = deque()  # (master ns, delivery lag ns) per tick
-        self.delivery_lag_ns = 0  # how late records reach the engine now, beyond usual (clock.py)
-        self.prev_tick_ns = 0  # the engine's tick before the current one (what fed rows are stamped with)
-        self.node_names: list[str] = []
-        self._names_b = np.empty(0, "S1")  # node_names encoded as REGISTER rows hold them (register)
-        self._names_ok = np.empty(0, bool)
-        self._node_index: dict[str, int] = {}
-        self.comms_of: list[list[tuple[int, int]]] = []  # rank -> [(comm idx, comm rank)]
-        self.job: dict[str, int] = {}  # registered thresholds of the lowest rank seen
-        self._job_rank = MAX_RANK
-
-    def ensure(self, max_rank: int) -> None:
-        if max_rank < self.n:
-            return
-        n = max(16, self.n * 2)
-        while n <= max_rank:
-            n *= 2
-        self.seen = _grow(self.seen, n, False)
-        self.node = _grow(self.node, n, -1)
-        self.pid = _grow(self.pid, n, 0)
-        self.last_recv = _grow(self.last_recv, n, 0)
-        self.final = _grow(self.final, n, False)
-        self.pend_tmax = _grow(self.pend_tmax, n, 0)
-        self.theta = _grow(self.theta, n, 0)
-        self.theta_cur = _grow(self.theta_cur, n, np.iinfo(np.int64).min)
-        self.theta_prev = _grow(self.theta_prev, n, np.iinfo(np.int64).min)
-        self.theta_ok = _grow(self.theta_ok, n, False)
-        self.rel_rank = _grow(self.rel_rank, n, 0.0)
-        self.rel_rank_ok = _grow(self.rel_rank_ok, n, False)
-        self.rel_rank_refined = _grow(self.rel_rank_refined, n, False)
-        old = len(self.isl_rank)
-        self.isl_rank = _grow(self.isl_rank, n, 0)
-        self.isl_rank[old:] = -1 - np.arange(old, n)
-        self.anc_rank = _grow(self.anc_rank, n, 0.0)
-        self.last_end = _grow(self.last_end, n, 0)
-        self.compute_ns = _grow(self.compute_ns, n, 0)
-        self.comms_of.extend([] for _ in range(n - self.n))
-        self.n = n
-
-    def aligned(self, g: np.ndarray) -> np.ndarray:
-        """Whether each rank's clock offset is established."""
-        nd = self.node[g]
-        node_ok = self.rel_node_ok[np.maximum(nd, 0)] if len(self.rel_node_ok) else np.zeros(len(nd), bool)
-        return np.where(nd >= 0, node_ok, self.rel_rank_ok[g])
-
-    def add_residuals(self, g: np.ndarray, res: np.ndarray, join: bool = True) -> None:
-        """End-time consensus step: per-rank residuals, averaged per node (a host moves as one).
-        The domains of ``g`` become (or stay) one island; ``join=False``: they are already
-        (state.reduce_comms applies the steps of many communicators at once that way)."""
-        nd = self.node[g]
-        has = nd >= 0
-        if join:
-            self._merge(nd[has], g[~has])
-        if has.any():
-            k = len(self.node_names)
-            s = np.bincount(nd[has], weights=res[has], minlength=k)
-            c = np.bincount(nd[has], minlength=k)
-            self.rel_node += np.where(c > 0, s / np.maximum(c, 1), 0.0)
-            self.rel_node_refined |= c > 0
-        if (~has).any():
-            np.add.at(self.rel_rank, g[~has], res[~has])
-            self.rel_rank_refined[g[~has]] = True
-
-    def mark_refined(self, node: int | np.ndarray) -> None:
-        """What a communicator on one host clock gives the refinement: a zero step for ``node``
-        (or each of several; ``add_residuals`` of zeros, without the work)."""
-        self.rel_node_refined[node] = True
-
-    def _merge(self, nodes: np.ndarray, solo: np.ndarray) -> None:
-        """Join the islands of these domains, keeping every offset where it is: each joining
-        island's rel moves by the difference of the anchors, which the next clock update
-        replaces with the merged island's own anchor."""
-        labels = sorted(set(self.isl_node[nodes].tolist()) | set(self.isl_rank[solo].tolist()))
-        if len(labels) < 2:
-            return
-        target = labels[-1]  # a node label when there is one (they are >= 0)
-        anc = self._island_anchor(target)
-        for lab in labels[:-1]:
-            shift = self._island_anchor(lab) - anc
-            m = self.isl_node == lab
-            self.rel_node[m] += shift
-            self.isl_node[m] = target
-            self.anc_node[m] = anc
-            r = (self.isl_rank == lab) & (self.node < 0)
-            self.rel_rank[r] += shift
-            self.isl_rank[r] = target
-            self.anc_rank[r] = anc
-
-    def _island_anchor(self, label: int) -> float:
-        m = np.flatnonzero(self.isl_node == label)
-        if len(m):
-            return float(self.anc_node[m[0]])
-        r = np.flatnonzero((self.isl_rank == label) & (self.node < 0))
-        return float(self.anc_rank[r[0]]) if len(r) else 0.0
-
-    def known_node(self, g: int) -> int:
-        """Rank ``g``'s node index, -1 where its node is not known ("?": an import without hosts)."""
-        i = int(self.node[g]) if 0 <= g < self.n else -1
-        return i if i >= 0 and self.node_names[i] != "?" else -1
-
-    def ranks_on(self, node: int) -> tuple[int, ...]:
-        """The registered ranks on node index ``node`` (a node hypothesis, blame.py)."""
-        return tuple(np.flatnonzero(self.node[: self.n] == node).tolist()) if node >= 0 else ()
-
-    def node_name(self, g: int) -> str:
-        i = int(self.node[g]) if 0 <= g < self.n else -1
-        return self.node_names[i] if i >= 0 else "?"
-
-    def set_node(self, g: int, name: str) -> None:
-        i = self._node_index.get(name)
-        if i is None:
-            i = self._node_index[name] = len(self.node_names)
-            self.node_names.append(name)
-            k = len(self.node_names)
-            self.rel_node = _grow(self.rel_node, k, 0.0)
-            self.rel_node_ok = _grow(self.rel_node_ok, k, False)
-            self.rel_node_refined = _grow(self.rel_node_refined, k, False)
-            self.isl_node = _grow(self.isl_node, k, k - 1)
-            self.anc_node = _grow(self.anc_node, k, 0.0)
-        self.node[g] = i
-
-    def offsets(self, granks: np.ndarray) -> np.ndarray:
-        """Rank clock minus master clock (ns, int64) for each global rank (unknown: 0)."""
-        g = np.asarray(granks)
-        ok = g >= 0
-        every = bool(ok.all())
-        gi = g if every else np.where(ok, g, 0)
-        nd = self.node[gi]
-        if len(self.rel_node) and len(nd) and int(nd.min()) >= 0:  # every rank's node known (usual)
-            # per node first (a few thousand), then one gather per row (a chunk's 100,000 rows)
-            ok_node = self.rel_node_ok
-            off = np.rint(self.rel_node + self.anc_node).astype(np.int64)[nd]
-            if every and (ok_node.all() or ok_node[nd].all()):
-                return off
-            return np.where(ok & ok_node[nd], off, 0)
-        elif len(self.rel_node):
-            ndi = np.maximum(nd, 0)
-            by_node = self.rel_node[ndi] + self.anc_node[ndi]
-            rel = np.where(nd >= 0, by_node, self.rel_rank[gi] + self.anc_rank[gi])
-            have = np.where(nd >= 0, self.rel_node_ok[ndi], self.rel_rank_ok[gi])
-        else:
-            rel, have = self.rel_rank[gi] + self.anc_rank[gi], self.rel_rank_ok[gi]
-        off = np.rint(rel).astype(np.int64)
-        if every and have.all():
-            return off
-        return np.where(ok & have, off, 0)
-
-    def offset(self, g: int) -> int:
-        if g < 0 or g >= self.n:
-            return 0
-        return int(self.offsets(np.array([g]))[0])
-
-    def register(self, rows: np.ndarray) -> None:
-        if len(rows) > 1 and len(self.node_names):
-            # repeats that say what is known skipped at once (a rank sends one every 10
-            # heartbeats: thousands a second in a large job); the job's
-            # settings come from the lowest rank's, taken one by one
-            gr = rows["rank"].astype(np.int64)
-            nd = self.node[gr]
-            same = (nd >= 0) & (rows["pid"] == self.pid[gr]) & (gr > self._job_rank)
-            if same.any():
-                dt = rows["node"].dtype
-                if len(self._names_b) != len(self.node_names) or self._names_b.dtype != dt:
-                    # a name read with replacements does not encode back to its bytes: never same
-                    b = [n.encode() for n in self.node_names]
-                    self._names_ok = np.array([len(x) <= dt.itemsize and "\ufffd" not in n
-                                               for x, n in zip(b, self.node_names, strict=True)])  # fmt: skip
-                    self._names_b = np.array(b, dt)
-                at = np.flatnonzero(same)
-                same[at] = (self._names_b[nd[at]] == rows["node"][at]) & self._names_ok[nd[at]]
-                if not same.all():  # a rank with a change in the batch: every row of it, in order
-                    same &= ~np.isin(gr, gr[~same])
-                rows = rows[~same]
-        for rec in rows:
-            g = int(rec["rank"])
-            self.set_node(g, rec["node"].split(b"\0", 1)[0].decode(errors="replace") or "?")
-            pid = int(rec["pid"])
-            if pid != self.pid[g]:
-                self.final[g] = False  # a restarted process
-                self.pid[g] = pid
-            if g <= self._job_rank:
-                self._job_rank = g
-                self.job = {
-                    "hang_timeout_us": int(rec["hang_timeout_us"]),
-                    "hang_times": int(rec["hang_times"]),
-                    "bw_check_period_s": int(rec["bw_check_period_s"]),
-                    "heartbeat_ms": int(rec["heartbeat_ms"]),
-                }
 
 
 class P2PDone:
@@ -679,7 +212,7 @@ class RateLog:
         top = int(idx.max()) + 1
         if top > len(self.total):
             size = max(64, 2 * len(self.total), top)
-            self.total, self.first = _grow(self.total, size, 0), _grow(self.first, size, -1)
+            self.total, self.first = grow(self.total, size, 0), grow(self.first, size, -1)
         self.total[idx] += rows
         f = self.first[idx]
         self.first[idx] = np.where(f < 0, t_ns, f)
@@ -871,13 +404,13 @@ class Pool:
             self.member["owner"][c.mbase : c.mbase + c.n] = c.idx
             self._base(c)
             return
-        grow = False
+        grown = False
         if self.m_used + c.n > len(self.member["grank"]) or self.s_used + c.W > len(self.slot["tag"]):
             live = self.comms.values()
             m_live, s_live = sum(d.n for d in live) + c.n, sum(d.W for d in live) + c.W
             if 2 * m_live <= self.m_used or 2 * s_live <= self.s_used:
                 self._compact()  # freed ranges of other sizes: reused, not added to
-                grow = True
+                grown = True
         for arrs, spec, used, need in (
             (self.member, self.MEMBER, self.m_used, c.n),
             (self.slot, self.SLOT, self.s_used, c.W),
@@ -886,13 +419,13 @@ class Pool:
             if used + need > cap:
                 size = max(1024, 2 * cap, used + need)
                 for k, _dt, f in spec:
-                    arrs[k] = _grow(arrs[k], size, f)
-                grow = True
+                    arrs[k] = grow(arrs[k], size, f)
+                grown = True
         c.mbase, c.sbase = self.m_used, self.s_used
         self.m_used += c.n
         self.s_used += c.W
         self.comms[c.idx] = c
-        for d in self.comms.values() if grow else (c,):
+        for d in self.comms.values() if grown else (c,):
             self._point(d)
         self.member["owner"][c.mbase : c.mbase + c.n] = c.idx
         self._base(c)
@@ -924,10 +457,10 @@ class Pool:
     def _base(self, c: Comm) -> None:
         if c.idx >= len(self.cbase):
             size = max(64, 2 * len(self.cbase), c.idx + 1)
-            self.cbase = _grow(self.cbase, size, -1)
-            self.pmin = _grow(self.pmin, size, NO_ROWS)
-            self.p2pmin = _grow(self.p2pmin, size, NO_ROWS)
-            self.blocked = _grow(self.blocked, size, False)
+            self.cbase = grow(self.cbase, size, -1)
+            self.pmin = grow(self.pmin, size, NO_ROWS)
+            self.p2pmin = grow(self.p2pmin, size, NO_ROWS)
+            self.blocked = grow(self.blocked, size, False)
         self.cbase[c.idx] = c.mbase
         self.pmin[c.idx] = c.pending_min_la
         self.p2pmin[c.idx] = c.p2p_pending_min_la
@@ -1055,24 +588,6 @@ class Pool:
     def _own(cls, c: Comm) -> None:
         for k, _dt, _f in (*cls.MEMBER, *cls.SLOT):
             setattr(c, k, getattr(c, k).copy())
-
-
-def compute_before(last_cum: np.ndarray, member: np.ndarray, seq: np.ndarray, cum: np.ndarray) -> np.ndarray:
-    """Each member's compute before op k of its communicator: its running compute sum now minus
-    at its previous op there (a rank's ops arrive in its stream's order), so every gap in
-    between counts, in whatever communicator (a pipeline stage's compute ends at a p2p send,
-    not at the DP all-reduce that follows). Unknown (-1) at its first op. ``member`` indexes
-    ``last_cum`` (a comm rank, or a Pool member index for many communicators at once), which
-    is updated to each member's latest op."""
-    order = lexsort((seq, member))
-    m_o, cum_o = member[order], cum[order]
-    first = np.r_[True, m_o[1:] != m_o[:-1]]
-    prev = np.where(first, last_cum[m_o], np.r_[-1, cum_o[:-1]])
-    comp = np.empty_like(cum)
-    comp[order] = np.where(prev >= 0, cum_o - prev, -1)
-    last = np.r_[m_o[1:] != m_o[:-1], True]
-    last_cum[m_o[last]] = cum_o[last]
-    return comp
 
 
 class Comm:
@@ -1553,7 +1068,7 @@ def reduce_group(comms: list[Comm], parts: list[Complete], ranks: RankTable, gai
     out["seq"] = seq
     out["op"] = op
     out["bytes"] = nbytes
-    endmed = _row_median(E)
+    endmed = row_median(E)
     # Who arrived last, by how much, and the transfer (last arrival -> done). Within one
     # host clock, aligned times are exact. Across hosts they carry the offset estimate's
     # error (ms early on, as large as the transfer itself), so ops that end together on
@@ -1565,7 +1080,7 @@ def reduce_group(comms: list[Comm], parts: list[Complete], ranks: RankTable, gai
     nd = ranks.node[np.maximum(grank, 0)]
     one_clock = gr_ok & (nd >= 0).all(axis=1) & (nd == nd[:, :1]).all(axis=1)
     if n >= 2 and not one_clock.all():
-        own = ~one_clock[seg] & _END_SYNC[op] & (end > 0).all(axis=1) & (arr > 0).all(axis=1)
+        own = ~one_clock[seg] & END_SYNC[op] & (end > 0).all(axis=1) & (arr > 0).all(axis=1)
         if own.any():
             K[own] = -(end[own] - arr[own]).astype(np.float64)
     last = K.argmax(axis=1)
@@ -1582,7 +1097,7 @@ def reduce_group(comms: list[Comm], parts: list[Complete], ranks: RankTable, gai
     with np.errstate(divide="ignore", invalid="ignore"):  # ends before the last arrival: timer noise
         out["busbw"] = np.where(transfer > 0, size / transfer * busbw_factor(op, np.full(m, n)), np.nan)
     wait = (Klast[:, None] - K).astype(np.int64)
-    out["wait_med"] = _row_median(wait).astype(np.int64)
+    out["wait_med"] = row_median(wait).astype(np.int64)
     out["wait_max"] = wait.max(axis=1)
     sp = None
     if any(c.split is not None for c in comms):
@@ -1611,7 +1126,7 @@ def reduce_group(comms: list[Comm], parts: list[Complete], ranks: RankTable, gai
     # Clock refinement: these ops end (nearly) together on every rank, so each rank's
     # median residual against the op's median end is its remaining offset error.
     out["ends_known"] = (end > 0).all(axis=1)
-    sync = _END_SYNC[op] & out["ends_known"]
+    sync = END_SYNC[op] & out["ends_known"]
     writer = np.zeros(C, bool)
     res = np.zeros((C, n))
     if gain > 0 and n >= 2:
@@ -1659,7 +1174,7 @@ def reduce_comms(done: list[tuple[Comm, Complete]], ranks: RankTable, gain: floa
     lab = np.where(nd >= 0, ranks.isl_node[np.maximum(nd, 0)], ranks.isl_rank[np.maximum(gr, 0)])
     # may refine: every member known and aligned, some op an end-synchronized one (reduce_group
     # decides, with the ends known too; this only has to be true wherever it will)
-    sync_ops = _END_SYNC[np.concatenate([p.op for p in parts])]
+    sync_ops = END_SYNC[np.concatenate([p.op for p in parts])]
     syn = np.bincount(np.repeat(np.arange(len(comms)), cnt), weights=sync_ops, minlength=len(comms)) > 0
     known = np.minimum.reduceat((gr >= 0) & ranks.aligned(np.maximum(gr, 0)), heads)
     # one host clock for every member: its step is zero (reduce_group), so it writes no offset

@@ -17,7 +17,8 @@ import numpy as np
 
 from c4d import schema
 from c4d.columns import Columns
-from c4d.engine.state import COMPLETED, RankTable, take
+from c4d.engine.ranks import RankTable
+from c4d.engine.rows import COMPLETED, take
 from c4d.opstats import busbw_factor, total_bytes
 
 OPSUM = int(schema.Kind.OPSUM)
