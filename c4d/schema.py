@@ -15,7 +15,7 @@ kind or a new value of an enum field (a comm event) does not bump it.
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -374,6 +374,29 @@ def by_kind(raw: np.ndarray, kinds: np.ndarray | None = None) -> dict[Kind, np.n
     for kind, dt in DTYPES.items():
         out[kind] = v[kinds == kind].view(dt) if present[kind] else np.empty(0, dtype=dt)  # copies
     return out
+
+
+class KindsOf(Mapping[Kind, np.ndarray]):
+    """``by_kind(raw)``, split when first read: a trace whose reader (a replay) takes the stream
+    only never pays for a second copy of its records."""
+
+    def __init__(self, raw: np.ndarray):
+        self._raw = raw
+        self._split: dict[Kind, np.ndarray] | None = None
+
+    def _kinds(self) -> dict[Kind, np.ndarray]:
+        if self._split is None:
+            self._split = by_kind(self._raw)
+        return self._split
+
+    def __getitem__(self, kind: Kind) -> np.ndarray:
+        return self._kinds()[kind]
+
+    def __iter__(self) -> Iterator[Kind]:
+        return iter(self._kinds())
+
+    def __len__(self) -> int:
+        return len(self._kinds())
 
 
 def join_records(parts: Sequence[np.ndarray], dtype: np.dtype | None = None) -> np.ndarray:

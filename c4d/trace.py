@@ -28,7 +28,7 @@ import os
 import socket
 import struct
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
@@ -121,7 +121,7 @@ class RawTrace(_DamageReport):
     truncated_bytes: int = 0  # bytes of an incomplete record at the end (a cut file)
     skipped: int = 0  # records of unknown kind or newer version
     path: str = ""
-    kinds: dict[schema.Kind, np.ndarray] = field(default_factory=dict)
+    kinds: Mapping[schema.Kind, np.ndarray] = field(default_factory=dict)  # (schema.KindsOf: split when read)
     format_version: int = FORMAT_VERSION
     damaged: list[tuple[int, int]] = field(default_factory=list)  # (file offset, bytes skipped)
 

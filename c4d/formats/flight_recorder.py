@@ -869,8 +869,8 @@ def convert(
 
     # -- communicators: (rank, pg name) → (comm id, comm rank, nranks)
     npg = max(len(m.pg_names), 1)
-    row_key = c["rank"].astype(np.int64) * npg + c["pg"]
-    uniq, inv = np.unique(row_key, return_inverse=True)
+    # a dump's entries come in runs of one group (a whole dump of one, with a single group)
+    uniq, _, pi = schema.unique_runs(c["rank"].astype(np.int64) * npg + c["pg"])
     pairs = [(int(u) // npg, m.pg_names[int(u) % npg]) for u in uniq.tolist()]
     inferred: dict[str, list[int]] = {}
     for r, n in pairs:
@@ -905,101 +905,19 @@ def convert(
             "c4d cannot tell whether they joined"
         )
     world = max([*listed, *dump_ranks]) + 1 if (listed or dump_ranks) else 0
-    # every (rank, communicator): first the ones with entries (index = ``inv``), then pg_config-only ones
+    # every (rank, communicator): first the ones with entries (index = ``pi``), then pg_config-only ones
     keys = pairs + [k for k in comm_of if k not in set(pairs)]
     k_rank = np.array([r for r, _ in keys], dtype=np.int64)
     k_id = np.array([comm_of[k][0] for k in keys], dtype=np.uint64)
     k_crank = np.array([comm_of[k][1] for k in keys], dtype=np.int32)
     k_nranks = np.array([comm_of[k][2] for k in keys], dtype=np.int32)
 
-    # -- per-row derived columns (one row per entry, all numpy)
-    kind_of = np.array([parse_name(n)[0] for n in m.names] or [0], dtype=np.int16)
-    peer_of = np.array([parse_name(n)[1] for n in m.names] or [0], dtype=np.int32)
-    st = np.array([_STATES.get(s, 3) for s in m.states] or [0], dtype=np.int8)[c["state"]]
-    kind = kind_of[c["name"]]
-    rank = c["rank"]
-    dsz = np.array([_DTYPES.get(d, (255, 1)) for d in m.dtypes] or [(255, 1)], dtype=np.int64)
-    unknown_dt = sorted({d for d in m.dtypes if d and d not in _DTYPES})
-    if unknown_dt:
-        warns.append(f"dtypes c4d does not know, counted as 1 byte/element: {', '.join(unknown_dt)}")
-    dur_ns = np.where(np.isnan(c["duration_ms"]), -1, c["duration_ms"] * 1e6).astype(np.int64)
-    done = (st == 2) | c["retired"]
-    t_start = c["t_started"]
-    fill = (t_start == 0) & (c["t_completed"] > 0) & (dur_ns >= 0)
-    t_start[fill] = c["t_completed"][fill] - dur_ns[fill]
-    ranks_timed = np.unique(rank[(t_start > 0) | (st == 1) | (dur_ns >= 0)])
-    timed = np.isin(rank, ranks_timed)
-    arrived = done | (st == 1) | (t_start > 0) | ~timed
-
-    unknown = kind < 0
-    if unknown.any():
-        counts = np.bincount(c["name"][unknown], minlength=len(m.names))
-        skipped = [
-            f"{m.names[i]}×{counts[i]}"
-            for i in np.flatnonzero(counts)
-            if not m.names[i].endswith("coalesced")
-        ]
-        if skipped:
-            warns.append(f"entries of kinds c4d does not map, skipped: {', '.join(skipped[:8])}")
-    p2p_row = (kind == Op.Send) | (kind == Op.Recv)
-    coll_row = ~unknown & ~p2p_row
-    bad = coll_row & (c["cseq"] < 1)
-    if bad.any():
-        warns.append(f"{int(bad.sum())} collective entries with collective_seq_id < 1 skipped")
-        coll_row &= ~bad
-    pi = inv.ravel().astype(np.int64) if nrow else np.zeros(0, np.int64)
-
-    # -- collectives: seq = collective_seq_id - 1; entries sharing one (coalesced) are one op
-    ci = np.flatnonzero(coll_row)
-    cseq = c["cseq"][ci] - 1
-    order = np.lexsort((cseq, pi[ci]))
-    ci, cseq = ci[order], cseq[order]
-    new_op = np.ones(len(ci), dtype=bool)
-    new_op[1:] = (pi[ci][1:] != pi[ci][:-1]) | (cseq[1:] != cseq[:-1])
-    heads = np.flatnonzero(new_op)
-    c_ops = _Ops.take(ci[heads], cseq[heads], c, kind, peer_of, dsz, t_start, done, arrived, timed, pi)
-    if len(heads) < len(ci):  # merge the coalesced groups
-        nbytes = c["numel"][ci] * dsz[c["dtype"][ci], 1]
-        c_ops.bytes = np.add.reduceat(nbytes, heads)
-        c_ops.count = np.add.reduceat(c["numel"][ci], heads)
-        c_ops.issue = np.minimum.reduceat(c["t_created"][ci], heads)
-        c_ops.start = np.maximum.reduceat(t_start[ci], heads)
-        c_ops.end = np.maximum.reduceat(c["t_completed"][ci], heads)
-        c_ops.done = np.minimum.reduceat(done[ci].astype(np.int8), heads).astype(bool)
-        c_ops.arrived = np.minimum.reduceat(arrived[ci].astype(np.int8), heads).astype(bool)
-        size = np.diff(np.append(heads, len(ci)))
-        c_ops.flags |= np.where(size > 1, int(schema.OpFlag.IN_GROUP), 0).astype(np.uint8)
-        c_ops.group = np.where(size > 1, c_ops.seq + 1, 0)
-
-    # -- p2p: seq per (rank, comm, direction, peer) in dump order; a batch shares a p2p_seq_id
-    p2 = np.flatnonzero(p2p_row)
-    direction = (kind[p2] == Op.Recv).astype(np.int64)
-    ppeer = peer_of[c["name"][p2]].astype(np.int64)
-    order = np.lexsort((p2, ppeer, direction, pi[p2]))
-    p2, direction, ppeer = p2[order], direction[order], ppeer[order]
-    start_grp = np.ones(len(p2), dtype=bool)
-    start_grp[1:] = (
-        (pi[p2][1:] != pi[p2][:-1]) | (direction[1:] != direction[:-1]) | (ppeer[1:] != ppeer[:-1])
-    )
-    idx = np.arange(len(p2))
-    pseq_ = idx - np.maximum.accumulate(np.where(start_grp, idx, 0)) if len(p2) else idx
-    p_ops = _Ops.take(p2, pseq_, c, kind, peer_of, dsz, t_start, done, arrived, timed, pi)
-    p_ops.flags |= np.uint8(schema.OpFlag.P2P)
-    o2 = np.lexsort((c["pseq"][p2], pi[p2]))
-    kk = np.stack([pi[p2][o2], c["pseq"][p2][o2]]) if len(p2) else np.zeros((2, 0), np.int64)
-    same = np.zeros(len(p2), dtype=bool)
-    if len(p2) > 1:
-        eq = (kk[:, 1:] == kk[:, :-1]).all(axis=0)
-        same[o2[1:][eq]] = True
-        same[o2[:-1][eq]] = True
-    p_ops.flags |= np.where(same, int(schema.OpFlag.IN_GROUP), 0).astype(np.uint8)
-    p_ops.group = np.where(same, c["pseq"][p2], 0)
-    ops_ = _Ops.cat(c_ops, p_ops)
-    ops_.flags |= np.where(ops_.start > 0, int(schema.OpFlag.DEVICE_TIMING), 0).astype(np.uint8)
+    ops_, nc, ranks_timed = _op_rows(m, pi, warns)
+    m.cols.clear()  # the entries' columns are done with: what follows reuses their memory
+    del c, pi
 
     # -- the collectives matched across ranks (c4d/formats/fr_match.py): ops some member never
     # issued are not done, whatever their entries say; disagreements, lost and late ranks found
-    nc = len(c_ops.seq)
     u_ids, k_ci = np.unique(k_id, return_inverse=True)
     k_ci = k_ci.ravel()
     info = [comm_info[f"{int(i):016x}"] for i in u_ids]
@@ -1049,30 +967,30 @@ def convert(
     dn = np.flatnonzero(ops_.done)
     t_rec = np.maximum(np.maximum(ops_.issue[dn], ops_.start[dn]), ops_.end[dn])
     dn = dn[np.argsort(t_rec, kind="stable")]
-    op_recs = tr.ops(
+    op_recs = tr.OpColumns(
         len(dn),
-        rank=ops_.rank[dn],
-        comm_id=k_id[ops_.pi[dn]],
-        seq=ops_.seq[dn],
-        issue_ns=ops_.issue[dn],
-        start_ns=ops_.start[dn],
-        end_ns=ops_.end[dn],
-        count=ops_.count[dn],
-        bytes=ops_.bytes[dn],
-        group_id=ops_.group[dn],
-        comm_rank=k_crank[ops_.pi[dn]],
-        comm_nranks=k_nranks[ops_.pi[dn]],
-        peer=ops_.peer[dn],
-        op=ops_.kind[dn],
-        dtype=ops_.dtype[dn],
-        flags=ops_.flags[dn],
+        dict(
+            rank=ops_.rank[dn],
+            comm_id=k_id[ops_.pi[dn]],
+            seq=ops_.seq[dn],
+            issue_ns=ops_.issue[dn],
+            start_ns=ops_.start[dn],
+            end_ns=ops_.end[dn],
+            count=ops_.count[dn],
+            bytes=ops_.bytes[dn],
+            group_id=ops_.group[dn],
+            comm_rank=k_crank[ops_.pi[dn]],
+            comm_nranks=k_nranks[ops_.pi[dn]],
+            peer=ops_.peer[dn],
+            op=ops_.kind[dn],
+            dtype=ops_.dtype[dn],
+            flags=ops_.flags[dn],
+        ),
     )
 
     # -- the state at the dump
     t_end = int(max(ops_.issue.max(initial=0), ops_.start.max(initial=0), ops_.end.max(initial=0)))
-    beats = _final_beats(
-        ops_, len(c_ops.seq), len(keys), len(pairs), wrapped, k_rank, k_id, k_crank, k_nranks
-    )
+    beats = _final_beats(ops_, nc, len(keys), len(pairs), wrapped, k_rank, k_id, k_crank, k_nranks)
 
     regs = tr.registers(
         np.array(dump_ranks, dtype=np.int32),
@@ -1122,6 +1040,105 @@ def convert(
     )
 
 
+def _op_rows(m: _Merged, pi: np.ndarray, warns: list[str]) -> tuple[_Ops, int, np.ndarray]:
+    """The entries (``m.cols``, one row each; ``pi``: each one's (rank, communicator) key) as ops:
+    the collectives first (how many: the second value), then the p2p ops; the third value is the
+    ranks whose dumps have device timing."""
+    c = m.cols
+    kind_of = np.array([parse_name(n)[0] for n in m.names] or [0], dtype=np.int16)
+    peer_of = np.array([parse_name(n)[1] for n in m.names] or [0], dtype=np.int32)
+    st = np.array([_STATES.get(s, 3) for s in m.states] or [0], dtype=np.int8)[c["state"]]
+    kind = kind_of[c["name"]]
+    rank = c["rank"]
+    dsz = np.array([_DTYPES.get(d, (255, 1)) for d in m.dtypes] or [(255, 1)], dtype=np.int64)
+    unknown_dt = sorted({d for d in m.dtypes if d and d not in _DTYPES})
+    if unknown_dt:
+        warns.append(f"dtypes c4d does not know, counted as 1 byte/element: {', '.join(unknown_dt)}")
+    dur_ns = np.where(np.isnan(c["duration_ms"]), -1, c["duration_ms"] * 1e6).astype(np.int64)
+    done = (st == 2) | c["retired"]
+    t_start = c["t_started"]
+    fill = (t_start == 0) & (c["t_completed"] > 0) & (dur_ns >= 0)
+    t_start[fill] = c["t_completed"][fill] - dur_ns[fill]
+    # ranks (file-name numbers, >= 0) with a start time, a started entry or a duration
+    ranks_timed = np.flatnonzero(np.bincount(rank[(t_start > 0) | (st == 1) | (dur_ns >= 0)]))
+    timed = np.zeros(int(rank.max(initial=-1)) + 1, bool)
+    timed[ranks_timed] = True
+    timed = timed[rank]
+    arrived = done | (st == 1) | (t_start > 0) | ~timed
+
+    unknown = kind < 0
+    if unknown.any():
+        counts = np.bincount(c["name"][unknown], minlength=len(m.names))
+        skipped = [
+            f"{m.names[i]}×{counts[i]}"
+            for i in np.flatnonzero(counts)
+            if not m.names[i].endswith("coalesced")
+        ]
+        if skipped:
+            warns.append(f"entries of kinds c4d does not map, skipped: {', '.join(skipped[:8])}")
+    p2p_row = (kind == Op.Send) | (kind == Op.Recv)
+    coll_row = ~unknown & ~p2p_row
+    bad = coll_row & (c["cseq"] < 1)
+    if bad.any():
+        warns.append(f"{int(bad.sum())} collective entries with collective_seq_id < 1 skipped")
+        coll_row &= ~bad
+
+    # -- collectives: seq = collective_seq_id - 1; entries sharing one (coalesced) are one op
+    ci = np.flatnonzero(coll_row)
+    cseq = c["cseq"][ci] - 1
+    order = np.lexsort((cseq, pi[ci]))
+    ci, cseq = ci[order], cseq[order]
+    new_op = np.ones(len(ci), dtype=bool)
+    new_op[1:] = (pi[ci][1:] != pi[ci][:-1]) | (cseq[1:] != cseq[:-1])
+    heads = np.flatnonzero(new_op)
+    nc = len(heads)
+
+    # -- p2p: seq per (rank, comm, direction, peer) in dump order; a batch shares a p2p_seq_id
+    p2 = np.flatnonzero(p2p_row)
+    direction = (kind[p2] == Op.Recv).astype(np.int64)
+    ppeer = peer_of[c["name"][p2]].astype(np.int64)
+    order = np.lexsort((p2, ppeer, direction, pi[p2]))
+    p2, direction, ppeer = p2[order], direction[order], ppeer[order]
+    start_grp = np.ones(len(p2), dtype=bool)
+    start_grp[1:] = (
+        (pi[p2][1:] != pi[p2][:-1]) | (direction[1:] != direction[:-1]) | (ppeer[1:] != ppeer[:-1])
+    )
+    idx = np.arange(len(p2))
+    pseq_ = idx - np.maximum.accumulate(np.where(start_grp, idx, 0)) if len(p2) else idx
+
+    # both kinds' rows taken at once (not each apart and then joined: one copy less of every column)
+    o = _Ops.take(
+        np.concatenate([ci[heads], p2]),
+        np.concatenate([cseq[heads], pseq_]),
+        c, kind, peer_of, dsz, t_start, done, arrived, timed, pi,
+    )  # fmt: skip
+    if nc < len(ci):  # merge the coalesced groups
+        nbytes = c["numel"][ci] * dsz[c["dtype"][ci], 1]
+        o.bytes[:nc] = np.add.reduceat(nbytes, heads)
+        o.count[:nc] = np.add.reduceat(c["numel"][ci], heads)
+        o.issue[:nc] = np.minimum.reduceat(c["t_created"][ci], heads)
+        o.start[:nc] = np.maximum.reduceat(t_start[ci], heads)
+        o.end[:nc] = np.maximum.reduceat(c["t_completed"][ci], heads)
+        o.done[:nc] = np.minimum.reduceat(done[ci].astype(np.int8), heads).astype(bool)
+        o.arrived[:nc] = np.minimum.reduceat(arrived[ci].astype(np.int8), heads).astype(bool)
+        size = np.diff(np.append(heads, len(ci)))
+        o.flags[:nc] |= np.where(size > 1, int(schema.OpFlag.IN_GROUP), 0).astype(np.uint8)
+        o.group[:nc] = np.where(size > 1, o.seq[:nc] + 1, 0)
+
+    o.flags[nc:] |= np.uint8(schema.OpFlag.P2P)
+    o2 = np.lexsort((c["pseq"][p2], pi[p2]))
+    kk = np.stack([pi[p2][o2], c["pseq"][p2][o2]]) if len(p2) else np.zeros((2, 0), np.int64)
+    same = np.zeros(len(p2), dtype=bool)
+    if len(p2) > 1:
+        eq = (kk[:, 1:] == kk[:, :-1]).all(axis=0)
+        same[o2[1:][eq]] = True
+        same[o2[:-1][eq]] = True
+    o.flags[nc:] |= np.where(same, int(schema.OpFlag.IN_GROUP), 0).astype(np.uint8)
+    o.group[nc:] = np.where(same, c["pseq"][p2], 0)
+    o.flags |= np.where(o.start > 0, int(schema.OpFlag.DEVICE_TIMING), 0).astype(np.uint8)
+    return o, nc, ranks_timed
+
+
 @dataclass
 class _Ops:
     """One row per op (collective or p2p) of every rank: the columns the records need."""
@@ -1166,10 +1183,6 @@ class _Ops:
             flags=np.zeros(len(rows), dtype=np.uint8),
             group=np.zeros(len(rows), dtype=np.int64),
         )
-
-    @classmethod
-    def cat(cls, a: _Ops, b: _Ops) -> _Ops:
-        return cls(**{f: np.concatenate([getattr(a, f), getattr(b, f)]) for f in a.__dataclass_fields__})
 
 
 def _final_beats(

@@ -137,15 +137,17 @@ def comms(
     return a
 
 
-def ops(n: int, **cols: Any) -> np.ndarray:
-    """``n`` OP records; ``cols`` are OP field names → arrays or scalars.
+def ops(n: int, out: np.ndarray | None = None, **cols: Any) -> np.ndarray:
+    """``n`` OP records; ``cols`` are OP field names → arrays or scalars. ``out``: where to write
+    them (``n`` zeroed OP records, e.g. a slice of the stream ``assemble`` lays out); a new array
+    when not given.
 
     Defaults: peer -1, device -1, redop 255 (not recorded), time_ns = the latest of
     issue/start/end. Filled a block of records at a time: each field's writes are strided (a
     record is 128 bytes), so a block that stays in cache takes them all faster than whole
     columns one after the other.
     """
-    a = np.zeros(n, dtype=schema.OP)
+    a = np.zeros(n, dtype=schema.OP) if out is None else out
     arrays = {k: np.asarray(v) for k, v in cols.items()}
     for s in range(0, n, _BLOCK):
         b = a[s : s + _BLOCK]
@@ -159,6 +161,34 @@ def ops(n: int, **cols: Any) -> np.ndarray:
         if "time_ns" not in cols:
             b["time_ns"] = np.maximum(np.maximum(b["issue_ns"], b["start_ns"]), b["end_ns"])
     return a
+
+
+@dataclass(frozen=True)
+class OpColumns:
+    """``n`` OP records not written yet: ``cols`` as ``ops`` takes them. ``assemble`` writes them
+    straight into the stream, so no array of the OP records alone is made (an import's largest:
+    128 bytes an op)."""
+
+    n: int
+    cols: dict[str, Any]
+
+    def time_ns(self) -> np.ndarray:
+        """Their ``time_ns``, as ``ops`` will write it."""
+        if "time_ns" in self.cols:
+            return np.broadcast_to(np.asarray(self.cols["time_ns"], np.uint64), (self.n,))
+        t = np.zeros(self.n, np.uint64)
+        for k in ("issue_ns", "start_ns", "end_ns"):
+            if k in self.cols:
+                np.maximum(t, np.asarray(self.cols[k]).astype(np.uint64), out=t)
+        return t
+
+    def take(self, rows: np.ndarray) -> OpColumns:
+        cols = {k: (v[rows] if np.ndim(v) else v) for k, v in self.cols.items()}
+        return OpColumns(len(rows), cols)
+
+    def write(self, out: np.ndarray, start: int, stop: int) -> None:
+        """Records ``start:stop`` into ``out`` (``stop - start`` zeroed OP records)."""
+        ops(stop - start, out, **{k: (v[start:stop] if np.ndim(v) else v) for k, v in self.cols.items()})
 
 
 def heartbeats(n: int, **cols: Any) -> np.ndarray:
@@ -184,10 +214,6 @@ def _ticks(times: np.ndarray) -> np.ndarray:
     return a
 
 
-def _as_header(a: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(a).view(schema.HEADER)
-
-
 def _process_beats(ranks: np.ndarray, world: int, times: np.ndarray) -> np.ndarray:
     """A comm-0 heartbeat per rank at each time (rank-major within a time)."""
     t = np.repeat(times, len(ranks))
@@ -211,7 +237,7 @@ def assemble(
     *,
     regs: np.ndarray,
     comm_recs: np.ndarray,
-    op_recs: np.ndarray,
+    op_recs: np.ndarray | OpColumns,
     final_beats: np.ndarray,
     t_end: int,
     opts: ImportOptions,
@@ -220,18 +246,23 @@ def assemble(
 ) -> RawTrace:
     """Lay the records out as described in the module docstring and wrap them in a ``RawTrace``.
 
-    ``final_beats`` is the per rank × communicator state at ``t_end``; its ``time_ns`` is set here.
-    ``extrapolate=False`` evaluates once at ``t_end`` only (for sources that describe no pending
-    state, e.g. nccl-tests).
+    ``op_recs``: the OP records, or their columns (``OpColumns``: written straight into the
+    stream). ``final_beats`` is the per rank × communicator state at ``t_end``; its ``time_ns``
+    is set here. ``extrapolate=False`` evaluates once at ``t_end`` only (for sources that describe
+    no pending state, e.g. nccl-tests). The trace's ``kinds`` are split out of the stream when
+    first asked for (a replay reads the stream only).
     """
     ranks = np.unique(regs["rank"]).astype(np.int32)
     world = int(regs["world_size"].max()) if len(regs) else 0
-    t_op = op_recs["time_ns"].astype(np.int64)
+    given = op_recs.time_ns() if isinstance(op_recs, OpColumns) else op_recs["time_ns"]
+    t_op = given.astype(np.int64)
     if len(t_op) > 1 and not (t_op[1:] >= t_op[:-1]).all():  # importers may hand them in time order
         order = np.argsort(t_op, kind="stable")
-        op_recs, t_op = op_recs[order], t_op[order]
-    t_first = int(t_op[0]) if len(t_op) else int(t_end)
-    t_end = max(int(t_end), int(t_op[-1]) if len(t_op) else 0)
+        op_recs = op_recs.take(order) if isinstance(op_recs, OpColumns) else op_recs[order]
+        t_op = t_op[order]
+    n_ops = len(t_op)
+    t_first = int(t_op[0]) if n_ops else int(t_end)
+    t_end = max(int(t_end), int(t_op[-1]) if n_ops else 0)
 
     hist = history_ticks(t_first, t_end, opts.bw_check_period_s * 1_000_000_000)
     hist = hist[hist < t_end]
@@ -244,39 +275,23 @@ def assemble(
         np.uint64
     )
 
-    # the stream in order, and each kind's records in the same order (RawTrace.kinds, without a re-split)
-    parts: list[np.ndarray] = [_as_header(regs), _as_header(comm_recs)]
-    beat_parts: list[np.ndarray] = []
-
-    def add(a: np.ndarray, into: list[np.ndarray] | None) -> None:
-        parts.append(_as_header(a))
-        if into is not None:
-            into.append(a)
-
+    # the stream in order: records, or (start, stop) of the OP records
+    parts: list[np.ndarray | tuple[int, int]] = [regs, comm_recs]
     cuts = np.searchsorted(t_op, hist.astype(np.int64), side="right")
     prev = 0
     for cut, t in zip(cuts.tolist(), hist.tolist(), strict=True):
-        add(op_recs[prev:cut], None)  # history: ops up to the tick, the process beats, the tick
-        add(_process_beats(ranks, world, np.array([t], dtype=np.uint64)), beat_parts)
-        add(_ticks(np.array([t], dtype=np.uint64)), None)
+        parts.append((prev, cut))  # history: ops up to the tick, the process beats, the tick
+        parts.append(_process_beats(ranks, world, np.array([t], dtype=np.uint64)))
+        parts.append(_ticks(np.array([t], dtype=np.uint64)))
         prev = cut
-    add(op_recs[prev:], None)
+    parts.append((prev, n_ops))
     for t in final_t.tolist():
         fb = final_beats.copy()
         fb["time_ns"] = t
-        add(fb, beat_parts)
-        add(_process_beats(ranks, world, np.array([t], dtype=np.uint64)), beat_parts)
-        add(_ticks(np.array([t], dtype=np.uint64)), None)
-    raw = schema.join_records(parts, schema.HEADER)
-    kinds = {
-        schema.Kind.REGISTER: regs,
-        schema.Kind.OP: op_recs,  # its slices went into the stream in order: no copy needed
-        schema.Kind.HEARTBEAT: np.concatenate(beat_parts) if beat_parts else heartbeats(0),
-        schema.Kind.COMM: comm_recs,
-        schema.Kind.PEER: np.empty(0, dtype=schema.PEER),
-        schema.Kind.STAGE: np.empty(0, dtype=schema.STAGE),
-        schema.Kind.OPSUM: np.empty(0, dtype=schema.OPSUM),  # node agents' only
-    }
+        parts.append(fb)
+        parts.append(_process_beats(ranks, world, np.array([t], dtype=np.uint64)))
+        parts.append(_ticks(np.array([t], dtype=np.uint64)))
+    raw = _lay_out(parts, op_recs)
 
     full = {
         "schema_version": schema.SCHEMA_VERSION,
@@ -296,7 +311,29 @@ def assemble(
         }
     )
     imp.setdefault("warnings", [])
-    return RawTrace(meta=full, raw=raw, path=path, kinds=kinds)
+    return RawTrace(meta=full, raw=raw, path=path, kinds=schema.KindsOf(raw))
+
+
+def _lay_out(parts: list[np.ndarray | tuple[int, int]], op_recs: np.ndarray | OpColumns) -> np.ndarray:
+    """The stream: ``parts`` one after the other in one array, (start, stop) standing for those
+    OP records. Copied as whole records (numpy would copy a structured dtype field by field)."""
+    size = sum(p[1] - p[0] if isinstance(p, tuple) else len(p) for p in parts)
+    raw = np.zeros(size, schema.HEADER)
+    whole = np.dtype((np.void, schema.RECORD_SIZE))
+    out = raw.view(whole)
+    at = 0
+    for p in parts:
+        if isinstance(p, tuple):
+            start, stop = p
+            if isinstance(op_recs, OpColumns):
+                op_recs.write(raw[at : at + stop - start].view(schema.OP), start, stop)
+            else:
+                out[at : at + stop - start] = np.ascontiguousarray(op_recs[start:stop]).view(whole)
+            at += stop - start
+        else:
+            out[at : at + len(p)] = np.ascontiguousarray(p).view(whole)
+            at += len(p)
+    return raw
 
 
 def save(rt: RawTrace, path: str) -> None:
