@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from c4d.engine import state
+from c4d.engine import pool as pool_module
+from c4d.engine.pool import Pool
 from c4d.engine.rows import COMPLETED, NO_ROWS, cat
-from c4d.engine.state import RECENT_OPS, Comm, Pool
+from c4d.engine.state import RECENT_OPS, Comm
 
 
 def _rows(seqs, la0: int) -> np.ndarray:
@@ -89,7 +90,7 @@ def test_the_live_view_reads_summaries_still_in_the_pool():
 def test_blocks_kept_are_bounded_between_window_closes(monkeypatch):
     """The pool hands its blocks out every MAX_BLOCKS chunks, each communicator's new parts
     joined into one (the blocks freed; the parts joined before are not copied again)."""
-    monkeypatch.setattr(state, "MAX_BLOCKS", 4)
+    monkeypatch.setattr(pool_module, "MAX_BLOCKS", 4)
     pool, (a,) = _pool(4)
     for k in range(3):
         _chunk(pool, {a: [2 * k, 2 * k + 1]})

@@ -52,7 +52,7 @@ import numpy as np
 
 from c4d import schema
 from c4d.engine.calibration import PRIOR_CAP, localize
-from c4d.engine.state import budget_from_env
+from c4d.engine.pool import budget_from_env
 from c4d.engine.types import DiagKind, How, Localization, Target
 from c4d.schema import DTYPE_NAMES, DType, Op, OpFlag, op_name
 

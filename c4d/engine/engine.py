@@ -24,6 +24,7 @@ from c4d.engine import clock, hang
 from c4d.engine.compute import compute_before, compute_gaps
 from c4d.engine.config import EngineConfig, ResolvedThresholds
 from c4d.engine.consistency import Consistency, Mismatch
+from c4d.engine.pool import MAX_COMMS_EVER, RATE_WINDOW_NS, P2PDone, Pool, budget_from_env
 from c4d.engine.ranks import RankTable
 from c4d.engine.rows import (
     END_SYNC,
@@ -39,17 +40,7 @@ from c4d.engine.rows import (
 )
 from c4d.engine.slow import SlowFinding, SlowJudge
 from c4d.engine.stage import Stages
-from c4d.engine.state import (
-    MAX_COMMS_EVER,
-    RATE_WINDOW_NS,
-    Comm,
-    Complete,
-    P2PDone,
-    P2PPairs,
-    Pool,
-    budget_from_env,
-    reduce_comms,
-)
+from c4d.engine.state import Comm, Complete, P2PPairs, reduce_comms
 from c4d.engine.summaries import Summaries
 from c4d.engine.types import CommSnapshot, DiagKind, Diagnosis, EngineSnapshot, Level, Localization, RankState
 from c4d.ratelog import RateLimitedLog
