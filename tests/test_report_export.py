@@ -301,18 +301,25 @@ def test_report_of_a_hang_one_row_per_incident_and_plots_that_show_the_culprit(h
     tr = analyze.load(hang_trace)
     diags = tr.diagnoses_list()
     incidents = analyze.incidents(tr.raw, diags)
-    assert len(incidents) == 1 and len(diags) >= 10  # the re-counts of one hang
+    # the re-counts of one hang; a loaded host may add a verdict about its own stalls (T is 0.2 s
+    # here): which verdicts a trace gets is the engine tests' business, the page must show each
+    hung = [i for i in incidents if i.kind == "RankNonCommHang" and list(i.ranks) == [HUNG_RANK]]
+    assert len(hung) == 1 and hung[0].count >= 10, incidents
+    (hang,) = hung
+    others = {r for i in incidents if i is not hang for r in (i.ranks or (-1,))}  # as the timeline draws
 
     # the page: one row per incident, with its count
     page = _Tables()
     page.feed((out / "report.html").read_text())
     head, *rows = page.rows
-    assert len(rows) == 1, rows
-    row = dict(zip(head, rows[0], strict=True))
-    assert row["kind"] == "RankNonCommHang" and row["culprit"] == f"rank {HUNG_RANK}"
+    assert len(rows) == len(incidents), rows
+    (row,) = [
+        r for r in (dict(zip(head, x, strict=True)) for x in rows) if r["culprit"] == f"rank {HUNG_RANK}"
+    ]
+    assert row["kind"] == "RankNonCommHang"
     assert row["node"] == "node-1" and row["level"] == "ERROR"
-    assert int(row["count"]) == incidents[0].count >= 10
-    assert f"1 incident(s) from {len(diags)} diagnoses" in (out / "report.html").read_text()
+    assert int(row["count"]) == hang.count >= 10
+    assert f"{len(incidents)} incident(s) from {len(diags)} diagnoses" in (out / "report.html").read_text()
 
     inp = report.from_trace(tr)
     # the lateness picture: its time axis runs to the hang's last report, and the hung rank's row
@@ -324,12 +331,12 @@ def test_report_of_a_hang_one_row_per_incident_and_plots_that_show_the_culprit(h
     labels = [t.get_text() for t in ax.get_yticklabels()]
     row_of = {int(s.split()[0]): i for i, s in enumerate(labels)}
     t_ops = report.extra_compute(inp.ops)["arrive_s"]
-    hang_s = incidents[0].last.time - t_ops.min()
+    hang_s = hang.last.time - t_ops.min()
     assert ax.get_xlim()[1] >= hang_s - 0.01 and hang_s > 2 * (t_ops.max() - t_ops.min())
     late = slice(grid.shape[1] // 2, None)  # the later half: after the job's last op
     assert (grid[row_of[HUNG_RANK], late] >= im.norm.vmax).all()
-    others = np.delete(grid, row_of[HUNG_RANK], axis=0)
-    assert np.isnan(others[:, late]).all()
+    rest = np.delete(grid, row_of[HUNG_RANK], axis=0)
+    assert np.isnan(rest[:, late]).all()
     # ... and so in the PNG the page embeds (laid out as it was saved), with every label inside
     # it: the pixel at (3/4 of the axis, the hung rank's row)
     fig.tight_layout()
@@ -352,10 +359,11 @@ def test_report_of_a_hang_one_row_per_incident_and_plots_that_show_the_culprit(h
     fig.tight_layout()
     ax = fig.axes[0]
     bars = [ln for ln in ax.get_lines() if len(ln.get_xdata()) == 2]
-    assert {tuple(ln.get_ydata()) for ln in bars} == {(HUNG_RANK, HUNG_RANK)}
-    assert [ln.get_color() for ln in bars] == [report.LEVEL_COLOR[lv] for lv in ("WARNING", "ERROR")]
-    assert ax.get_xlim()[1] >= incidents[0].last.time - incidents[0].first.time
-    assert [int(t) for t in ax.get_yticks()] == [HUNG_RANK]
+    mine = [ln for ln in bars if tuple(ln.get_ydata()) == (HUNG_RANK, HUNG_RANK)]
+    assert {ln.get_ydata()[0] for ln in bars if ln not in mine} <= others
+    assert [ln.get_color() for ln in mine] == [report.LEVEL_COLOR[lv] for lv in ("WARNING", "ERROR")]
+    assert ax.get_xlim()[1] >= hang.last.time - hang.first.time
+    assert [int(t) for t in ax.get_yticks()] == sorted({HUNG_RANK} | others)
     fig.canvas.draw()
     assert not _texts_fit(fig), _texts_fit(fig)
     plt.close(fig)
