@@ -45,7 +45,7 @@ def _run(job: Job, batched: bool, monkeypatch, drop_register: tuple[int, ...] = 
     """Replay the job; return its diagnoses (JSON), each communicator's COMPLETED rows in the
     order made, the OP_SPLIT rows and the final clock state."""
     made: dict[int, list[np.ndarray]] = {}
-    orig = Comm._completed
+    orig = Comm.keep_completed
 
     def record(self, out, gaps):
         made.setdefault(self.id, []).append(out.copy())
@@ -57,7 +57,7 @@ def _run(job: Job, batched: bool, monkeypatch, drop_register: tuple[int, ...] = 
         batches = [(t, keep(b)) for t, b in batches]
     with monkeypatch.context() as mp:
         mp.setattr(engine_mod, "BATCHED", batched)
-        mp.setattr(Comm, "_completed", record)
+        mp.setattr(Comm, "keep_completed", record)
         run = replay(job, lambda: Engine(EngineConfig(), split=True), batches, model)
     R = run.engine.ranks
     state = {
@@ -144,14 +144,14 @@ def test_a_chunk_with_more_ops_than_ring_slots_matches_one_at_a_time(monkeypatch
         return out
 
     made: list[bytes] = []
-    orig_completed = Comm._completed
+    orig_completed = Comm.keep_completed
 
     def record(self, out, gaps):
         made.append(out.tobytes())
         orig_completed(self, out, gaps)
 
     monkeypatch.setattr(engine_mod, "_rows_per_slot", spy)
-    monkeypatch.setattr(Comm, "_completed", record)
+    monkeypatch.setattr(Comm, "keep_completed", record)
     got = {}
     for batched in (True, False):
         made.clear()
@@ -178,21 +178,21 @@ def test_communicators_on_one_host_clock_share_a_wave(monkeypatch):
     to refine: each communicator's step is zero, so none orders against another and a chunk
     takes one reduce_group per communicator size. Before, every communicator wrote node 0 and
     took a wave of its own (113 waves per chunk replaying 256 ranks' Flight Recorder dumps)."""
-    from c4d.engine import state
+    from c4d.engine import reduce as reduce_mod
 
     calls: list[int] = []
-    orig = state.reduce_group
+    orig = reduce_mod.reduce_group
 
     def counted(comms, parts, ranks, gain):
         calls.append(len(comms))
         return orig(comms, parts, ranks, gain)
 
     one_node = Job(tp=2, pp=1, dp=8, ranks_per_node=16, steps=30, skew_ms=0.0)
-    monkeypatch.setattr(state, "reduce_group", counted)
+    monkeypatch.setattr(reduce_mod, "reduce_group", counted)
     d1, made1, sp1, clk1 = _run(one_node, True, monkeypatch)
     # per chunk: the 8 tp pairs in one call, the 2 dp groups of 8 in another; never one alone
     assert calls and set(calls) == {8, 2}, calls
-    monkeypatch.setattr(state, "reduce_group", orig)
+    monkeypatch.setattr(reduce_mod, "reduce_group", orig)
     d2, made2, sp2, clk2 = _run(one_node, False, monkeypatch)
     assert d1 == d2 and sorted(made1) == sorted(made2)
     assert sp1.tobytes() == sp2.tobytes() and all(clk1[k].tobytes() == clk2[k].tobytes() for k in clk1)

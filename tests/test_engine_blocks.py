@@ -1,6 +1,6 @@
 """Node summaries kept per chunk by the pool (Pool.keep_summaries) reach each communicator in
 the order they came, as if each chunk's rows had been handed to it at once: at a window's
-close (Pool.settle), before rows of its own (Comm._completed), and to the live view
+close (Pool.settle), before rows of its own (Comm.keep_completed), and to the live view
 (Comm.recent_ops) while still in the pool."""
 
 from __future__ import annotations
@@ -61,11 +61,11 @@ def test_settled_rows_come_in_the_order_they_came_per_communicator():
 
 
 def test_own_rows_after_summaries_keep_the_order_they_came():
-    """A communicator's own rows (Comm._completed) after summaries still in the pool: the
+    """A communicator's own rows (Comm.keep_completed) after summaries still in the pool: the
     summaries are handed to it first; the other communicators' stay in the pool."""
     pool, (a, b) = _pool(2, 2)
     _chunk(pool, {a: [0, 1], b: [0]})
-    a._completed(_rows([2, 3], 10**9), np.zeros((2, 2), np.float32))
+    a.keep_completed(_rows([2, 3], 10**9), np.zeros((2, 2), np.float32))
     assert cat(a.pending)["seq"].tolist() == [0, 1, 2, 3]
     assert not pool.blocked[a.idx] and pool.blocked[b.idx]
     _chunk(pool, {a: [4], b: [1]})

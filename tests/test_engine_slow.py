@@ -703,7 +703,7 @@ def test_closed_rows_taken_as_a_prefix_or_by_mask_alike():
         cuts = np.sort(rng.integers(0, m + 1, 3))
         c = Comm(0, 1, 4)
         for a, b in zip(np.r_[0, cuts], np.r_[cuts, m], strict=True):
-            c._completed(rows[a:b], gaps[a:b])
+            c.keep_completed(rows[a:b], gaps[a:b])
         closed = int(rng.integers(-1, 3))
         got = slow.SlowJudge(EngineConfig())._closed_coll(c, closed, P)
         shut = la // P <= closed

@@ -26,6 +26,7 @@ from c4d.engine.config import EngineConfig, ResolvedThresholds
 from c4d.engine.consistency import Consistency, Mismatch
 from c4d.engine.pool import MAX_COMMS_EVER, RATE_WINDOW_NS, P2PDone, Pool, budget_from_env
 from c4d.engine.ranks import RankTable
+from c4d.engine.reduce import Complete, reduce_comms
 from c4d.engine.rows import (
     END_SYNC,
     GONE_EVENTS,
@@ -40,7 +41,7 @@ from c4d.engine.rows import (
 )
 from c4d.engine.slow import SlowFinding, SlowJudge
 from c4d.engine.stage import Stages
-from c4d.engine.state import Comm, Complete, P2PPairs, reduce_comms
+from c4d.engine.state import Comm, P2PPairs
 from c4d.engine.summaries import Summaries
 from c4d.engine.types import CommSnapshot, DiagKind, Diagnosis, EngineSnapshot, Level, Localization, RankState
 from c4d.ratelog import RateLimitedLog
@@ -728,7 +729,7 @@ class Engine:
                 c = groups[k]
                 slots = c.scatter(take(rows, coll[sel]), seq[sel], cr[sel], comp[sel])
                 if len(slots):
-                    parts.setdefault(k, []).append(Complete.of(c, slots))
+                    parts.setdefault(k, []).append(c.complete_ops(slots))
         done = [(groups[k], Complete.join(parts[k])) for k in sorted(parts)]
         reduce_comms(done, self.ranks, self.cfg.clock_gain)  # exactly what add_collectives one by one gives
 

@@ -328,7 +328,7 @@ class Pool:
 
     def settle_one(self, c: Pooled) -> None:
         """Communicator ``c``'s summaries not handed out yet, handed to it (before rows of its
-        own come after them: Comm._completed)."""
+        own come after them: Comm.keep_completed)."""
         got = [x for x in (b.drop(c.idx) for b in self.blocks) if x is not None]
         c.add_summaries([r for r, _ in got], [g for _, g in got], int(self.pmin[c.idx]))
         self.blocked[c.idx] = False
