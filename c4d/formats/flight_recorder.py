@@ -970,22 +970,23 @@ def convert(
     op_recs = tr.OpColumns(
         len(dn),
         dict(
-            rank=ops_.rank[dn],
-            comm_id=k_id[ops_.pi[dn]],
-            seq=ops_.seq[dn],
-            issue_ns=ops_.issue[dn],
-            start_ns=ops_.start[dn],
-            end_ns=ops_.end[dn],
-            count=ops_.count[dn],
-            bytes=ops_.bytes[dn],
-            group_id=ops_.group[dn],
-            comm_rank=k_crank[ops_.pi[dn]],
-            comm_nranks=k_nranks[ops_.pi[dn]],
-            peer=ops_.peer[dn],
-            op=ops_.kind[dn],
-            dtype=ops_.dtype[dn],
-            flags=ops_.flags[dn],
+            rank=ops_.rank,
+            comm_id=k_id[ops_.pi],
+            seq=ops_.seq,
+            issue_ns=ops_.issue,
+            start_ns=ops_.start,
+            end_ns=ops_.end,
+            count=ops_.count,
+            bytes=ops_.bytes,
+            group_id=ops_.group,
+            comm_rank=k_crank[ops_.pi],
+            comm_nranks=k_nranks[ops_.pi],
+            peer=ops_.peer,
+            op=ops_.kind,
+            dtype=ops_.dtype,
+            flags=ops_.flags,
         ),
+        rows=dn,
     )
 
     # -- the state at the dump
@@ -1086,10 +1087,11 @@ def _op_rows(m: _Merged, pi: np.ndarray, warns: list[str]) -> tuple[_Ops, int, n
     # -- collectives: seq = collective_seq_id - 1; entries sharing one (coalesced) are one op
     ci = np.flatnonzero(coll_row)
     cseq = c["cseq"][ci] - 1
-    order = np.lexsort((cseq, pi[ci]))
-    ci, cseq = ci[order], cseq[order]
+    cpi = pi[ci]
+    if (order := _lexsort(cseq, cpi)) is not None:
+        ci, cseq, cpi = ci[order], cseq[order], cpi[order]
     new_op = np.ones(len(ci), dtype=bool)
-    new_op[1:] = (pi[ci][1:] != pi[ci][:-1]) | (cseq[1:] != cseq[:-1])
+    new_op[1:] = (cpi[1:] != cpi[:-1]) | (cseq[1:] != cseq[:-1])
     heads = np.flatnonzero(new_op)
     nc = len(heads)
 
@@ -1137,6 +1139,17 @@ def _op_rows(m: _Merged, pi: np.ndarray, warns: list[str]) -> tuple[_Ops, int, n
     o.group[nc:] = np.where(same, c["pseq"][p2], 0)
     o.flags |= np.where(o.start > 0, int(schema.OpFlag.DEVICE_TIMING), 0).astype(np.uint8)
     return o, nc, ranks_timed
+
+
+def _lexsort(minor: np.ndarray, major: np.ndarray) -> np.ndarray | None:
+    """``np.lexsort((minor, major))``, or None where the rows are in that order already (the
+    dumps of one process group list its collectives in order)."""
+    if len(major) < 2:
+        return None
+    same = major[1:] == major[:-1]
+    if ((major[1:] > major[:-1]) | (same & (minor[1:] >= minor[:-1]))).all():
+        return None
+    return np.lexsort((minor, major))
 
 
 @dataclass

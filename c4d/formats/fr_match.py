@@ -116,9 +116,9 @@ def check(
     dumped = set(int(r) for r in dump_ranks)
     # -- issued count per (rank, comm): highest seq + 1
     key = rank.astype(np.int64) * max(ncomm, 1) + cidx
-    ukey, inv = np.unique(key, return_inverse=True)
+    ukey, _, inv = schema.unique_runs(key)  # a rank's ops of one group come in runs
     hi = np.full(len(ukey), -1, np.int64)
-    np.maximum.at(hi, inv.ravel(), seq)
+    np.maximum.at(hi, inv, seq)
     issued = {
         (int(k) // max(ncomm, 1), int(k) % max(ncomm, 1)): int(h) + 1 for k, h in zip(ukey, hi, strict=True)
     }
@@ -160,7 +160,7 @@ def check(
         heads = np.flatnonzero(np.r_[True, (c_s[1:] != c_s[:-1]) | (s_s[1:] != s_s[:-1])])
         differs = np.zeros(len(heads), bool)
         for col in (kind, count, dtype):
-            v = col[order].astype(np.int64)
+            v = col[order]
             differs |= np.minimum.reduceat(v, heads) != np.maximum.reduceat(v, heads)
         ends = np.r_[heads[1:], len(order)]
         for h in np.flatnonzero(differs)[:MAX_FINDINGS].tolist():

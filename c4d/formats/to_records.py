@@ -137,10 +137,11 @@ def comms(
     return a
 
 
-def ops(n: int, out: np.ndarray | None = None, **cols: Any) -> np.ndarray:
+def ops(n: int, out: np.ndarray | None = None, rows: np.ndarray | None = None, **cols: Any) -> np.ndarray:
     """``n`` OP records; ``cols`` are OP field names → arrays or scalars. ``out``: where to write
     them (``n`` zeroed OP records, e.g. a slice of the stream ``assemble`` lays out); a new array
-    when not given.
+    when not given. ``rows``: the array columns are read at these ``n`` indices (``v[rows]``),
+    a block at a time, never as a whole column.
 
     Defaults: peer -1, device -1, redop 255 (not recorded), time_ns = the latest of
     issue/start/end. Filled a block of records at a time: each field's writes are strided (a
@@ -151,13 +152,14 @@ def ops(n: int, out: np.ndarray | None = None, **cols: Any) -> np.ndarray:
     arrays = {k: np.asarray(v) for k, v in cols.items()}
     for s in range(0, n, _BLOCK):
         b = a[s : s + _BLOCK]
+        at = slice(s, s + _BLOCK) if rows is None else rows[s : s + _BLOCK]
         b["version"] = schema.SCHEMA_VERSION
         b["kind"] = schema.Kind.OP
         b["peer"] = -1
         b["device"] = -1
         b["redop"] = 255
         for k, v in arrays.items():
-            b[k] = v[s : s + _BLOCK] if v.ndim else v
+            b[k] = v[at] if v.ndim else v
         if "time_ns" not in cols:
             b["time_ns"] = np.maximum(np.maximum(b["issue_ns"], b["start_ns"]), b["end_ns"])
     return a
@@ -165,30 +167,40 @@ def ops(n: int, out: np.ndarray | None = None, **cols: Any) -> np.ndarray:
 
 @dataclass(frozen=True)
 class OpColumns:
-    """``n`` OP records not written yet: ``cols`` as ``ops`` takes them. ``assemble`` writes them
-    straight into the stream, so no array of the OP records alone is made (an import's largest:
-    128 bytes an op)."""
+    """``n`` OP records not written yet: ``cols`` as ``ops`` takes them, read at ``rows`` when
+    given (record i is row ``rows[i]`` of each array). ``assemble`` writes them straight into the
+    stream, so no array of the OP records alone is made (an import's largest: 128 bytes an op)."""
 
     n: int
     cols: dict[str, Any]
+    rows: np.ndarray | None = None
+
+    def _col(self, k: str) -> np.ndarray:
+        v = np.asarray(self.cols[k])
+        return v if not v.ndim or self.rows is None else v[self.rows]
 
     def time_ns(self) -> np.ndarray:
         """Their ``time_ns``, as ``ops`` will write it."""
         if "time_ns" in self.cols:
-            return np.broadcast_to(np.asarray(self.cols["time_ns"], np.uint64), (self.n,))
+            return np.broadcast_to(self._col("time_ns").astype(np.uint64), (self.n,))
         t = np.zeros(self.n, np.uint64)
         for k in ("issue_ns", "start_ns", "end_ns"):
             if k in self.cols:
-                np.maximum(t, np.asarray(self.cols[k]).astype(np.uint64), out=t)
+                np.maximum(t, self._col(k).astype(np.uint64), out=t)
         return t
 
-    def take(self, rows: np.ndarray) -> OpColumns:
-        cols = {k: (v[rows] if np.ndim(v) else v) for k, v in self.cols.items()}
-        return OpColumns(len(rows), cols)
+    def take(self, order: np.ndarray) -> OpColumns:
+        """The records in ``order``."""
+        if self.rows is not None:
+            return OpColumns(len(order), self.cols, self.rows[order])
+        return OpColumns(len(order), {k: (v[order] if np.ndim(v) else v) for k, v in self.cols.items()})
 
     def write(self, out: np.ndarray, start: int, stop: int) -> None:
         """Records ``start:stop`` into ``out`` (``stop - start`` zeroed OP records)."""
-        ops(stop - start, out, **{k: (v[start:stop] if np.ndim(v) else v) for k, v in self.cols.items()})
+        if self.rows is not None:
+            ops(stop - start, out, self.rows[start:stop], **self.cols)
+        else:
+            ops(stop - start, out, **{k: (v[start:stop] if np.ndim(v) else v) for k, v in self.cols.items()})
 
 
 def heartbeats(n: int, **cols: Any) -> np.ndarray:
