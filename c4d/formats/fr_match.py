@@ -353,26 +353,28 @@ def _slow(
         rows = np.flatnonzero(cidx == ci)
         if len(rows) < m * SLOW_MIN_OPS:
             continue
+        rows = rows[np.argsort(seq[rows])]  # each op's rows together (in any order: see below)
         s = seq[rows]
-        us, cnt = np.unique(s, return_counts=True)
-        full = np.isin(s, us[cnt == m])
-        rows = rows[full]
+        size = np.diff(np.flatnonzero(np.r_[True, s[1:] != s[:-1], True]))
+        rows = rows[np.repeat(size == m, size)]  # the ops every member issued
         nops = len(rows) // m
         if nops < SLOW_MIN_OPS:
             continue
-        rows = rows[np.lexsort((issue[rows], seq[rows]))]
         t = issue[rows].astype(np.int64).reshape(nops, m)
-        who = rank[rows].reshape(nops, m)
-        margin = t[:, -1] - t[:, -2]
-        spread = t[:, -2] - t[:, 0]
+        # the latest issue, the one before it and the earliest: a tie for the latest is no margin,
+        # so which of the tied ranks counts as last never matters
+        top = np.partition(t, m - 2, axis=1)
+        margin = top[:, -1] - top[:, -2]
+        spread = top[:, -2] - t.min(axis=1)
         clear = (margin >= SLOW_MIN_MARGIN_NS) & (margin >= 2 * spread)
-        last = who[:, -1]
+        last = rank[rows].reshape(nops, m)[np.arange(nops), t.argmax(axis=1)][clear]
+        late = margin[clear]
         for r in mem:
-            mine = clear & (last == r)
+            mine = late[last == r] if len(last) else late
             per_rank.setdefault(r, {})[ci] = {
-                "share": float(mine.sum()) / nops,
+                "share": float(len(mine)) / nops,
                 "ops": nops,
-                "median_margin_ms": round(float(np.median(margin[mine])) / 1e6, 3) if mine.any() else 0.0,
+                "median_margin_ms": round(float(np.median(mine)) / 1e6, 3) if len(mine) else 0.0,
             }
     out = []
     for r, by in sorted(per_rank.items()):
