@@ -52,7 +52,7 @@ import numpy as np
 
 from c4d import names, schema
 from c4d.columns import Columns
-from c4d.engine.state import Comm
+from c4d.engine.comm import Comm
 from c4d.ratelog import RateLimitedLog
 from c4d.schema import Kind, Op, OpFlag
 

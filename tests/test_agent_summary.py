@@ -349,8 +349,8 @@ def test_sieved_peer_rows_give_the_engine_the_same_pace_setters(seed):
     longest) is the same from every node's sieved rows as from all of them, with wire times
     or without, with ties; only the links seen need the whole ops (every 4th)."""
     from c4d.agent.peers import PeerSieve
+    from c4d.engine.comm import Comm
     from c4d.engine.peer import pace_setters
-    from c4d.engine.state import Comm
 
     rng = np.random.default_rng(seed)
     n, ops, cid = 8, 40, 0x5EED

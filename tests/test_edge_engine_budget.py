@@ -10,8 +10,8 @@ import pytest
 
 from c4d import schema
 from c4d.engine import Engine, EngineConfig
+from c4d.engine.comm import Comm
 from c4d.engine.pool import RING_CELL_BYTES
-from c4d.engine.state import Comm
 from c4d.ingest import Ingest
 from c4d.schema import Kind
 from c4d.validate import Edge

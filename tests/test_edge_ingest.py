@@ -389,7 +389,7 @@ def _flood_comms(ing: Ingest, t: int, n: int, first: int = 0x5000_0000, members:
 def test_the_table_bytes_charged_cover_what_the_master_holds():
     """Comm.table_bytes (what C4D_MAX_COMM_BYTES charges) is at least what the edge, the engine and
     the master's bookkeeping hold for a new communicator, and not far above it."""
-    from c4d.engine.state import Comm
+    from c4d.engine.comm import Comm
     from c4d.received import Received
 
     for members, n in ((1, 4000), (8, 1000), (64, 200)):
@@ -412,7 +412,7 @@ def test_new_communicators_past_the_byte_budget_are_refused_and_counted():
     """A sender whose REGISTER claims the largest world may make communicators until their tables
     reach C4D_MAX_COMM_BYTES (the member cap alone let 124,000 of them take 810 MiB); beyond it
     they are refused as `communicator bytes`, and once the flood is silent the job's own get in."""
-    from c4d.engine.state import Comm
+    from c4d.engine.comm import Comm
 
     t = H.now_ns()
     budget = 200 * Comm.table_bytes(1)

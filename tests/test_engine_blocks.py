@@ -8,9 +8,9 @@ from __future__ import annotations
 import numpy as np
 
 from c4d.engine import pool as pool_module
+from c4d.engine.comm import RECENT_OPS, Comm
 from c4d.engine.pool import Pool
 from c4d.engine.rows import COMPLETED, NO_ROWS, cat
-from c4d.engine.state import RECENT_OPS, Comm
 
 
 def _rows(seqs, la0: int) -> np.ndarray:

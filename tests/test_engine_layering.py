@@ -149,3 +149,26 @@ def test_no_import_circles_and_no_import_inside_a_function_that_would_close_one(
     full = {m: top[m] | inner[m] for m in top}
     circles = sorted((a, b) for a in full for b in full[a] if _reaches(full, b, a))
     assert circles == []
+
+
+# The engine's memory, lowest first: each module imports only those before it (the pool and the
+# reduction reach a communicator through the protocols they name, Pooled and Reducible).
+ENGINE_MEMORY = (
+    "c4d.engine.rows",
+    "c4d.engine.ranks",
+    "c4d.engine.compute",
+    "c4d.engine.pool",
+    "c4d.engine.reduce",
+    "c4d.engine.comm",
+    "c4d.engine.p2p_pairs",
+)
+
+
+def test_the_engine_memory_modules_import_only_the_ones_below_them():
+    top, inner = _import_graph()
+    bad = {
+        m: sorted(x for x in top[m] | inner[m] if x.startswith("c4d.engine.") and x not in ENGINE_MEMORY[:i])
+        for i, m in enumerate(ENGINE_MEMORY)
+    }
+    assert {m: b for m, b in bad.items() if b} == {}
+    assert "c4d.engine.state" not in top  # split by concern into the modules above

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from factories import Job, run
 
+from c4d.engine.comm import RECENT_OPS
 from c4d.engine.pool import RATE_WINDOW_NS
-from c4d.engine.state import RECENT_OPS
 
 
 @pytest.mark.slow

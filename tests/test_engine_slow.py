@@ -12,7 +12,7 @@ import pytest
 from factories import T0, Fault, Job, build_cached, run_cached
 
 from c4d.engine import DiagKind, How, Level, Target
-from c4d.engine.state import Comm
+from c4d.engine.comm import Comm
 
 PERIOD_S = 1
 
@@ -288,9 +288,9 @@ def test_p2p_transfer_is_measured_only_where_the_lone_side_provably_arrived_last
     """Pipeline stages as simtrain runs them: stage 0 sends activations and receives gradients
     in one group (shared events), stage 1 receives and sends alone. Stage 1's clock is off by
     ``skew_us``, which no estimate knows: causality bounds decide who arrived last."""
+    from c4d.engine.p2p_pairs import P2PPairs
     from c4d.engine.ranks import RankTable
     from c4d.engine.rows import OpCols
-    from c4d.engine.state import P2PPairs
     from c4d.schema import Op
 
     ranks = RankTable()
@@ -614,7 +614,7 @@ def test_p2p_link_bounds_fold_sorted_keys_as_any_order():
     """P2PPairs._note folds a chunk's causality values into the per-link minima by runs when the
     keys come sorted (as feed passes them): the same bounds as the order-free path (a shuffled
     copy of the same chunks), over epochs that roll and links that appear on the way."""
-    from c4d.engine.state import P2PPairs
+    from c4d.engine.p2p_pairs import P2PPairs
 
     rng = np.random.default_rng(4)
     runs, any_order = P2PPairs(), P2PPairs()

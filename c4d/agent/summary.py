@@ -38,11 +38,11 @@ import numpy as np
 from c4d import schema
 from c4d.agent.heartbeats import HeartbeatMerge, PeerMerge
 from c4d.agent.peers import PeerSieve
+from c4d.engine.comm import Comm
 from c4d.engine.compute import compute_gaps
 from c4d.engine.consistency import signature
 from c4d.engine.ranks import RankTable
 from c4d.engine.rows import GONE_EVENTS, MAX_NRANKS, MAX_RANK
-from c4d.engine.state import Comm
 from c4d.schema import Kind, OpFlag
 
 _P2P = int(OpFlag.P2P)
@@ -325,8 +325,7 @@ class Summariser:
             if (part["comm_nranks"] != c.n).any():  # the master refuses a changed size
                 continue
             done = c.add_collectives(part, pc, self.ranks, 0.0)  # gain 0: no clock refinement here
-            gaps = c.pending_gaps
-            c.pending, c.pending_gaps = [], []
+            _rows, gaps = c.take_all()
             if not len(done):
                 continue
             G = np.concatenate(gaps)

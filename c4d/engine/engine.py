@@ -21,9 +21,11 @@ import numpy as np
 from c4d import schema
 from c4d.columns import Columns
 from c4d.engine import clock, hang
+from c4d.engine.comm import Comm
 from c4d.engine.compute import compute_before, compute_gaps
 from c4d.engine.config import EngineConfig, ResolvedThresholds
 from c4d.engine.consistency import Consistency, Mismatch
+from c4d.engine.p2p_pairs import P2PPairs
 from c4d.engine.pool import MAX_COMMS_EVER, RATE_WINDOW_NS, P2PDone, Pool, budget_from_env
 from c4d.engine.ranks import RankTable
 from c4d.engine.reduce import Complete, reduce_comms
@@ -41,7 +43,6 @@ from c4d.engine.rows import (
 )
 from c4d.engine.slow import SlowFinding, SlowJudge
 from c4d.engine.stage import Stages
-from c4d.engine.state import Comm, P2PPairs
 from c4d.engine.summaries import Summaries
 from c4d.engine.types import CommSnapshot, DiagKind, Diagnosis, EngineSnapshot, Level, Localization, RankState
 from c4d.ratelog import RateLimitedLog

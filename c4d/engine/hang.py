@@ -37,12 +37,12 @@ import numpy as np
 
 from c4d.engine import blame
 from c4d.engine.calibration import localize
+from c4d.engine.comm import Comm
 from c4d.engine.config import EngineConfig, ResolvedThresholds
 from c4d.engine.peer import global_links, hang_links
 from c4d.engine.pool import Pool
 from c4d.engine.ranks import RankTable
 from c4d.engine.rows import P2P
-from c4d.engine.state import Comm
 from c4d.engine.types import CycleMember, DiagKind, How, Localization, OpRef, Target
 from c4d.schema import Op, OpFlag, op_name
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from c4d.engine.state import Comm
+from c4d.engine.comm import Comm
 
 SEND_WAIT, RECV_WAIT = 9, 10
 

@@ -30,6 +30,7 @@ import numpy as np
 
 from c4d.engine import blame
 from c4d.engine.calibration import localize
+from c4d.engine.comm import Comm
 from c4d.engine.config import EngineConfig, ResolvedThresholds
 from c4d.engine.expected import link_class
 from c4d.engine.own_pace import OwnPace
@@ -37,7 +38,6 @@ from c4d.engine.peer import pace_setters
 from c4d.engine.pool import Pool
 from c4d.engine.ranks import RankTable
 from c4d.engine.rows import COMPLETED, cat, row_nanmedian, take
-from c4d.engine.state import Comm
 from c4d.engine.types import DiagKind, How, Localization, Target
 from c4d.schema import Op
 
