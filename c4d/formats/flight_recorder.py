@@ -879,10 +879,13 @@ def convert(
     # the default group spans every rank of the job: where pg_config does not list it (gloo), ranks
     # up to the highest any dump or pg_config names, so a rank that left no dump is still a member
     top = max([*dump_ranks, *(max(mem) for cfg in m.pg_config.values() for mem in cfg.values() if mem)])
+    spans: dict[str, list[int]] = {}  # per default group without a pg_config entry: its members
     for r, n in pairs:
         cfg = m.pg_config.get(r, {}).get(n)
         if cfg is None and m.pg_desc.get(n) == "default_pg":
-            cfg = sorted(set(inferred[n]) | set(range(top + 1)))
+            if n not in spans:
+                spans[n] = sorted(set(inferred[n]) | set(range(top + 1)))
+            cfg = spans[n]
         member_sets[(r, n)] = cfg or sorted(inferred[n])
     for r in dump_ranks:  # groups a rank belongs to by its own pg_config, used or not
         for n, members in m.pg_config.get(r, {}).items():
@@ -890,14 +893,23 @@ def convert(
                 member_sets.setdefault((r, n), members)
     comm_of: dict[tuple[int, str], tuple[int, int, int]] = {}
     comm_info: dict[str, dict[str, Any]] = {}
+    # each group once, however many of its members' dumps name it: (name, members) -> (comm id,
+    # each member's position)
+    groups: dict[tuple[str, tuple[int, ...]], tuple[int, dict[int, int]]] = {}
     for (r, n), members in member_sets.items():
-        cid = tr.comm_id(f"fr:{n}:{members}")
-        crank = members.index(r) if r in members else -1
+        g = groups.get(gk := (n, tuple(members)))
+        if g is None:
+            at: dict[int, int] = {}
+            for i, x in enumerate(members):
+                at.setdefault(x, i)
+            g = groups[gk] = (tr.comm_id(f"fr:{n}:{members}"), at)
+        cid, at = g
+        crank = at.get(r, -1)
         if crank < 0:
             warns.append(f"rank {r} uses process group {n!r} but is not among its ranks {_short(members)}")
         comm_of[(r, n)] = (cid, crank, len(members))
         comm_info[f"{cid:016x}"] = {"name": n, "desc": m.pg_desc.get(n, ""), "ranks": members}
-    listed = sorted({x for mem in member_sets.values() for x in mem})
+    listed = sorted({x for _, mem in groups for x in mem})
     no_dump = sorted(set(listed) - set(dump_ranks))
     if no_dump:
         warns.append(
@@ -906,7 +918,8 @@ def convert(
         )
     world = max([*listed, *dump_ranks]) + 1 if (listed or dump_ranks) else 0
     # every (rank, communicator): first the ones with entries (index = ``pi``), then pg_config-only ones
-    keys = pairs + [k for k in comm_of if k not in set(pairs)]
+    have = set(pairs)
+    keys = pairs + [k for k in comm_of if k not in have]
     k_rank = np.array([r for r, _ in keys], dtype=np.int64)
     k_id = np.array([comm_of[k][0] for k in keys], dtype=np.uint64)
     k_crank = np.array([comm_of[k][1] for k in keys], dtype=np.int32)
