@@ -121,7 +121,7 @@ class Ingest:
 
     def _engine_drops(self) -> None:
         """Records the engine's byte budgets refused after the edge admitted them (op rings, PEER
-        rows, p2p counters, rows kept for the slow judge: c4d/engine/state.py, Pool) counted with
+        rows, p2p counters, rows kept for the slow judge: c4d/engine/pool.py, Pool) counted with
         the edge's refusals, by reason (c4d_records_rejected). An engine in a process of its own
         hands them over with each tick's answer (EngineProcess.drops)."""
         drops = getattr(self.engine, "drops", None)

@@ -1,7 +1,7 @@
 """nccl-tests' bandwidth formulas (docs/design.md), vectorised: ``algbw = S / t`` with S the
 operation's total data size, ``busbw = algbw × factor(op, n)``.
 
-The wait / transfer split itself is the engine's (c4d/engine/state.py ``Comm._reduce``, handed
+The wait / transfer split itself is the engine's (c4d/engine/reduce.py ``reduce_group``, handed
 out as OP_SPLIT rows): the metrics, the report and ``ops_split`` all read it from there.
 """
 

@@ -1,4 +1,4 @@
-"""The batched collective path (state.reduce_comms: every communicator's complete ops of a chunk
+"""The batched collective path (reduce.reduce_comms: every communicator's complete ops of a chunk
 in a few vectorized passes) gives exactly what reducing one communicator at a time gives
 (Comm.add_collectives, Comm.add_heartbeats: kept reachable through engine.BATCHED for this
 comparison): the same COMPLETED rows, OP_SPLIT rows, clock offsets, communicator state and
@@ -30,7 +30,7 @@ CUT = Job(
     tp=2, pp=2, dp=4, ranks_per_node=4, steps=40, skew_ms=50.0, tick_ms=20.0,
     faults=[Fault("comm-slow", rank=5, step=15, factor=3)],
 )  # fmt: skip
-# data-parallel groups of 18 members on 18 nodes, two through each node (state.reduce_comms
+# data-parallel groups of 18 members on 18 nodes, two through each node (reduce.reduce_comms
 # orders groups this wide with numpy, the few-domain ones one by one)
 WIDE = Job(
     tp=2, pp=1, dp=18, ranks_per_node=2, steps=30, skew_ms=50.0,
@@ -199,7 +199,7 @@ def test_communicators_on_one_host_clock_share_a_wave(monkeypatch):
 
 
 def test_packed_lexsort_orders_as_numpy_lexsort():
-    """state.lexsort packs integer keys into one int64 for a stable argsort: the same order as
+    """rows.lexsort packs integer keys into one int64 for a stable argsort: the same order as
     np.lexsort for any dtype and range, np.lexsort itself where the ranges do not fit."""
     from c4d.engine.rows import lexsort
 

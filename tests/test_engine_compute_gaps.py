@@ -1,4 +1,4 @@
-"""state.compute_gaps, vectorised over ranks, gives what the per-rank loop it replaced gave
+"""compute.compute_gaps, vectorised over ranks, gives what the per-rank loop it replaced gave
 (kept here as the reference), chunk after chunk, on random streams: unknown starts and ends,
 one-rank communicators, ranks whose previous end is long ago. And the running compute sum
 counts the time between two synchronizing ops once, whatever one-rank ops lie between."""

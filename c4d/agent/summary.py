@@ -13,7 +13,7 @@
   is in, so the ones that came before the disagreement go too), and the master names it.
 * Every other OP record (p2p, communicators that span nodes) is forwarded with the rank's
   compute so far in ``compute_ns`` (``OpFlag.COMPUTE_GIVEN``): the master cannot sum a
-  rank's compute gaps over ops it never sees, the agent can (``state.compute_gaps``, the
+  rank's compute gaps over ops it never sees, the agent can (``compute.compute_gaps``, the
   master's computation on the same stream).
 * HEARTBEAT records of ranks that stand still are forwarded, most of a progressing rank's
   are not (c4d/agent/heartbeats.py).

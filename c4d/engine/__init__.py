@@ -6,7 +6,10 @@
     new = eng.tick(now_ns)        # diagnoses that are new at master time now_ns
     snap = eng.state()            # for the live view
 
-Modules: ``state`` (numpy arrays per rank / communicator), ``clock`` (offsets), ``hang``
+Modules: the engine's memory, numpy arrays filled chunk by chunk (lowest first: ``rows``
+record rows and row helpers, ``ranks`` per rank, ``compute`` compute gaps, ``pool`` every
+communicator's arrays and the byte budgets, ``reduce`` complete ops to rows, ``comm`` per
+communicator, ``p2p_pairs`` sends paired with receives); ``clock`` (offsets), ``hang``
 (wait-for graph: hangs, mismatches and lost ranks), ``slow`` (check windows), ``blame``
 (rank or link behind a slow unit), ``peer`` (link localization from PEER progress),
 ``calibration`` (confidence measured on the randomized benchmark), ``types`` (Diagnosis,

@@ -9,13 +9,13 @@
    share the host's clock, so they share the node's best bound (many more samples, and no
    spurious offsets between ranks of one host). It needs no assumption about the job and
    works in an offline replay, where the trace's TICK records give the same ``now``.
-2. *End-time consensus* (``rel``, in ``state.reduce_group``). All-reduce, all-gather,
+2. *End-time consensus* (``rel``, in ``reduce.reduce_group``). All-reduce, all-gather,
    reduce-scatter and all-to-all finish at (nearly) the same instant on every member, so
    after layer 1 each member's median residual ``end_r - median_end`` over the ops
    completed in a batch is its remaining error; ``clock_gain`` of it is applied per batch,
    averaged per node and centred per communicator so the common clock does not drift.
    Communicator after communicator, in comm-id order: a later one reads the offsets the
-   earlier ones refined (``state.reduce_comms`` batches them in waves that keep this order).
+   earlier ones refined (``reduce.reduce_comms`` batches them in waves that keep this order).
 
 Offset = ``rel`` + the anchor of its island. A clock domain (a node, or a rank whose node
 is unknown) follows its receipt bound until the consensus refines it; from then on only

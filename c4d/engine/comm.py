@@ -8,8 +8,9 @@ transfers (``P2P_DONE`` rows, c4d/engine/p2p_pairs.py) until the slow judge take
 
 Nothing here keeps one Python object per record. A ``Comm`` of the engine holds views of its
 ranges of the ``Pool`` (c4d/engine/pool.py); one made without a pool (a node agent's) owns
-its arrays. Apart from the pool because it is one communicator's view and bookkeeping; every
-other module reads or hands it rows through its methods.
+its arrays. Apart from the pool because it is one communicator's view and bookkeeping: the
+pool, the reduction, the p2p pairing and the node agent hand it rows or take them through its
+methods, never its private fields.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ compares them as they arrive, at no cost to the job:
 * **Point to point.** A send and its receive (the k-th send from a to b on a communicator
   and b's k-th receive from a: p2p seqs count per communicator, direction and peer) must
   pass the same count and dtype (NCCL's ncclSend/ncclRecv contract). Their OP records are
-  paired where the engine pairs them already (state.P2PPairs, records with an end time: the
+  paired where the engine pairs them already (p2p_pairs.P2PPairs, records with an end time: the
   others are not compared), which hands over the pairs that differ (``p2p_disagree``), and
   the pending ops of the heartbeats of two members that wait in a send and its receive are
   paired here. A pair that disagrees is a verdict with both
@@ -383,7 +383,7 @@ class Consistency:
 
     # -- point to point ------------------------------------------------------------------
     def p2p_disagree(self, S: np.ndarray, R: np.ndarray, now: int) -> None:
-        """Sends (``S``) and their receives (``R``), paired by state.P2PPairs (P2P_HALF rows:
+        """Sends (``S``) and their receives (``R``), paired by p2p_pairs.P2PPairs (P2P_HALF rows:
         ``sig`` = count << 8 | dtype), whose count or dtype differ: a verdict each, once."""
         nored = NO_REDOP << 16
         for comm, src, dst, seq, gs, gr, ss, sr in zip(
@@ -402,7 +402,7 @@ class Consistency:
 
     # -- heartbeats ----------------------------------------------------------------------
     def check_pending(self, c: Any, now: int) -> None:
-        """Communicator ``c`` (state.Comm) has a member waiting: do its members' heartbeats name
+        """Communicator ``c`` (comm.Comm) has a member waiting: do its members' heartbeats name
         the same pending collective and disagree on it, or a send and its receive that
         disagree on count or dtype?"""
         v = getattr(c, "version", None)  # bumped by every heartbeat and membership change

@@ -63,7 +63,7 @@ HB_FIELDS = (  # (Pool member array, HEARTBEAT field) copied as they are (Comm.a
     ("pend_count", "pend_count"), ("pend_dtype", "pend_dtype"), ("pend_redop", "pend_redop"),
 )  # fmt: skip
 # A chunk's OP and HEARTBEAT rows of all communicators ingested together (Engine._collectives,
-# state.reduce_comms, Engine._heartbeats); False: one communicator at a time
+# reduce.reduce_comms, Engine._heartbeats); False: one communicator at a time
 # (Comm.add_collectives, Comm.add_heartbeats), the reference tests/test_engine_batched.py compares with
 BATCHED = True
 
@@ -885,7 +885,7 @@ class Engine:
         return out
 
     def _gaps(self, ops: np.ndarray, cols: OpCols) -> tuple[np.ndarray, np.ndarray]:
-        """Per op: its compute gap and the rank's compute so far (state.compute_gaps). An agent's
+        """Per op: its compute gap and the rank's compute so far (compute.compute_gaps). An agent's
         forwarded OP records carry the compute so far (the agent saw the rank's summarised ops,
         the master did not): those are taken as given."""
         R = self.ranks

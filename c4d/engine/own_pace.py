@@ -5,7 +5,7 @@ whose compute before the op is longer makes the others wait (slow.py). A rank in
 collective of two or more ranks (every stage of a pipeline-only job: tp = dp = 1) has no one
 to be compared with; its p2p transfers are timed from the later arrival, so a slow compute
 does not slow them either. Such a rank is compared with itself: its mean compute per
-synchronizing op (the running compute sum of state.compute_gaps, so its gaps between p2p ops)
+synchronizing op (the running compute sum of compute.compute_gaps, so its gaps between p2p ops)
 in a check window, against the median of its own earlier windows that were not slow.
 
 A whole host that slows (CPU load) slows every rank's compute: with three ranks or more
@@ -71,7 +71,7 @@ class OwnPace:
         agent's forwarded op carries its rank's running sum instead (``given``): its compute is
         the increase since the rank's previous forwarded op. Ranks whose clock is not aligned
         yet are left out (their windows would be off by their clock's offset). ``cols``: the
-        chunk's OP rows' columns (state.OpCols)."""
+        chunk's OP rows' columns (rows.OpCols)."""
         sync = cols.nranks >= 2
         if not sync.any() or period_ns <= 0:
             return
@@ -122,7 +122,7 @@ class OwnPace:
 
     def _increments(self, rank: np.ndarray, cum: np.ndarray) -> np.ndarray:
         """Each forwarded op's compute: its rank's running sum minus at its previous one
-        (state.compute_before, in the order of the sums), -1 at a rank's first or where the sum
+        (compute.compute_before, in the order of the sums), -1 at a rank's first or where the sum
         went back (a stream that switched sources)."""
         g = rank.astype(np.int64)
         c = cum.astype(np.int64)

@@ -8,9 +8,10 @@ communicator's p2p completion counters (``P2PDone``), OP rows ingested (``RateLo
 agents' summaries not handed out yet (``SummaryBlock``), and the byte budgets of what a sender
 can make the engine hold (``budget_from_env``, ``Pool.room``, ``Pool.keep``).
 
-Apart from c4d/engine/comm.py because it holds every communicator at once and reaches one
-only through the methods ``Pooled`` names; a ``Comm`` made without a pool (a node agent's)
-never touches it.
+Apart from c4d/engine/comm.py because it holds every communicator at once: it points a
+communicator's arrays at its ranges (by the names in ``Pool.MEMBER`` and ``Pool.SLOT``) and
+otherwise reaches it only through what ``Pooled`` names. A ``Comm`` made without a pool (a
+node agent's) never touches it.
 """
 
 from __future__ import annotations
@@ -219,8 +220,9 @@ class Pooled(Protocol):
     p2p_pending_min_la: int
     peer_rows: list[np.ndarray]
 
-    def add_summaries(self, rows: list[np.ndarray], gaps: list[np.ndarray], la_min: int,
-                      join: bool = False) -> None: ...  # fmt: skip
+    def add_summaries(
+        self, rows: list[np.ndarray], gaps: list[np.ndarray], la_min: int, join: bool = False
+    ) -> None: ...
 
     def leave_pool(self) -> None: ...
 
