@@ -42,7 +42,6 @@ TICK_ROUNDS = 100  # the master ticks every 0.2 s
 
 
 def run(ranks: int, seconds: float, window_s: int, counts: list[int]) -> dict:
-    logging.getLogger("c4d").setLevel(logging.ERROR)
     shape = Shape(dp=max(1, ranks // 32), window_s=window_s)
     t0 = time.time_ns()
     load = Load(shape, t0, agents=True)
@@ -126,6 +125,7 @@ def main() -> int:
     ap.add_argument("--json", action="store_true", help="the figures as one JSON object on the last line")
     args = ap.parse_args()
     counts = sorted(set(args.shards) | {1})
+    logging.getLogger("c4d").setLevel(logging.ERROR)  # the synthetic job's verdicts are not the point
     r = run(args.ranks, args.seconds, args.window_s, counts)
     load = os.getloadavg()
     for n, row in r["shards"].items():

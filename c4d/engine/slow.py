@@ -1,6 +1,6 @@
 """Slow kinds, judged per check window (C4D_CONN_BW_CHECK_PERIOD) from complete collectives.
 
-Each complete op (C, k) was reduced (state.Comm._reduce) to: last arrival L (aligned),
+Each complete op (C, k) was reduced (reduce.reduce_comms) to: last arrival L (aligned),
 margin = L - next-to-last arrival, the last arriver's compute gap before the op and the
 others' median gap, transfer = median end - L, and busbw. Window w holds the ops whose L
 falls in [w·P, (w+1)·P) (master clock); it is judged ``slow_grace_ms`` after it closed.
