@@ -44,6 +44,7 @@ from rich.console import Console
 from rich.table import Table
 
 from c4d import scenarios
+from c4d.engine import calibration_table
 from c4d.engine.calibration import confidence, wilson_lower
 from c4d.engine.types import DiagKind, Diagnosis, How, Level, Localization, Target
 from c4d.incidents import Incidents
@@ -368,14 +369,22 @@ def _pct(x: float) -> str:
     return "-" if x != x else f"{x:.0%}"
 
 
-def learn(results_or_rows: list[dict], path: Path = TABLE_PATH) -> dict[str, tuple[int, int]]:
-    """Per basis: (diagnoses, exactly right), from dumped job results; write the table module."""
-    counts: dict[str, list[int]] = {}
+def learn(
+    results_or_rows: list[dict], path: Path = TABLE_PATH, keep: dict[str, tuple[int, int]] | None = None
+) -> dict[str, tuple[int, int]]:
+    """Per basis: (diagnoses, exactly right), from dumped job results; write the table module.
+    A basis these jobs never produced keeps its counts from ``keep`` (the table before): a rare
+    one would otherwise fall back to the uncalibrated cap, however often it was wrong."""
+    counts: dict[str, list[int]] = {k: list(v) for k, v in (keep or {}).items()}
+    fresh: set[str] = set()
     for job in results_or_rows:
         for d in job["diagnoses"]:
             if not d.get("basis"):
                 continue
-            c = counts.setdefault(d["basis"], [0, 0])
+            if d["basis"] not in fresh:
+                fresh.add(d["basis"])
+                counts[d["basis"]] = [0, 0]
+            c = counts[d["basis"]]
             c[0] += 1
             c[1] += int(_right(d))
     table = {k: (v[0], v[1]) for k, v in sorted(counts.items())}
@@ -419,7 +428,7 @@ def main() -> int:
         return 0
     if args.learn_from:
         rows = [json.loads(ln) for f in args.learn_from for ln in f.read_text().splitlines() if ln.strip()]
-        table = learn(rows)
+        table = learn(rows, keep=calibration_table.TABLE)
         con.print(f"wrote {len(table)} bases to {TABLE_PATH}")
         return 0
     t0 = time.time()
@@ -440,7 +449,7 @@ def main() -> int:
     con.print(f"thresholds: T = {T_S:g} s, C4D_HANG_TIMES = {TIMES}, check period {PERIOD_S:g} s; latency "
               "columns: median / max seconds from the fault's onset")  # fmt: skip
     if args.learn:
-        table = learn([_dump(r) for r in results])
+        table = learn([_dump(r) for r in results], keep=calibration_table.TABLE)
         con.print(f"wrote {len(table)} bases to {TABLE_PATH}")
     differ = 0
     if agents is not None:

@@ -43,6 +43,14 @@ def test_learned_table_is_a_module_that_counts_exact_diagnoses_per_basis(tmp_pat
     assert ns["TABLE"] == table
 
 
+def test_a_basis_the_jobs_never_produced_keeps_its_counts_and_one_they_did_is_measured_anew(tmp_path):
+    ev = _evaluate()
+    rare = "RankCommSlow:peer-progress/link/equivalent"
+    before = {"RankCommHang:none/suspects": (50, 1), rare: (18, 0)}
+    table = ev.learn([_job("RankCommHang:none/suspects", [False] * 4, 0.5)], tmp_path / "t.py", keep=before)
+    assert table == {"RankCommHang:none/suspects": (4, 0), rare: (18, 0)}
+
+
 def test_rescore_takes_confidences_from_the_current_table(monkeypatch):
     ev = _evaluate()
     monkeypatch.setattr(calibration, "TABLE", {"A:x/rank": (20, 2)})
