@@ -75,8 +75,14 @@ class Expect:
 
     def on_its_node(self, d: dict, rpn: int) -> bool:
         """It names the node the culprit (a rank, or a link inside one node) is on: exact where
-        nothing visible tells the ranks of that node apart."""
-        if not self.matches(d) or (d.get("localization") or {}).get("target") != "node":
+        nothing visible tells the ranks of that node apart. A node's fault named by some of its
+        ranks (the others wait behind them, e.g. in a pipeline) is on its node too."""
+        if not self.matches(d):
+            return False
+        target = (d.get("localization") or {}).get("target")
+        if self.fault.node is not None:
+            return target in ("rank", "node") and set(d["ranks"]) <= self.ranks
+        if target != "node":
             return False
         nodes = {r // rpn for r in self.ranks}
         return len(nodes) == 1 and {r // rpn for r in d["ranks"]} == nodes

@@ -68,3 +68,16 @@ def test_a_node_verdict_on_its_faults_node_counts_as_right(tmp_path):
     node = {"basis": "RankCommHang:exclusion/node/equivalent", "fault": 0, "exact": False, "confidence": 0.5}
     rows = [{"diagnoses": [{**node, "on_node": True}] * 3 + [{**node, "on_node": False}]}]
     assert ev.learn(rows, tmp_path / "t.py") == {"RankCommHang:exclusion/node/equivalent": (4, 3)}
+
+
+def test_a_node_fault_named_by_some_of_its_ranks_is_on_its_node_and_not_beyond_it():
+    from c4d.scenarios import Scenario
+
+    sc = Scenario(ranks=8, ranks_per_node=4, tp=1, pp=4, fault="noncomm-hang@node=node-0,step=33")
+    e = sc.expect(sc.fault)
+    said = {"kind": "RankNonCommHang", "localization": {"target": "rank"}}
+    assert e.on_its_node({**said, "ranks": [0, 1]}, 4)  # the first stage: the others wait behind it
+    assert not e.exact({**said, "ranks": [0, 1]})
+    assert not e.on_its_node({**said, "ranks": [1, 4]}, 4)  # a rank of another node with it
+    link = sc.expect("comm-hang@link=1-2,step=3")  # a fault on one rank or link: the node rule only
+    assert not link.on_its_node({"kind": "RankCommHang", "ranks": [1], "localization": {"target": "rank"}}, 4)
