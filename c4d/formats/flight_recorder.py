@@ -43,7 +43,7 @@ import pickle
 import re
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import chain
@@ -749,8 +749,9 @@ def _load_all(
         # the native reader takes a few ms a dump: a pool's start and the columns sent back cost more
         worth = (1 << 30) if fr_native.enabled() else (16 << 20)
         workers = min(8, cores) if len(items) >= 8 and total >= worth else 1
-    if workers > 1:
+    if workers > 1:  # (a process pool only here: without the native reader, or past 1 GiB of dumps)
         import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor
 
         try:
             ctx = mp.get_context("fork")
