@@ -17,14 +17,24 @@ tenth of them are new, which at a large job's record rate is a full pass every s
 The master's arrays are not containers and its objects form few
 cycles (they are freed when their count drops), so a young pass every 50,000 and
 the older generations 20 times rarer cost nothing of note and hold little garbage longer.
+
+numpy asks the kernel for huge pages for each array of 4 MiB or more (madvise). Where the kernel
+makes a huge page at first touch by compacting memory (transparent huge pages' ``defrag`` set to
+``madvise``, the usual default) and memory is fragmented (a large process has just exited), that
+first touch stalls. A process that reuses its arrays (the master) pays it once; an import writes
+most of its arrays once, so ``without_huge_pages`` makes its arrays with small pages.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import gc
 import logging
+from collections.abc import Callable, Iterator
+
+import numpy as np
 
 log = logging.getLogger("c4d.heap")
 
@@ -60,3 +70,24 @@ def collect_rarely() -> None:
     """Python's cyclic collector at GC_THRESHOLDS for this process (never lower than its own)."""
     now = gc.get_threshold()
     gc.set_threshold(*(max(a, b) for a, b in zip(now, GC_THRESHOLDS, strict=True)))
+
+
+def _madvise_switch() -> Callable[[bool], bool] | None:
+    """numpy's switch for asking huge pages (it answers the previous setting); None where absent."""
+    core = getattr(np, "_core", None) or getattr(np, "core", None)  # numpy 2 / numpy 1
+    return getattr(getattr(core, "multiarray", None), "_set_madvise_hugepage", None)
+
+
+@contextlib.contextmanager
+def without_huge_pages() -> Iterator[None]:
+    """numpy makes its arrays with small pages while the block runs (see the module docstring);
+    numpy's setting is restored after it."""
+    switch = _madvise_switch()
+    if switch is None:
+        yield
+        return
+    was = switch(False)
+    try:
+        yield
+    finally:
+        switch(was)

@@ -82,3 +82,41 @@ def test_the_master_collects_rarely():
         assert all(a >= b for a, b in zip(gc.get_threshold(), heap.GC_THRESHOLDS, strict=True))
     finally:
         m.close()
+
+
+def test_an_import_asks_numpy_for_small_pages_and_gives_its_setting_back(monkeypatch):
+    """c4d.heap.without_huge_pages around the Flight Recorder import: numpy's huge-page advice is
+    off while the dumps are read and converted, and numpy's own setting is back after it, also
+    when the block raises."""
+    from pathlib import Path
+
+    from c4d import heap
+    from c4d.formats import flight_recorder as fr
+
+    switch = heap._madvise_switch()
+    if switch is None:
+        pytest.skip("this numpy has no huge-page switch")
+
+    def setting() -> bool:
+        was = switch(False)
+        switch(was)
+        return was
+
+    seen = []
+    convert = fr.convert
+
+    def spy(*a, **kw):
+        seen.append(setting())
+        return convert(*a, **kw)
+
+    monkeypatch.setattr(fr, "convert", spy)
+    before = switch(True)
+    try:
+        fr.read(Path(__file__).parent / "data" / "fr_gloo" / "lost-pending")
+        assert seen == [False] and setting() is True
+        with pytest.raises(RuntimeError), heap.without_huge_pages():
+            assert setting() is False
+            raise RuntimeError("inside")
+        assert setting() is True
+    finally:
+        switch(before)

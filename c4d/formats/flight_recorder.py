@@ -1314,22 +1314,23 @@ def read(
     else:
         m = _RANK_RE.match(p.name) or _JSON_RANK_RE.match(p.name)
         files, warns = {int(m.group(2)) if m else 0: p}, []
-    loaded: list[tuple[int, dict[str, Any]]] = []
-    for rank, res in _load_all(files, workers, budget):
-        if isinstance(res, str):
-            warns.append(res)
-        else:
-            loaded.append((rank, res))
-    if not loaded:
-        raise FormatError(f"{p}: no readable Flight Recorder dump" + (f" ({warns[0]})" if warns else ""))
-    budget.check_time(str(p))
-    rt = convert(
-        loaded,
-        opts,
-        job=p.resolve().name if p.is_dir() else p.resolve().parent.name,
-        path=str(p),
-        warnings=warns,
-    )
+    with heap.without_huge_pages():  # the import writes its arrays once (c4d/heap.py)
+        loaded: list[tuple[int, dict[str, Any]]] = []
+        for rank, res in _load_all(files, workers, budget):
+            if isinstance(res, str):
+                warns.append(res)
+            else:
+                loaded.append((rank, res))
+        if not loaded:
+            raise FormatError(f"{p}: no readable Flight Recorder dump" + (f" ({warns[0]})" if warns else ""))
+        budget.check_time(str(p))
+        rt = convert(
+            loaded,
+            opts,
+            job=p.resolve().name if p.is_dir() else p.resolve().parent.name,
+            path=str(p),
+            warnings=warns,
+        )
     if on_warning:
         for w in warns:
             on_warning(w)
