@@ -31,7 +31,7 @@ from c4d import heap, schema
 from c4d.engine import Diagnosis, make_engine
 from c4d.engine.rows import OP_SPLIT
 from c4d.ingest import Ingest
-from c4d.trace import RawTrace, Trace, from_raw, read_raw
+from c4d.trace import RawTrace, Trace, from_raw, raw_trace, read_raw
 from c4d.validate import Edge, Limits
 
 if TYPE_CHECKING:  # pandas is slow to import: the replay itself never needs it
@@ -842,7 +842,7 @@ def load_selected(
     whole job's and ``ops_split`` has the same values as an unselected load's rows."""
     import pandas as pd
 
-    from c4d.trace import TABLE_KINDS, RawTrace, decode
+    from c4d.trace import TABLE_KINDS, decode
 
     sel = select or Selection()
     kept: list[np.ndarray] = []
@@ -860,16 +860,8 @@ def load_selected(
         parts[t].append(df)
     raw = np.concatenate(kept) if kept else np.empty(0, schema.HEADER)
     st = sp.stream
-    rt = RawTrace(
-        meta={**st.meta, "selection": {k: _jsonable(v) for k, v in vars(sel).items() if v is not None}},
-        raw=raw,
-        truncated_bytes=st.truncated_bytes,
-        skipped=st.skipped,
-        path=str(st.path),
-        kinds=schema.by_kind(raw),
-        format_version=st.format_version,
-        damaged=st.damaged,
-    )
+    selection = {k: _jsonable(v) for k, v in vars(sel).items() if v is not None}
+    rt = raw_trace(st, raw, meta={**st.meta, "selection": selection})
 
     def frame(t: str) -> pd.DataFrame:
         if parts[t]:

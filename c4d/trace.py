@@ -357,9 +357,13 @@ def read_raw(path: str | os.PathLike) -> RawTrace:
     pieces, then joined once)."""
     st = open_stream(path)
     parts = list(st.chunks())
-    raw = np.concatenate(parts) if parts else np.empty(0, schema.HEADER)
+    return raw_trace(st, np.concatenate(parts) if parts else np.empty(0, schema.HEADER))
+
+
+def raw_trace(st: TraceStream | TraceSet, raw: np.ndarray, meta: dict[str, Any] | None = None) -> RawTrace:
+    """``raw`` (records a read stream gave) with what the stream reported of its file(s)."""
     return RawTrace(
-        meta=st.meta,
+        meta=st.meta if meta is None else meta,
         raw=raw,
         truncated_bytes=st.truncated_bytes,
         skipped=st.skipped,
