@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Hashable, Iterator
-from typing import Any
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -24,9 +23,10 @@ from c4d.engine import clock, hang
 from c4d.engine.comm import Comm
 from c4d.engine.compute import compute_before, compute_gaps
 from c4d.engine.config import EngineConfig, ResolvedThresholds
-from c4d.engine.consistency import Consistency, Mismatch
+from c4d.engine.consistency import Consistency
+from c4d.engine.emission import Emission
 from c4d.engine.p2p_pairs import P2PPairs
-from c4d.engine.pool import MAX_COMMS_EVER, RATE_WINDOW_NS, P2PDone, Pool, budget_from_env
+from c4d.engine.pool import MAX_COMMS_EVER, P2PDone, Pool, budget_from_env
 from c4d.engine.ranks import RankTable
 from c4d.engine.reduce import Complete, reduce_comms
 from c4d.engine.rows import (
@@ -41,12 +41,13 @@ from c4d.engine.rows import (
     lexsort,
     take,
 )
-from c4d.engine.slow import SlowFinding, SlowJudge
+from c4d.engine.slow import SlowJudge
+from c4d.engine.snapshot import engine_snapshot
 from c4d.engine.stage import Stages
 from c4d.engine.summaries import Summaries
-from c4d.engine.types import CommSnapshot, DiagKind, Diagnosis, EngineSnapshot, Level, Localization, RankState
+from c4d.engine.types import Diagnosis, EngineSnapshot
 from c4d.ratelog import RateLimitedLog
-from c4d.schema import Kind, Op, OpFlag, op_name
+from c4d.schema import Kind, Op, OpFlag
 
 log = logging.getLogger("c4d.engine")
 
@@ -103,8 +104,6 @@ class Engine:
         self._lk: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # the same, sorted arrays (_lookup)
         self._next_idx = 0
         self._max_comms = budget_from_env("C4D_MAX_COMMS_EVER", MAX_COMMS_EVER)
-        self._emitted: dict[Hashable, int] = {}  # hang key -> highest count emitted
-        self._active: dict[Hashable, Diagnosis] = {}  # hang key -> latest diagnosis (live view)
         self._epoch = [-1]
         self._slow = SlowJudge(self.cfg)
         self._pairs = P2PPairs()
@@ -122,6 +121,7 @@ class Engine:
         self._chunk_recv = 0  # master time stamped on the chunk being ingested
         # a send and its receive that differ in count or dtype (paired by P2PPairs)
         self._pairs.on_disagree = lambda S, R: self.consistency.p2p_disagree(S, R, self._chunk_recv)
+        self._emission = Emission(self.cfg, self.ranks, self.comms, self._pool, self.consistency, self.stages)
 
     # -- input -------------------------------------------------------------------------
     def thresholds(self) -> ResolvedThresholds:
@@ -926,213 +926,18 @@ class Engine:
         self._flush()
         clock.on_tick(self.ranks, now, self._epoch)
         th = self.thresholds()
-        out: list[Diagnosis] = []
-        live: set[Hashable] = set()
         ev = hang.evaluate(self.ranks, self.comms, th, now, self._pool, self.cfg.likelihoods())
-        out += self._mismatches(ev.findings, th, now)
-        for f in ev.findings:
-            live.add(f.key)
-            out += self._count(f, th, now)
-        for key in [k for k in self._active if k not in live]:
-            del self._active[key]
+        out = self._emission.hangs(ev.findings, th, now)
         for s in self._slow.judge(self.ranks, self.comms, th, now, ev.oldest_wait, self._pool):
-            out.append(self._slow_diag(s, now))
+            out.append(self._emission.slow(s, now))
         return out
-
-    def _mismatches(self, findings: list[hang.Finding], th: ResolvedThresholds, now: int) -> list[Diagnosis]:
-        """Collectives whose members disagree (consistency.py): a WARNING now for each new one
-        (its pending op's heartbeats checked where a member waits); a stall it explains (its
-        communicator, at or after its seq, beginning within T of it) is counted on as it, in
-        place in ``findings``: one incident, never isolating."""
-        C = self.consistency
-        waiting, p2p_waiting = self._pool.busy()
-        for i in np.union1d(waiting, p2p_waiting).tolist():
-            if i in self.comms:
-                C.check_pending(self.comms[i], now)
-        C.expire(now)
-        out = []
-        for mm in C.take_new():
-            d = mm.detail()
-            d["timeout_s"] = round(th.hang_timeout_ns / 1e9, 3)
-            d["hang_times_limit"] = th.hang_times
-            c = self.comms.get(mm.comm)
-            loc, kind = mm.localization(), DiagKind.CollectiveMismatch
-            out.append(self._diag(now, Level.WARNING, kind, c, mm.op, mm.seq, mm.culprits, 0, loc, d))
-        for j, f in enumerate(findings):
-            if f.comm is None or f.kind is DiagKind.RankLost:
-                continue
-            was: Mismatch | None = C.explains(f.comm.idx, f.seq, f.start_ns, th.hang_timeout_ns)
-            if was is not None:
-                detail = {**was.detail(), "stalled": f.kind.value, "stalled_seq": f.seq}
-                kind = DiagKind.CollectiveMismatch
-                findings[j] = hang.Finding(
-                    f.key, kind, f.comm, was.op, was.seq, was.culprits, f.start_ns, was.localization(), detail
-                )
-        return out
-
-    def _count(self, f: hang.Finding, th: ResolvedThresholds, now: int) -> list[Diagnosis]:
-        """Hang counting: n = floor(duration / T); WARNING at 1, ERROR at hang_times, each increase."""
-        T, start = th.hang_timeout_ns, f.start_ns
-        if f.kind is DiagKind.RankNonCommHang:
-            staged = self.stages.adjust(f.ranks, T, start, now)
-            if staged is None:
-                return []  # the code disabled hang detection where it is (c4d.hang_timeout(-1))
-            T, start = staged
-        dur = now - start
-        n = int(dur // T) if dur > 0 else 0
-        prev = self._emitted.get(f.key, 0)
-        if n < 1 or n <= prev:
-            return []
-        if prev == 0 and f.detail.get("missing") and dur < T + T // 2:
-            # Some ranks' evidence is not in yet (their latest report predates the wait's
-            # first T/2: delivery lags on a loaded host). A whole node that hangs would be
-            # named a few ranks short; the first diagnosis waits up to T/2 for them.
-            return []
-        self._emitted[f.key] = n
-        d = dict(f.detail)
-        d["waited_s"] = round((now - f.start_ns) / 1e9, 3)
-        d["timeout_s"] = round(T / 1e9, 3)
-        if (T, start) != (th.hang_timeout_ns, f.start_ns):
-            d["staged_timeout"] = True  # set by the training code (c4d.hang_timeout), see stage.py
-        d["hang_times_limit"] = th.hang_times
-        mk = lambda lvl: self._diag(now, lvl, f.kind, f.comm, f.op, f.seq, f.ranks, n, f.loc, d)  # noqa: E731
-        out = []
-        if n >= th.hang_times:
-            if prev == 0:
-                out.append(mk(Level.WARNING))  # the WARNING transition happened too
-            out.append(mk(Level.ERROR))
-        else:
-            out.append(mk(Level.WARNING))
-        self._active[f.key] = out[-1]
-        return out
-
-    def _slow_diag(self, s: SlowFinding, now: int) -> Diagnosis:
-        return self._diag(now, Level.INFO, s.kind, s.comm, s.op, s.seq, s.ranks, 0, s.loc, s.detail)
-
-    def _diag(
-        self,
-        now: int,
-        level: Level,
-        kind: DiagKind,
-        comm: Comm | None,
-        op: int | None,
-        seq: int | None,
-        ranks: tuple[int, ...],
-        n: int,
-        loc: Localization,
-        detail: dict[str, Any],
-    ) -> Diagnosis:
-        nodes = []
-        for g in ranks:
-            name = self.ranks.node_name(g)
-            if name not in nodes:
-                nodes.append(name)
-        return Diagnosis(
-            time_ns=now,
-            level=level,
-            kind=kind,
-            comm=None if comm is None else comm.id,
-            op=op_name(op),
-            seq=seq,
-            ranks=tuple(int(r) for r in ranks),
-            nodes=tuple(nodes),
-            hang_times=n,
-            localization=loc,
-            detail=detail,
-            isolate_confidence=self.cfg.isolate_confidence,
-        )
 
     # -- live view ---------------------------------------------------------------------
     def state(self) -> EngineSnapshot:
-        R, now = self.ranks, self._now
-        th = self.thresholds()
-        seen = np.flatnonzero(R.seen[: R.n]).tolist()
-        states: dict[int, RankState] = {g: RankState.computing for g in seen}
-        waiting, _ = self._pool.busy()
-        for c in (self.comms[i] for i in waiting.tolist() if i in self.comms):
-            done = c.done_eff()
-            arr = np.maximum(c.n_arrived, done)
-            live = c.hb_seen & ~c.gone & (c.grank >= 0)
-            blocked = np.flatnonzero(live & (arr > done))
-            for cr in blocked.tolist():
-                k = done[cr]
-                everyone = bool((arr[c.members()] > k).all())
-                g = int(c.grank[cr])
-                if states.get(g) is not RankState.waiting:
-                    states[g] = RankState.in_collective if everyone else RankState.waiting
-        period_w = (now // th.period_ns) if th.period_ns else 0
-        # OP rows per communicator over the last RATE_WINDOW_NS of master time (the rate)
-        rows = self._pool.rate.since(self._now - RATE_WINDOW_NS, self._next_idx)
-        for g, w in self._slow.slow_ranks.items():
-            if w >= period_w - 2 and g in states:
-                states[g] = RankState.slow
-        for d in self._active.values():
-            if d.kind is not DiagKind.RankLost:
-                for g in d.ranks if d.localized else ():
-                    states[g] = RankState.hung
-        silence = R.prev_tick_ns - R.last_recv  # see tick
-        for g in seen:
-            if R.final[g]:
-                states[g] = RankState.done
-            elif silence[g] > th.lost_after_ns + R.delivery_lag_ns:
-                states[g] = RankState.lost
-        return EngineSnapshot(
-            time_ns=now,
-            rank_states=states,
-            rank_nodes={g: R.node_name(g) for g in seen},
-            comms=tuple(self._comm_snapshot(c, rows) for c in self.comms.values()),
-            offsets_ms={g: round(R.offset(g) / 1e6, 3) for g in seen},
-            active=tuple(self._active[k] for k in sorted(self._active, key=repr)),
-        )
-
-    def _comm_snapshot(self, c: Comm, rows_since: np.ndarray) -> CommSnapshot:
-        R = self.ranks
-        members = np.sort(c.grank[c.grank >= 0])
-        # Megatron layout: TP groups are consecutive ranks, DP groups strided, PP is p2p
-        if c.has_p2p and not c.has_coll:
-            kind = "PP"
-        elif len(members) > 1 and len(members) == int(R.seen.sum()):
-            kind = "WORLD"
-        elif len(members) > 1 and (np.diff(members) == 1).all():
-            kind = "TP"
-        else:
-            kind = "DP"
-        ops = c.recent_ops()
-        # ops finished per second over the last RATE_WINDOW_NS of master time (OP rows received:
-        # one per member for a collective, two per p2p transfer), so a hang reads 0
-        rows = int(rows_since[c.idx])
-        first = c.first_done_ns if c.first_done_ns is not None else self._now
-        span = max(min(RATE_WINDOW_NS, self._now - first), 1_000_000_000)
-        per_op = 2 if kind == "PP" else max(c.n, 1)
-        rate = rows / per_op / (span / 1e9)
-        p2p = c.recent_transfers() if kind == "PP" else None
-        if p2p is not None and len(p2p):
-            xfer = p2p["transfer"] / 1e3
-            xm, xp = float(np.median(xfer)), float(np.percentile(xfer, 99))
-            wm = wp = 0.0
-            bw = float(np.median(p2p["bytes"] / np.maximum(p2p["transfer"], 1)))
-        elif len(ops) >= 2:
-            wait = ops["wait_max"] / 1e3
-            xfer = ops["transfer"] / 1e3
-            wm, wp = float(np.median(wait)), float(np.percentile(wait, 99))
-            xm, xp = float(np.median(xfer)), float(np.percentile(xfer, 99))
-            fin = ops["busbw"][np.isfinite(ops["busbw"])]
-            bw = float(np.median(fin)) if len(fin) else 0.0
-        else:
-            wm = wp = xm = xp = bw = 0.0
-        return CommSnapshot(
-            comm=f"{c.id:016x}",
-            kind=kind,
-            nranks=c.n,
-            last_done_seq=int(c.done_eff().min()) - 1,  # over every member, finalized ones too
-            ops_per_s=round(rate, 2),
-            wait_med_us=round(wm, 1),
-            wait_p99_us=round(wp, 1),
-            xfer_med_us=round(xm, 1),
-            xfer_p99_us=round(xp, 1),
-            busbw_gbs=round(bw, 4),
-            p2p_done=c.p2p_rows // 2,
-        )
+        return engine_snapshot(
+            self.ranks, self.comms, self._pool, self._slow.slow_ranks, self._emission.active,
+            self.thresholds(), self._now, self._next_idx,
+        )  # fmt: skip
 
 
 def _header_ok(kind: np.ndarray | None, rank: np.ndarray, version: np.ndarray) -> np.ndarray:
