@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 import c4d.native
 from c4d.formats import flight_recorder as fr
-from c4d.formats import fr_native
+from c4d.formats import fr_columns, fr_limits, fr_load, fr_native
 from c4d.formats.budget import Budget, BudgetError, HostileFile
 from c4d.formats.to_records import FormatError
 
@@ -39,7 +39,7 @@ def _bench_fr():
 
 def _python_columns(p: Path, budget: Budget | None = None) -> dict:
     b = budget or Budget()
-    return fr._columns(fr.load_dump(p, b), fr.walk_limit(p.stat().st_size, b), str(p))
+    return fr_columns.columns(fr.load_dump(p, b), fr.walk_limit(p.stat().st_size, b), str(p))
 
 
 def _same(native: dict, python: dict, where: str) -> None:
@@ -54,7 +54,7 @@ def _same(native: dict, python: dict, where: str) -> None:
 
 
 def _native(p: Path, budget: Budget | None = None) -> dict:
-    cols = fr._native_columns(p, budget or Budget())
+    cols = fr_load.native_columns(p, budget or Budget())
     assert cols is not None, f"{p}: left to the Python reader"
     return cols
 
@@ -167,9 +167,9 @@ def test_what_the_native_reader_leaves_alone_is_read_the_python_way(tmp_path, ch
     p = tmp_path / "nccl_trace_rank_0"
     p.write_bytes(pickle.dumps(d, protocol=2))
     with caplog.at_level(logging.DEBUG, logger="c4d.formats.fr_native"):
-        assert fr._native_columns(p, Budget()) is None
+        assert fr_load.native_columns(p, Budget()) is None
     assert "read by Python's unpickler" in caplog.text
-    native_on = fr._load_one((0, str(p)))
+    native_on = fr_load.load_one((0, str(p)))
     try:
         python = (0, _python_columns(p))
     except (FormatError, KeyError, TypeError, ValueError, OverflowError):
@@ -183,8 +183,8 @@ def test_what_the_native_reader_leaves_alone_is_read_the_python_way(tmp_path, ch
 def test_an_ordered_dict_dump_is_read_the_python_way(tmp_path):
     p = tmp_path / "nccl_trace_rank_0"
     p.write_bytes(pickle.dumps(collections.OrderedDict(_odd_dump()), protocol=2))
-    assert fr._native_columns(p, Budget()) is None
-    assert fr._load_one((0, str(p)))[1]["n"] == 12
+    assert fr_load.native_columns(p, Budget()) is None
+    assert fr_load.load_one((0, str(p)))[1]["n"] == 12
 
 
 def _status(p: Path, budget: Budget) -> int:
@@ -195,9 +195,9 @@ def _status(p: Path, budget: Budget) -> int:
         budget.left(),
         fr.walk_limit(len(data), budget),
         budget.left() // fr.ENTRY_COST,
-        fr._CHECK_EVERY,
+        fr_limits.CHECK_EVERY,
         budget.deadline,
-        fr._USE_OUTPUT,
+        fr_columns.USE_OUTPUT,
     )
     r = fr_native.read(data, limits)
     assert r is not None, "left to the Python reader"
@@ -208,17 +208,17 @@ def test_hostile_pickles_are_refused_by_the_native_reader_itself(tmp_path):
     p = h.fr_shared_list(tmp_path / "shared", entries=20_000, width=20_000)
     assert _status(p, Budget()) == fr_native.EXPAND
     with pytest.raises(HostileFile, match="expands to more than"):
-        fr._native_columns(p, Budget())
+        fr_load.native_columns(p, Budget())
 
     p = h.fr_many_refs(tmp_path / "refs", refs=1_000_000)
     assert _status(p, Budget(max_bytes=256 << 20)) == fr_native.TOO_MANY
     with pytest.raises(BudgetError, match=r"1,000,000 entries.*--max-import-bytes"):
-        fr._native_columns(p, Budget(max_bytes=256 << 20))
+        fr_load.native_columns(p, Budget(max_bytes=256 << 20))
 
     p = h.fr_empty_sets(tmp_path / "sets", n=4_000_000)
     assert _status(p, Budget()) == fr_native.BUILT
     with pytest.raises(HostileFile, match=r"unpickling it built .* not read"):
-        fr._native_columns(p, Budget())
+        fr_load.native_columns(p, Budget())
 
     # a memo index far past the values stored: refused before it is allocated
     p = tmp_path / "memo"
@@ -230,7 +230,7 @@ def test_hostile_pickles_are_refused_by_the_native_reader_itself(tmp_path):
     b = Budget(max_seconds=1e-9)
     assert _status(p / "nccl_trace_rank_0", b) == fr_native.TIME
     with pytest.raises(BudgetError, match="--max-import-seconds"):
-        fr._native_columns(p / "nccl_trace_rank_0", b)
+        fr_load.native_columns(p / "nccl_trace_rank_0", b)
 
 
 @pytest.mark.parametrize(
@@ -251,7 +251,7 @@ def test_malformed_and_forbidden_pickles_are_one_line_from_the_native_reader(tmp
     p.write_bytes(data)
     assert _status(p, Budget()) in (fr_native.ERROR, fr_native.NOT_A_DUMP)
     with pytest.raises(FormatError, match=words) as e:
-        fr._native_columns(p, Budget())
+        fr_load.native_columns(p, Budget())
     assert "\n" not in str(e.value)
 
 
@@ -269,7 +269,7 @@ def test_without_the_library_the_python_reader_reads_every_dump(tmp_path, monkey
     assert with_lib.meta == without.meta
     monkeypatch.setenv("C4D_FR_NATIVE", "0")
     monkeypatch.setattr(fr_native, "_tried", False)
-    assert fr._native_columns(tmp_path / "nccl_trace_rank_0", Budget()) is None
+    assert fr_load.native_columns(tmp_path / "nccl_trace_rank_0", Budget()) is None
 
 
 def test_dumps_read_on_several_threads_give_the_records_one_thread_gives(tmp_path, monkeypatch):
@@ -279,7 +279,7 @@ def test_dumps_read_on_several_threads_give_the_records_one_thread_gives(tmp_pat
     frf.write(frf.build(frf.Job(tp=2, dp=8, steps=6, hang=frf.Hang(4, (3, 7)))), tmp_path)
     got = {}
     for threads in (1, 4):
-        monkeypatch.setattr(fr, "_reader_threads", lambda n, t=threads: t)
+        monkeypatch.setattr(fr_load, "_reader_threads", lambda n, t=threads: t)
         rt = fr.read(tmp_path)
         got[threads] = rt
     assert len(got[1].raw) > 0
@@ -318,7 +318,7 @@ def test_damaged_pickles_never_crash_and_agree_with_the_python_reader(tmp_path, 
     p = tmp_path / "nccl_trace_rank_0"
     p.write_bytes(bytes(data))
     try:
-        native = fr._native_columns(p, Budget(max_bytes=64 << 20, max_seconds=30))
+        native = fr_load.native_columns(p, Budget(max_bytes=64 << 20, max_seconds=30))
     except FormatError:
         return
     if native is None:

@@ -131,7 +131,7 @@ FORBIDDEN = {
 
 # modules whose Unpickler subclass refuses every global it does not name (find_class): the
 # Flight Recorder loader (plain data) and the engine process's answers (the engine's types, numpy)
-GUARDED_UNPICKLERS = ("c4d/formats/flight_recorder.py", "c4d/engine_process.py")
+GUARDED_UNPICKLERS = ("c4d/formats/fr_load.py", "c4d/engine_process.py")
 
 
 def _audit(source: str, rel: str) -> list[str]:
@@ -168,7 +168,7 @@ sock.recv_pyobj()
 class U(pickle.Unpickler):
     pass
 """
-    found = _audit(bad, "c4d/formats/flight_recorder.py")
+    found = _audit(bad, "c4d/formats/fr_load.py")
     assert len(found) == 7, found
     assert _audit("subprocess.run(argv, shell=False)\n", "c4d/x.py") == []
 

@@ -2,7 +2,7 @@
 
 A dump set holds every member's record of every op of a process group, keyed by (group, seq),
 so it can be checked the way torch's ``fr_trace`` does, with cause told from consequence by the
-engine's replay. ``check`` runs inside the import (``flight_recorder.convert``) on the op
+engine's replay. ``check`` runs inside the import (``fr_convert.convert``) on the op
 columns; what it finds goes two ways:
 
 * into the records: an entry that some member of its group never issued cannot have completed,

@@ -111,7 +111,7 @@ def enabled() -> bool:
 
 @dataclass
 class Limits:
-    """The Python reader's limits for one dump (c4d/formats/flight_recorder.py)."""
+    """The Python reader's limits for one dump (c4d/formats/fr_limits.py)."""
 
     built_per_byte: int
     free_bytes: int
