@@ -252,10 +252,10 @@ def test_batches_apart_give_what_whole_batches_give(name, alternate, chunk, tmp_
     """Engine.feed_apart (the summaries' rows never joined) cuts the same chunks and takes the
     same steps as feed of the whole batches: the same diagnoses, field for field, and state
     (with chunks of 97 rows, batches are cut and what is left of one waits for the next)."""
-    from c4d.engine import engine as engine_mod
+    from c4d.engine import chunking
 
     if chunk:
-        monkeypatch.setattr(engine_mod, "CHUNK", chunk)
+        monkeypatch.setattr(chunking, "CHUNK", chunk)
     rt = _load(name, tmp_path)
     here, _, whole = replay_through_agents(rt)
     there, _, apart = replay_through_agents(rt, _Apart(alternate))

@@ -20,6 +20,7 @@ import numpy as np
 from c4d import schema
 from c4d.columns import Columns
 from c4d.engine import clock, hang
+from c4d.engine.chunking import Chunk, Chunker, apart
 from c4d.engine.comm import Comm
 from c4d.engine.compute import compute_before, compute_gaps
 from c4d.engine.config import EngineConfig, ResolvedThresholds
@@ -51,10 +52,6 @@ from c4d.schema import Kind, Op, OpFlag
 
 log = logging.getLogger("c4d.engine")
 
-# rows ingested at once (see feed): the per-communicator work of a chunk is paid once per
-# chunk, so a 4,096-rank job's 0.2 s tick (~85k rows through agents) is one chunk; it bounds
-# what a backlog costs at once
-CHUNK = 131072
 COMPUTE_GIVEN = int(OpFlag.COMPUTE_GIVEN)
 HB_FIELDS = (  # (Pool member array, HEARTBEAT field) copied as they are (Comm.add_heartbeats)
     ("n_issued", "n_issued"), ("n_arrived", "n_arrived"), ("n_done", "n_done"),
@@ -114,10 +111,7 @@ class Engine:
         self._now = 0
         self._ratelog = RateLimitedLog(log)
         self.stats = {"records": 0, "invalid": 0, "batches": 0, "ticks": 0}
-        # fed, not yet ingested: (rows, master time (per row, or per position when apart), the
-        # summaries read, the batch's rows when it came apart (feed_apart) else None)
-        self._buf: list[tuple[np.ndarray, int | np.ndarray, Summaries | None, int | None]] = []
-        self._buf_n = 0
+        self._chunks = Chunker()  # fed, not yet ingested
         self._chunk_recv = 0  # master time stamped on the chunk being ingested
         # a send and its receive that differ in count or dtype (paired by P2PPairs)
         self._pairs.on_disagree = lambda S, R: self.consistency.p2p_disagree(S, R, self._chunk_recv)
@@ -312,10 +306,10 @@ class Engine:
     ) -> None:
         """Take HEADER-typed rows in arrival order; ``recv_ns`` = master time stamped on them.
 
-        Rows are buffered and ingested in fixed chunks of ``CHUNK`` rows (cut at multiples of
-        the running row count, whatever the feed sizes) and at each tick: per-message feeds
-        cost a list append, and a replay that feeds the same rows in other slices ingests
-        exactly the same chunks, so it reproduces the live diagnoses bit for bit.
+        Rows are held and ingested in fixed chunks of ``chunking.CHUNK`` rows (cut at multiples
+        of the running row count, whatever the feed sizes) and at each tick: a replay that
+        feeds the same rows in other slices ingests exactly the same chunks, so it reproduces
+        the live diagnoses bit for bit.
 
         ``cols``: the rows' columns when the caller cut them (the master's edge), read for
         their node summaries now; ``summaries``: those read already (c4d.engine.summaries:
@@ -330,19 +324,16 @@ class Engine:
         if not len(raw):
             return
         self.stats["batches"] += 1
-        if summaries is None and cols is not None:
-            summaries = Summaries.of(raw, cols)
-        self._buf.append((raw, int(recv_ns), summaries, None))
-        self._buf_n += len(raw)
-        if self._buf_n >= CHUNK:
-            self._flush(whole_chunks=True)
+        rest, sums = apart(raw, cols, summaries)
+        self._hold(rest, recv_ns, sums, len(raw))
 
     def feed_apart(self, rest: np.ndarray, recv_ns: int, summaries: Summaries, n: int) -> None:
         """``feed`` of a batch of ``n`` rows that comes apart: its node summaries read
         (``summaries``, at their positions in the batch) and its other rows (``rest``, HEADER
         rows in order). An engine in a process of its own gets them so from the master's loop
         (c4d.engine_process): the summaries' rows themselves neither travel nor are joined.
-        The same chunks, the same steps, the same results as ``feed`` of the whole batch."""
+        The same chunks, the same steps, the same results as ``feed`` of the whole batch
+        (which takes it apart so)."""
         rest = np.asarray(rest)
         fits = rest.dtype == schema.HEADER and len(rest) + len(summaries) == n
         if fits and len(summaries):
@@ -353,111 +344,24 @@ class Engine:
         if not n:
             return
         self.stats["batches"] += 1
-        self._buf.append((rest, int(recv_ns), summaries, n))
-        self._buf_n += n
-        if self._buf_n >= CHUNK:
+        self._hold(rest, recv_ns, summaries, n)
+
+    def _hold(self, rest: np.ndarray, recv_ns: int, sums: Summaries, n: int) -> None:
+        if self._chunks.add(rest, int(recv_ns), sums, n):
             self._flush(whole_chunks=True)
 
     def _flush(self, whole_chunks: bool = False) -> None:
-        """Ingest buffered rows: whole CHUNKs only (from feed), or everything (at a tick)."""
-        if not self._buf:
-            return
-        if any(n is not None for *_, n in self._buf):
-            return self._flush_apart(whole_chunks)
-        raws = [r for r, _, _, _ in self._buf]
-        if any(not isinstance(t, int) for _, t, _, _ in self._buf):
-            recvs = [np.full(len(r), t, np.int64) if isinstance(t, int) else t for r, t, _, _ in self._buf]
-        else:
-            recvs = [np.repeat(np.array([t for _, t, _, _ in self._buf], np.int64), [len(r) for r in raws])]
-        sums = None
-        if any(s is not None for _, _, s, _ in self._buf):  # read already: the others read now
-            at = np.r_[0, np.cumsum([len(r) for r in raws])[:-1]].tolist()
-            sums = Summaries.join([(s if s is not None else Summaries.of(r), a)
-                                   for (r, _, s, _), a in zip(self._buf, at, strict=True)])  # fmt: skip
-        raw = schema.join_records(raws, schema.HEADER)
-        recv = np.concatenate(recvs) if len(recvs) > 1 else recvs[0]
-        self._buf, self._buf_n = [], 0
-        cut = 0
-        while len(raw) - cut >= CHUNK:
-            part = sums.cut(cut, cut + CHUNK) if sums is not None else None
-            self._ingest(raw[cut : cut + CHUNK], recv[cut : cut + CHUNK], part)
-            cut += CHUNK
-        if cut < len(raw):
-            part = sums.cut(cut, len(raw)) if sums is not None else None
-            if whole_chunks:
-                self._buf, self._buf_n = [(raw[cut:], recv[cut:], part, None)], len(raw) - cut
-            else:
-                self._ingest(raw[cut:], recv[cut:], part)
+        """Ingest held rows: whole chunks only (from feed), or everything (at a tick)."""
+        for chunk in self._chunks.cut(whole_chunks):
+            self._ingest(chunk)
 
-    def _flush_apart(self, whole_chunks: bool) -> None:
-        """``_flush`` when some batch came apart: every batch taken apart (a whole one split
-        here), cut into the same chunks by position."""
-        rests, rposs, recvs, parts = [], [], [], []
-        at = 0
-        for raw, t, sums, n in self._buf:
-            if n is None:  # a whole batch: its summaries (read now if not yet) and the rest
-                n = len(raw)
-                raw, sums = Summaries.apart(raw, summaries=sums)
-            assert sums is not None
-            here = np.ones(n, bool)
-            here[sums.pos] = False
-            rests.append(raw)
-            rposs.append(np.flatnonzero(here) + at)
-            recvs.append(np.full(n, t, np.int64) if isinstance(t, int) else t)
-            parts.append((sums, at))
-            at += n
-        rest = schema.join_records(rests, schema.HEADER)
-        rpos = np.concatenate(rposs)
-        recv = np.concatenate(recvs) if len(recvs) > 1 else recvs[0]
-        sums = Summaries.join(parts)
-        self._buf, self._buf_n = [], 0
-        cut = 0
-        while at - cut >= CHUNK or (cut < at and not whole_chunks):
-            end = min(cut + CHUNK, at)
-            i, j = np.searchsorted(rpos, (cut, end)).tolist()
-            self._ingest_apart(rest[i:j], rpos[i:j] - cut, recv[cut:end], sums.cut(cut, end))
-            cut = end
-        if cut < at:  # (whole chunks only) the rest waits, apart
-            i = int(np.searchsorted(rpos, cut))
-            self._buf, self._buf_n = [(rest[i:], recv[cut:], sums.cut(cut, at), at - cut)], at - cut
-
-    def _ingest(self, raw: np.ndarray, recv: np.ndarray, sums: Summaries | None = None) -> None:
-        self.stats["records"] += len(raw)
-        kind = np.ascontiguousarray(raw["kind"])  # header fields read once (docs/engine.md)
-        is_sum = kind == Kind.OPSUM
-        if sums is not None and not np.array_equal(sums.pos, np.flatnonzero(is_sum)):
-            sums = None  # not these rows' (a caller's slip): read from the rows below
-        rank = raw["rank"].astype(np.int64)
-        version = raw["version"]
-        ok = _header_ok(kind, rank, version)
-        if not ok.all():
-            bad = ~ok & (kind != Kind.TICK)
-            if bad.any():
-                self._invalid("an unknown kind, a bad rank or a newer schema version", int(bad.sum()))
-            if sums is not None:
-                sums = sums.take(ok[is_sum])
-            raw, recv, kind, rank, is_sum = take(raw, ok), recv[ok], kind[ok], rank[ok], is_sum[ok]
-            if not len(raw):
-                return
-        R = self.ranks
-        g = rank
-        R.ensure(int(g.max()))
-        R.seen[g] = True
-        np.maximum.at(R.last_recv, g, recv)
-        t = raw["time_ns"].astype(np.int64)
-        pos = t > 0
-        clock.note_records(R, g[pos], t[pos])
-        # summaries read already are not split off the rows again
-        parts = schema.by_kind(raw, kind if sums is None else np.where(is_sum, 0, kind))
-        self._chunk_recv = int(recv[-1])
-        self._kinds(parts, kind, rank, recv, sums, recv[is_sum])
-
-    def _ingest_apart(self, rest: np.ndarray, rpos: np.ndarray, recv: np.ndarray, sums: Summaries) -> None:
-        """``_ingest`` of a chunk that came apart (``feed_apart``): its node summaries read, at
-        ``sums.pos``, and its other rows, at ``rpos``; ``recv`` by position. The same steps on
-        the same rows: the header checks and updates take the summaries' header fields."""
+    def _ingest(self, chunk: Chunk) -> None:
+        """One chunk: its node summaries read, at ``sums.pos``, and its other rows, at
+        ``rpos``; ``recv`` by position. The header checks and updates take the summaries'
+        header fields."""
+        rest, rpos, recv, sums = chunk
         self.stats["records"] += len(rest) + len(sums)
-        kind = np.ascontiguousarray(rest["kind"])
+        kind = np.ascontiguousarray(rest["kind"])  # header fields read once (docs/engine.md)
         rank = rest["rank"].astype(np.int64)
         version = rest["version"]
         ok = _header_ok(kind, rank, version)
@@ -472,12 +376,13 @@ class Engine:
             if not len(rest) and not len(sums):
                 return
         R = self.ranks
-        g = np.concatenate([rank, srank])
+        g = _then(rank, srank)
         R.ensure(int(g.max()))
         R.seen[g] = True
-        recv_r, recv_s = recv[rpos], recv[sums.pos]
-        np.maximum.at(R.last_recv, g, np.concatenate([recv_r, recv_s]))
-        t = np.concatenate([rest["time_ns"].astype(np.int64), sums.time.astype(np.int64)])
+        # (rows at every position, as when no node summaries came: their times as they are)
+        recv_r, recv_s = recv if len(rpos) == len(recv) else recv[rpos], recv[sums.pos]
+        np.maximum.at(R.last_recv, g, _then(recv_r, recv_s))
+        t = _then(rest["time_ns"].astype(np.int64), sums.time.astype(np.int64))
         pos = t > 0
         clock.note_records(R, g[pos], t[pos])
         parts = schema.by_kind(rest, kind)
@@ -492,12 +397,12 @@ class Engine:
         kind: np.ndarray,
         rank: np.ndarray,
         recv: np.ndarray,
-        sums: Summaries | None,
+        sums: Summaries,
         sums_recv: np.ndarray,
     ) -> None:
-        """A chunk's rows, split by kind (``kind``, ``rank``, ``recv``: of the rows they were split
-        from), and its node summaries read (``sums``, received at ``sums_recv``), else among the
-        parts, into the engine's state, kind after kind."""
+        """A chunk's rows other than node summaries, split by kind (``kind``, ``rank``, ``recv``: of the
+        rows they were split from), and its node summaries read (``sums``, received at
+        ``sums_recv``), into the engine's state, kind after kind."""
         R = self.ranks
         if len(parts[Kind.REGISTER]):
             R.register(parts[Kind.REGISTER])
@@ -507,13 +412,8 @@ class Engine:
             self._feed_heartbeats(parts[Kind.HEARTBEAT])
         if len(parts[Kind.OP]):
             self._feed_ops(parts[Kind.OP], rank[kind == Kind.OP])
-        if sums is not None and len(sums):
+        if len(sums):
             self._feed_opsum(sums, sums_recv)
-        elif len(parts[Kind.OPSUM]):
-            is_sum = kind == Kind.OPSUM
-            self._feed_opsum(
-                Summaries.read(Columns.of(parts[Kind.OPSUM]), np.flatnonzero(is_sum)), recv[is_sum]
-            )
         if len(parts[Kind.STAGE]):
             self.stages.feed(parts[Kind.STAGE], recv[kind == Kind.STAGE])
         if len(parts[Kind.PEER]):
@@ -938,6 +838,11 @@ class Engine:
             self.ranks, self.comms, self._pool, self._slow.slow_ranks, self._emission.active,
             self.thresholds(), self._now, self._next_idx,
         )  # fmt: skip
+
+
+def _then(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``a`` then ``b`` (``a`` itself when ``b`` is empty: a chunk without node summaries)."""
+    return np.concatenate([a, b]) if len(b) else a
 
 
 def _header_ok(kind: np.ndarray | None, rank: np.ndarray, version: np.ndarray) -> np.ndarray:
