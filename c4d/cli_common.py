@@ -1,7 +1,8 @@
 """What every c4d command line shares: exit statuses, the parser and help formatter, and
-what a run's diagnoses make of its exit status (docs/cli.md). The top command (``cli``) and
-the families it hands over to (``check``, ``demo``, ``run``, ``sim``) import it; it imports
-none of them, so every command starts without the others' modules."""
+what a run's diagnoses make of its exit status (docs/cli.md). The top command (the ``c4d.cli``
+package) and the families outside it (``check``, ``demo``, ``run``, ``sim``) import it; it imports
+none of them, so every command starts without the others' modules. It stays outside c4d/cli/,
+whose ``__init__`` loads every family of the top command: ``python -m c4d.check`` does not."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ clock offset (it belongs to the node, wherever the ranks go).
 
 ``SimResult.status``: 0 the job finished; 1 a rank failed and nothing was diagnosed;
 2 stopped on an ERROR diagnosis; 3 ``--max-seconds`` reached (``c4d sim`` maps these onto
-the CLI's exit-status convention, c4d/cli.py). With a master of its own the diagnoses come
+the CLI's exit-status convention, c4d/cli/__init__.py). With a master of its own the diagnoses come
 from stepping it; with a running one (``--master EP``) from that master's status endpoint
 (c4d/status.py), so the job stops on its ERROR all the same.
 

@@ -63,9 +63,10 @@ def test_master_process_with_a_sim_and_garbage(tmp_path, libc4d, simtrain):
 
 
 def test_ctrl_c_stops_the_master_between_two_steps(tmp_path):
-    """SIGINT asks the serving loop to stop (cli._stop_on_signals): the master finishes its step,
-    closes the trace whole and exits 0, with no traceback; an exception thrown wherever the signal
-    landed once left the live view's console lock taken and the shutdown waiting on it."""
+    """SIGINT asks the serving loop to stop (c4d/cli/serve.py, _stop_on_signals): the master
+    finishes its step, closes the trace whole and exits 0, with no traceback; an exception thrown
+    wherever the signal landed once left the live view's console lock taken and the shutdown
+    waiting on it."""
     ep = f"tcp://127.0.0.1:{free_port()}"
     tpath = tmp_path / "m.c4d"
     master = subprocess.Popen(

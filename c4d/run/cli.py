@@ -1,7 +1,7 @@
 """``c4d run [options] -- CMD ...``: the options, their defaults and help texts.
 
-``add_parser(subparsers)`` is all ``c4d/cli.py`` calls; ``cmd_run`` turns the options into a
-``RunConfig`` (bad input: one line on stderr, exit status 1) and runs the supervisor.
+``add_parser(subparsers)`` is all ``c4d/cli/__init__.py`` calls; ``cmd_run`` turns the options into
+a ``RunConfig`` (bad input: one line on stderr, exit status 1) and runs the supervisor.
 """
 
 from __future__ import annotations
