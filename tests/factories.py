@@ -594,8 +594,9 @@ class Stream:
         return out
 
     def _peer_progress(self, r: int, i: int, c: _CommDef, t: float) -> list:
-        """While r is inside a hung collective: its two ring transfers (a hung link: step 0 stuck in
-        SendWait/RecvWait; the others finished, as simnccl models them)."""
+        """While r is inside a hung collective: its two ring transfers, as simnccl models them: a
+        hung link's step 0 stuck in SendWait/RecvWait; a link d hops after the nearest hung one
+        moved d steps and waits for data (its sender in SendGPUWait); no hung link before it: done."""
         ops, _, _arr, end = self._timeline(r, i)
         if not ops or ops[0].flags & OpFlag.P2P or end[-1] < INF:
             return []
@@ -606,14 +607,16 @@ class Stream:
             return []  # not everyone is in yet: the transfer has not begun
         total = 2 * (n - 1)
         s = 1 << 30  # the hung op is at or after every fault's step
+        hung = [self.m._link_bw(c.members[j], c.members[(j + 1) % n], s) == 0 for j in range(n)]
         out = []
         for direction, peer in ((0, (o.crank + 1) % n), (1, (o.crank - 1) % n)):
             a, b = (r, c.members[peer]) if direction == 0 else (c.members[peer], r)
             if not self.job.peer_intra and self.job.node_of(a) == self.job.node_of(b):
                 continue
-            stalled = self.m._link_bw(a, b, s) == 0
-            done = 0 if stalled else total  # as simnccl: links that are not hung finish their steps
-            state = (9 if direction == 0 else 10) if stalled else 0
+            src = o.crank if direction == 0 else peer
+            hops = next((d for d in range(n) if hung[(src - d) % n]), n)  # to the nearest hung link
+            done = min(hops, total)
+            state = 0 if done == total else 10 if direction == 1 else 9 if hops == 0 else 8
             nb = done * o.nbytes // n
             out.append(
                 (t, self._peer_row(r, c, o.seq, o.op, peer, direction, t, L, t, done, total, nb, state))

@@ -8,6 +8,7 @@ transfers across nodes, as NCCL's profiler gives them.
 
 from __future__ import annotations
 
+import pytest
 from factories import Fault, Job, run_cached
 
 from c4d.engine import DiagKind, Level, Target
@@ -45,7 +46,8 @@ def test_a_slow_rank_with_its_tp_partner_inside_a_node_is_the_rank_never_one_of_
 
 def test_a_stopped_network_link_in_a_ring_with_edges_inside_nodes_is_that_link():
     """dp 8, 4 ranks a node: the ring 0..7 crosses nodes on 3 -> 4 and 7 -> 0 only. Link 3-4
-    stops: PEER shows 3 -> 4 at 0 of its steps while 7 -> 0 finished; the six edges inside the
+    stops: PEER shows 3 -> 4 at 0 of its steps while 7 -> 0 moved 4 (behind a stop, a ring's
+    links move one step more per hop, then wait for data); the six edges inside the
     nodes report nothing, which is not evidence that they stopped. The link is named (its ends'
     other links are invisible: they are its alternatives, and the confidence says so: nothing
     is isolated)."""
@@ -57,6 +59,25 @@ def test_a_stopped_network_link_in_a_ring_with_edges_inside_nodes_is_that_link()
     assert loc.target is Target.link and sorted(loc.link or ()) == [3, 4], _said(run)
     assert set(loc.alternatives) == {"rank 3", "rank 4"} and loc.confidence < 0.9
     assert ds[-1].blacklist_nodes == ()  # a link at this confidence cordons no node
+
+
+@pytest.mark.parametrize("fault", [dict(link=(1, 2)), dict(rank=2), dict(link=(5, 6))], ids=str)
+def test_a_stop_inside_a_rings_segment_within_a_node_is_placed_on_that_node(fault):
+    """dp 8, 4 ranks a node: a stop on an edge inside node 0 (or 1) starves the ring's links
+    after it, so the network link leaving the node moved a few steps and waits for data, and
+    the one entering it moved more. The stop is on the unobserved edges between them: their
+    node, named (nothing visible tells its ranks apart), never the network link leaving it."""
+    f = Fault("comm-hang", step=30, **fault)
+    run = run_cached(_job(tp=1, dp=8, faults=[f]))
+    ds = [d for d in run.diagnoses if d.kind is DiagKind.RankCommHang]
+    assert ds and {d.kind for d in run.diagnoses} == {DiagKind.RankCommHang}, _said(run)
+    node = 0 if 2 in (f.link or (f.rank,)) else 1
+    want = list(range(4 * node, 4 * node + 4))
+    assert not [d for d in ds if d.localization.target is Target.link], _said(run)
+    err = [d for d in ds if d.level is Level.ERROR][-1]
+    assert err.localization.target is Target.node and sorted(err.ranks) == want, _said(run)
+    assert err.detail["starved_link"] == f"{4 * node + 3}->{(4 * node + 4) % 8}"
+    assert err.blacklist_nodes == (f"node-{node}",)
 
 
 def test_a_slow_node_is_the_node():

@@ -791,22 +791,28 @@ def test_intra_node_transfers_have_no_proxy_events(jobs, simtrain, test_plugin, 
 
 
 def test_profiler_localizes_a_hung_link(jobs, simtrain, test_plugin, tmp_path):
+    """A ring's links after a hung one move one step more per hop, then wait for data that never
+    comes (the sender on its GPU): the hung link is the one that moved nothing."""
     env = plugin_env(tmp_path / "job0" / "prof", test_plugin, SIMNCCL_FAULTS="comm-hang@link=1-2,step=1")
     job = jobs(simtrain, 4, "--steps", "20", "--compute-us", "200", "--progress", env=env)
     wait_for(lambda: min(progress_of(job, 4)) >= 0, 60, "every rank finishing step 0")
-    hung = ((1, 2, 1), (2, 1, 0))  # rank 1 sends to 2 / rank 2 receives from 1
+    moved = {(1, 2): 0, (2, 3): 1, (3, 0): 2, (0, 1): 3}  # ring link -> steps done of 6
+    ends = {(a, b): ((a, b, 1), (b, a, 0)) for a, b in moved}  # the sender's and the receiver's
     seen = {}
 
-    def healthy_done():
+    def settled():
         seen.update(Profile.read(job).transfers(comm_ids(job)[1], 1))  # step 1's DP all-reduce
-        return len(seen) == 8 and all(seen[k][-1]["op_stopped"] for k in seen if k not in hung)
+        stopped = {k: sum(st["stop_t"] is not None for st in v[:-1]) for k, v in seen.items()}
+        return len(seen) == 8 and all(stopped[k] == n for lk, n in moved.items() for k in ends[lk])
 
-    wait_for(healthy_done, 30, "the healthy transfers of the hung all-reduce to finish")
-    for key, state in zip(hung, (9, 10), strict=True):  # SendWait on rank 1, RecvWait on rank 2
-        *steps, op = seen[key]
-        assert not op["op_stopped"], f"{key}: the transfer over the hung link must stay open"
-        assert [s["step"] for s in steps] == ["0"] and steps[0]["stop_t"] is None
-        assert [st for st, _ in steps[0]["states"]] == [state]
+    wait_for(settled, 30, "each ring link's transfers to stop where their data stops")
+    for lk, n in moved.items():
+        for key, state in zip(ends[lk], (9 if n == 0 else 8, 10), strict=True):
+            *steps, op = seen[key]
+            assert not op["op_stopped"], f"{key}: the transfer must stay open"
+            assert [s["step"] for s in steps] == [str(i) for i in range(n + 1)], key
+            assert steps[-1]["stop_t"] is None
+            assert [st for st, _ in steps[-1]["states"]] == [state], key  # SendWait / SendGPUWait / RecvWait
     assert all(job.alive())
 
 

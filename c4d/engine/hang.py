@@ -39,7 +39,7 @@ from c4d.engine import blame
 from c4d.engine.calibration import localize
 from c4d.engine.comm import Comm
 from c4d.engine.config import EngineConfig, ResolvedThresholds
-from c4d.engine.peer import global_links, hang_links
+from c4d.engine.peer import global_links, hang_links, starved_segment
 from c4d.engine.pool import Pool
 from c4d.engine.ranks import RankTable
 from c4d.engine.rows import P2P
@@ -673,16 +673,29 @@ def _comm_hangs(G: WaitGraph, comms: dict[int, Comm], term_sources, common, now:
         links = blame.ring_links(members_g) | {
             blame.link_of(int(c.grank[a]), int(c.grank[b])) for a, b in seen
         }
-        units.append(blame.shape(("op", t.comm, t.seq), tuple(sorted(members_g)), links, node_of))
-        units[-1].state = "slow"
+        op_unit = blame.shape(("op", t.comm, t.seq), tuple(sorted(members_g)), links, node_of)
+        op_unit.pacing = op_unit.links  # a stop on any link stops the op, inside a node too
+        op_unit.state = "slow"
+        units.append(op_unit)
         pmin = min(hl.progress.values()) if hl.progress else 1.0
+        starved = starved_segment(hl.progress, edges, visible | seen)
         for a, b in sorted(visible | seen):
             ga, gb = int(c.grank[a]), int(c.grank[b])
             lk = blame.link_of(ga, gb)
             p = hl.progress.get((a, b))
             st = "unknown" if p is None else "slow" if p <= pmin + 1e-9 and pmin < 1.0 else "clear"
+            if starved is not None and (a, b) == starved[0]:
+                st = "clear"  # it moved what reached it: its own link works
             units.append(blame.UnitShape(("peer", t.comm, t.seq, ga, gb), frozenset(lk), frozenset({lk}),
                                          frozenset({lk}), st, 1.0 if p is None else p, "peer"))  # fmt: skip
+        if starved is not None:
+            # the stop is on one of the unobserved links that fed the starved one
+            seg = frozenset(blame.link_of(int(c.grank[a]), int(c.grank[b])) for a, b in starved[1])
+            seg_ranks = frozenset(r for lk in seg for r in lk)
+            seg_unit = blame.UnitShape(("segment", t.comm, t.seq), seg_ranks, seg, seg, "slow", 0.0, "peer")
+            units.append(seg_unit)
+            d["starved_link"] = "{}->{}".format(*(int(c.grank[x]) for x in starved[0]))
+            d["stop_among"] = [f"{int(c.grank[a])}->{int(c.grank[b])}" for a, b in starved[1]]
         nodes = sorted({node_of[g] for g in members_g if node_of.get(g, -1) >= 0})
         cands = [blame.Hyp(rank=g) for g in members_g] + [blame.Hyp(link=lk) for lk in sorted(links)]
         cands += [blame.Hyp(node=n, node_ranks=G.r.ranks_on(n), node_name=G.r.node_names[n]) for n in nodes]

@@ -58,6 +58,37 @@ def _ring_gaps(links: dict[tuple[int, int], float], rows: np.ndarray, n: int, vi
             links[(s, d)] = 0.0
 
 
+def starved_segment(
+    progress: dict[tuple[int, int], float], ring: list[tuple[int, int]], observed: set[tuple[int, int]]
+) -> tuple[tuple[int, int], list[tuple[int, int]]] | None:
+    """Where a ring stopped when its least-progressed observed link still moved some steps.
+
+    A ring's link forwards what the link before it moved, so the links after a stopped one
+    move one step more per hop and then wait for data (``SendGPUWait``): the least-progressed
+    observed link, if it moved at all, is starved by a stop upstream, among the unobserved
+    links (inside a node) between it and the previous observed link. Returns that link and
+    those unobserved links (directed, in ring order), or None (it moved nothing: it is the
+    stopped one; or no unobserved link precedes it). ``ring``: the directed ring edges in order.
+    """
+    seen = {k: v for k, v in progress.items() if k in observed}
+    if not seen or len(ring) < 3:
+        return None
+    pmin = min(seen.values())
+    if not 0.0 < pmin < 1.0:
+        return None
+    low = [k for k in ring if k in seen and seen[k] <= pmin + 1e-9]
+    if len(low) != 1:
+        return None
+    i = ring.index(low[0])
+    seg: list[tuple[int, int]] = []
+    for j in range(1, len(ring)):
+        e = ring[(i - j) % len(ring)]
+        if e in observed:
+            break
+        seg.append(e)
+    return (low[0], seg[::-1]) if seg else None
+
+
 @dataclass
 class HangLinks:
     """Per-link transfer progress of a stuck collective (comm ranks), for the evidence model."""

@@ -125,6 +125,7 @@ struct ProxyWork {
   /* g_px.m */
   bool timed = false, cancelled = false;
   uint64_t t0 = 0, step_ns = 0, move_ns = 0;
+  int stall_at = 0; /* the first step that never ends (nsteps: none); steps after it never start */
   /* proxy thread */
   bool started = false;
   void* op_h = nullptr;
@@ -186,14 +187,22 @@ void start_step(ProxyWork& w, int s, uint64_t now) {
     ncclProfilerEventStateArgs_v5_t a;
     memset(&a, 0, sizeof a);
     a.proxyStep.transSize = w.step_bytes;
-    g_api->recordEventState(h, w.is_send ? ncclProfilerProxyStepSendWait : ncclProfilerProxyStepRecvWait, &a);
+    /* A sender that waits for data a stopped link upstream never delivers waits on its GPU. */
+    const bool starved = w.is_send && s >= w.stall_at && w.move_ns != kNever;
+    g_api->recordEventState(h,
+                            !w.is_send ? ncclProfilerProxyStepRecvWait
+                            : starved  ? ncclProfilerProxyStepSendGPUWait
+                                       : ncclProfilerProxyStepSendWait,
+                            &a);
   }
 }
 
 /* Emits the work's events due by now (under g_px.m). Returns the time of its next event;
  * 0 when it is finished. A step starts at its slot in the ring's pace and its transfer takes
  * the link's own move time; up to kStepsInFlight steps are open at once (NCCL_STEPS), they
- * stop in order, and the ProxyOp stops with the last. Times are virtual: ideal time + lag.
+ * stop in order, and the ProxyOp stops with the last. Behind a hung link the transfer's
+ * steps from `stall_at` on never end and no later step starts: its data never comes (a
+ * hung link's own transfer stalls at step 0). Times are virtual: ideal time + lag.
  * Whenever a step starts late (the thread woke late on a busy host), the later steps slip by
  * that much, so the plugin measures the modeled step durations. Not before the work first
  * caught up with its schedule: the steps already due when it was published (simnccl's own
@@ -201,7 +210,7 @@ void start_step(ProxyWork& w, int s, uint64_t now) {
  * once, side by side, each still taking its move time, so the transfer ends about when
  * modeled instead of that much later. */
 uint64_t advance(ProxyWork& w) {
-  const int in_flight = w.move_ns == kNever ? 1 : kStepsInFlight; /* a hung link: step 0 stays open */
+  const int last_start = std::min(w.nsteps, w.stall_at + 1); /* the stalled step stays open */
   for (;;) {
     const uint64_t now = now_ns();
     if (w.next_stop == w.nsteps) {
@@ -209,9 +218,11 @@ uint64_t advance(ProxyWork& w) {
       return 0;
     }
     uint64_t t_stop = kNever;
-    if (w.next_stop < w.next_start && w.move_ns != kNever) t_stop = w.started_at[size_t(w.next_stop)] + w.move_ns;
+    if (w.next_stop < w.next_start && w.next_stop < w.stall_at)
+      t_stop = w.started_at[size_t(w.next_stop)] + w.move_ns;
     uint64_t t_start = kNever;
-    if (w.next_start < w.nsteps && w.next_start - w.next_stop < in_flight) t_start = start_time(w, w.next_start);
+    if (w.next_start < last_start && w.next_start - w.next_stop < kStepsInFlight)
+      t_start = start_time(w, w.next_start);
     if (t_stop != kNever && t_stop <= now + 50000 && t_stop <= t_start) { /* events < 50 us apart coalesce */
       if (void* h = w.step_h[size_t(w.next_stop)]) g_api->stopEvent(h);
       ++w.next_stop;
@@ -223,7 +234,7 @@ uint64_t advance(ProxyWork& w) {
       continue;
     }
     if (t_start != kNever) w.caught_up = true;
-    return std::min(t_start, t_stop); /* kNever: a hung link's open step never ends */
+    return std::min(t_start, t_stop); /* kNever: a stalled step never ends */
   }
 }
 
@@ -411,6 +422,7 @@ void profiler_publish(ProxySet* p, const Schedule& s) {
     w->t0 = s.t0;
     w->step_ns = s.step_ns;
     w->move_ns = tr.move_ns;
+    w->stall_at = tr.done_steps;
     w->timed = true;
   }
   g_px->cv.notify_one();

@@ -41,6 +41,8 @@ Schedule model_coll(const ncclComm* c, int kind, uint64_t bytes_unit, int root, 
     int first, nsteps;
   };
   std::vector<Mine> mine;
+  enum { kDirect, kRing, kChain } flow = kDirect; /* how data moves from link to link */
+  int head = 0;
   switch (kind) {
     case kAllReduce:
       steps = 2 * (n - 1);
@@ -49,6 +51,7 @@ Schedule model_coll(const ncclComm* c, int kind, uint64_t bytes_unit, int root, 
     case kAllGather:
     case kReduceScatter:
       ring_links();
+      flow = kRing;
       mine.push_back({at(r + 1), true, 0, steps});
       mine.push_back({at(r - 1), false, 0, steps});
       break;
@@ -79,7 +82,8 @@ Schedule model_coll(const ncclComm* c, int kind, uint64_t bytes_unit, int root, 
                                      kPipeMaxChunks));
       chunk = (bytes_unit + uint64_t(k) - 1) / uint64_t(k);
       steps = n - 1 + k - 1;
-      int head = kind == kBroadcast ? root : at(root + 1); /* the chain runs head -> ... -> tail */
+      head = kind == kBroadcast ? root : at(root + 1); /* the chain runs head -> ... -> tail */
+      flow = kChain;
       for (int i = 0; i < n - 1; ++i) links.push_back({at(head + i), at(head + i + 1)});
       int pos = at(r - head);
       if (pos > 0) mine.push_back({at(r - 1), false, pos - 1, k});
@@ -111,7 +115,21 @@ Schedule model_coll(const ncclComm* c, int kind, uint64_t bytes_unit, int root, 
   }
   for (const Mine& m : mine) {
     int src = m.send ? r : m.peer, dst = m.send ? m.peer : r;
-    s.mine.push_back({m.peer, m.send, m.first, m.nsteps, chunk, move_ns(c, src, dst, chunk, step, jit)});
+    uint64_t mv = move_ns(c, src, dst, chunk, step, jit);
+    int done = mv == kNever ? 0 : m.nsteps;
+    if (hung && mv != kNever && flow != kDirect) {
+      /* Hops back from this link to the nearest hung one: a ring's link completes that many
+       * steps; a chain's, none when a hung link feeds it. */
+      for (int d = 1; d < n; ++d) {
+        int a = at(src - d);
+        if (flow == kChain && at(a - head) >= at(src - head)) break; /* past the chain's head */
+        if (link_bw(c->granks[size_t(a)], c->granks[size_t(at(a + 1))], step) <= 0) {
+          done = flow == kRing ? std::min(d, m.nsteps) : 0;
+          break;
+        }
+      }
+    }
+    s.mine.push_back({m.peer, m.send, m.first, m.nsteps, chunk, mv, done});
   }
   return s;
 }
@@ -127,7 +145,7 @@ Schedule model_p2p(const ncclComm* c, int src, int dst, bool me_is_src, uint64_t
   s.total_steps = 1;
   s.step_ns = mv == kNever ? 0 : mv;
   s.finish = mv == kNever ? kNever : t0 + mv;
-  s.mine.push_back({me_is_src ? dst : src, me_is_src, 0, 1, bytes, mv});
+  s.mine.push_back({me_is_src ? dst : src, me_is_src, 0, 1, bytes, mv, mv == kNever ? 0 : 1});
   return s;
 }
 

@@ -13,8 +13,12 @@
  *
  * Per-rank transfers (`mine`) are what the profiler plugin sees: step s of a transfer
  * starts at t0 + s * step_ns and moves its chunk in (lat + chunk / bw(link)) * jitter,
- * so on a slow link those steps are slow and on a hung link they never end, while the
- * other links' steps finish on time.
+ * so on a slow link those steps are slow and on a hung link they never end. A transfer
+ * that forwards data (a ring's, a chain's) stops where its data stops: in a ring, step s
+ * of link i -> i+1 forwards what link i-1 -> i moved at step s-1, so a link d hops after
+ * a hung one completes d steps and waits for the next (the ring's data dependency, as in
+ * NCCL's ring kernels); a chain's links after a hung one move nothing. Transfers that
+ * nothing upstream feeds (alltoall, gather, scatter, p2p) finish on time.
  */
 #ifndef SIMNCCL_TIMELINE_H
 #define SIMNCCL_TIMELINE_H
@@ -35,6 +39,7 @@ struct Transfer {
   int nsteps;
   uint64_t step_bytes;
   uint64_t move_ns; /* duration of each of its steps; kNever on a hung link */
+  int done_steps;   /* steps it completes: nsteps, or fewer behind a hung link (see model_coll) */
 };
 
 struct Schedule {
