@@ -103,7 +103,7 @@ def test_summaries_grouped_or_interleaved_keep_the_same_rows():
     """The master takes summaries that come as agents send them (each communicator's rows one
     run in seq order) without a sort (Engine._feed_opsum), others sorted: both keep the same
     rows for every communicator and the same members' progress."""
-    from c4d.engine.engine import _grouped
+    from c4d.engine.ingest_summaries import grouped as _grouped
     from tests import hostile as H
 
     t, cids = H.now_ns(), (0x72, 0x71, 0x73)
@@ -142,7 +142,7 @@ def test_summaries_ordered_by_their_runs_as_a_full_sort_orders_them():
     """Engine._feed_opsum groups a chunk's summaries by sorting their runs (an agent's message
     holds each communicator's rows in seq order); runs of one communicator that overlap in seq,
     repeated seqs and rows in no runs at all take the full sort: always np.lexsort's order."""
-    from c4d.engine.engine import _comm_seq_order
+    from c4d.engine.ingest_summaries import comm_seq_order as _comm_seq_order
 
     rng = np.random.default_rng(5)
     by_runs = 0

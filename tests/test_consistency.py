@@ -19,10 +19,9 @@ from conftest import wait_for
 from c4d import schema
 from c4d.agent.summary import Summariser
 from c4d.engine import Engine, EngineConfig
-from c4d.engine import engine as engine_mod
 from c4d.engine.consistency import PendingWatch
 from c4d.engine.types import DiagKind, Target
-from tests import factories
+from tests import factories, one_comm_at_a_time
 
 MS = 1_000_000
 
@@ -77,7 +76,8 @@ def test_a_disagreeing_member_is_named_at_once(fields, differs, batched, monkeyp
     """One rank of a 4-member DP all-reduce calls it differently: one CollectiveMismatch WARNING,
     that rank alone, what differs and both sides' values, at the first tick after the last
     member's record; nothing else, nothing isolated (the job goes on)."""
-    monkeypatch.setattr(engine_mod, "BATCHED", batched)
+    if not batched:
+        one_comm_at_a_time.use(monkeypatch)
     model, batches = factories.build_cached(JOB)
     bs, cid, last = _mutate(batches, rank=3, nranks=4, seq=5, **fields)
     run = factories.replay(JOB, lambda: Engine(EngineConfig()), bs, model)
@@ -210,7 +210,8 @@ def test_an_op_that_hangs_everywhere_is_named_from_heartbeats(fields, differs, b
     heartbeats within one heartbeat and a tick of the last member's arrival, that rank alone,
     both sides' values; the stall then counted on as the same incident up to ERROR, never a
     hardware verdict, nothing isolated."""
-    monkeypatch.setattr(engine_mod, "BATCHED", batched)
+    if not batched:
+        one_comm_at_a_time.use(monkeypatch)
     model, batches = factories.build_cached(HANG_JOB)
     ci, seq, members, last = hung_op(model, 4)
     cid = model.comms[ci].cid

@@ -1,7 +1,7 @@
 """The batched collective path (reduce.reduce_comms: every communicator's complete ops of a chunk
 in a few vectorized passes) gives exactly what reducing one communicator at a time gives
-(Comm.add_collectives, Comm.add_heartbeats: kept reachable through engine.BATCHED for this
-comparison): the same COMPLETED rows, OP_SPLIT rows, clock offsets, communicator state and
+(Comm.add_collectives, Comm.add_heartbeats: tests/one_comm_at_a_time.py, the reference this
+compares with): the same COMPLETED rows, OP_SPLIT rows, clock offsets, communicator state and
 diagnoses, bit for bit."""
 
 from __future__ import annotations
@@ -9,13 +9,13 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import one_comm_at_a_time
 import pytest
 import records
 from factories import Fault, Job, build_cached, replay
 
 from c4d import schema
-from c4d.engine import Engine, EngineConfig
-from c4d.engine import engine as engine_mod
+from c4d.engine import Engine, EngineConfig, ingest_ops
 from c4d.engine.comm import Comm
 from c4d.engine.pool import Pool
 
@@ -56,7 +56,8 @@ def _run(job: Job, batched: bool, monkeypatch, drop_register: tuple[int, ...] = 
         keep = lambda b: b[~((b["kind"] == schema.Kind.REGISTER) & np.isin(b["rank"], drop_register))]  # noqa: E731
         batches = [(t, keep(b)) for t, b in batches]
     with monkeypatch.context() as mp:
-        mp.setattr(engine_mod, "BATCHED", batched)
+        if not batched:
+            one_comm_at_a_time.use(mp)
         mp.setattr(Comm, "keep_completed", record)
         run = replay(job, lambda: Engine(EngineConfig(), split=True), batches, model)
     R = run.engine.ranks
@@ -133,10 +134,10 @@ def test_a_freed_communicators_pool_ranges_go_fresh_to_the_next_of_its_size():
 def test_a_chunk_with_more_ops_than_ring_slots_matches_one_at_a_time(monkeypatch):
     """A chunk holding more of a communicator's ops than its ring has slots (W = 1,024 for two
     ranks: ops 1,024 apart share one, two of them incomplete) takes the counted path of
-    engine._rows_per_slot and completes exactly what Comm.add_collectives completes (the ring
+    ingest_ops._rows_per_slot and completes exactly what Comm.add_collectives completes (the ring
     keeps the newest op of a slot); a chunk within the ring takes the shortcut."""
     took: list[bool] = []
-    orig = engine_mod._rows_per_slot
+    orig = ingest_ops._rows_per_slot
 
     def spy(ci_o, seq_o, gslot, o, heads, size, W):
         out = orig(ci_o, seq_o, gslot, o, heads, size, W)
@@ -150,12 +151,13 @@ def test_a_chunk_with_more_ops_than_ring_slots_matches_one_at_a_time(monkeypatch
         made.append(out.tobytes())
         orig_completed(self, out, gaps)
 
-    monkeypatch.setattr(engine_mod, "_rows_per_slot", spy)
+    monkeypatch.setattr(ingest_ops, "_rows_per_slot", spy)
     monkeypatch.setattr(Comm, "keep_completed", record)
     got = {}
     for batched in (True, False):
         made.clear()
-        monkeypatch.setattr(engine_mod, "BATCHED", batched)
+        if not batched:  # (after the batched run)
+            one_comm_at_a_time.use(monkeypatch)
         eng = Engine(EngineConfig())
         hello = np.concatenate([records.register(0, "n0"), records.register(1, "n0")])
         eng.feed(hello.view(schema.HEADER), 0)

@@ -176,3 +176,28 @@ def test_the_engine_memory_modules_import_only_the_ones_below_them():
     }
     assert {m: b for m, b in bad.items() if b} == {}
     assert "c4d.engine.state" not in top  # split by concern into the modules above
+
+
+# The parts under the Engine facade (engine.py): the input side (batches cut into chunks, chunks
+# into the memory) and the output side (a tick's diagnoses, the live view) read the memory and
+# the judges; neither imports the facade, nor the other side.
+ENGINE_INPUT = (
+    "c4d.engine.chunking",
+    "c4d.engine.comm_index",
+    "c4d.engine.ingest",
+    "c4d.engine.ingest_ops",
+    "c4d.engine.ingest_summaries",
+)
+ENGINE_OUTPUT = ("c4d.engine.emission", "c4d.engine.snapshot")
+
+
+def test_the_engine_parts_import_neither_the_facade_nor_the_other_side():
+    top, inner = _import_graph()
+    bad = {}
+    for side, other in ((ENGINE_INPUT, ENGINE_OUTPUT), (ENGINE_OUTPUT, ENGINE_INPUT)):
+        for m in side:
+            got = (top[m] | inner[m]) & {"c4d.engine.engine", *other}
+            if got:
+                bad[m] = sorted(got)
+    assert bad == {}
+    assert {"c4d.engine.chunking", "c4d.engine.ingest", "c4d.engine.emission"} <= top["c4d.engine.engine"]
