@@ -6,7 +6,7 @@
   at most ``schema.OPSUM_MAX_MEMBERS``) becomes one OPSUM record once every member's OP
   record is in. The agent reduces it with the master's own code (``Comm._reduce`` on one
   host clock), so the master's engine gets the COMPLETED row it would have made itself
-  (``Engine._feed_opsum``): same last arriver, wait, transfer, and every member's compute.
+  (``ingest_summaries.SummaryIngest.feed``): same last arriver, wait, transfer, and every member's compute.
 * A collective whose members disagree (op, count, dtype, root, reduction op: the master's
   c4d/engine/consistency.py) is never summarised: every member's OP record of it goes to the
   master as it came (the agent holds the records of a node-local collective until every member's

@@ -9,7 +9,11 @@
 Modules: the engine's memory, numpy arrays filled chunk by chunk (lowest first: ``rows``
 record rows and row helpers, ``ranks`` per rank, ``compute`` compute gaps, ``pool`` every
 communicator's arrays and the byte budgets, ``reduce`` complete ops to rows, ``comm`` per
-communicator, ``p2p_pairs`` sends paired with receives); ``clock`` (offsets), ``hang``
+communicator, ``p2p_pairs`` sends paired with receives); the way in and out (``engine`` the
+``Engine`` facade composing them: ``chunking`` batches cut into chunks, ``comm_index``
+communicators by id, ``ingest`` a chunk kind by kind, ``ingest_ops`` OP rows,
+``ingest_summaries`` node summaries, ``emission`` findings made diagnoses, ``snapshot`` the
+live view's state); ``clock`` (offsets), ``hang``
 (wait-for graph: hangs, mismatches and lost ranks), ``slow`` (check windows), ``blame``
 (rank or link behind a slow unit), ``peer`` (link localization from PEER progress),
 ``calibration`` (confidence measured on the randomized benchmark), ``types`` (Diagnosis,

@@ -358,7 +358,7 @@ class Comm:
 
     def add_collectives(self, ops: np.ndarray, cum: np.ndarray, ranks: RankTable, gain: float) -> np.ndarray:
         """Scatter collective OP rows into the ring; return COMPLETED rows of the ops now complete.
-        (The engine does this for all communicators of a chunk at once: Engine._collectives.)"""
+        (The engine does this for all communicators of a chunk at once: ingest_ops.OpIngest._collectives.)"""
         self.version += 1
         self.has_coll = True
         seq = ops["seq"].astype(np.int64)

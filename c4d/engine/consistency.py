@@ -6,7 +6,7 @@ op, element count, dtype, root or reduction op hang, or complete with wrong data
 compares them as they arrive, at no cost to the job:
 
 * **Records.** Each chunk's collective rows, already sorted by (communicator, seq, comm rank)
-  for the engine (Engine._collectives), are compared op by op with numpy (a min and a max of
+  for the engine (ingest_ops.OpIngest._collectives), are compared op by op with numpy (a min and a max of
   two signature columns per op). An op whose members all sent their rows within the chunk
   and agree leaves nothing behind (the common case); the others are kept in a small sorted
   table keyed by (communicator, seq) holding the first row's signature and how many rows came,

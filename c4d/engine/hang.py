@@ -836,7 +836,7 @@ def _lost(G: WaitGraph, ranks: RankTable, term_sources, common) -> list[Finding]
     if explained:
         d = common(sorted({k for t in explained for k in term_sources[t]}), d)
     # ranks of a lost rank's node that are silent too but not for long enough yet: a node that
-    # dies is one event, so the first diagnosis waits for them (Engine._count, up to T/2)
+    # dies is one event, so the first diagnosis waits for them (emission.Emission._count, up to T/2)
     nodes = {int(ranks.node[g]) for g in lost if ranks.node[g] >= 0}
     near = np.flatnonzero(G.stale & ~G.lost & np.isin(ranks.node[: len(G.stale)], list(nodes)))
     if len(near):

@@ -107,7 +107,7 @@ class P2PPairs:
         self, ops: OpCols, comm: np.ndarray, shared: np.ndarray, comms: dict[int, Comm], ranks: RankTable
     ) -> None:
         """p2p OP rows of one chunk (their columns), with each row's communicator index and
-        whether it shares its group's events (Engine._shares_events)."""
+        whether it shares its group's events (ingest_ops.shares_events)."""
         done = ops.end > 0
         if not done.any():
             return

@@ -3,7 +3,7 @@
 The arrays a chunk's OP and HEARTBEAT rows update (membership, heartbeat counters,
 ``op_done``, the ring's tags) live in one ``Pool`` for every communicator, each ``Comm``
 holding views of its ranges, so one fancy-indexed assignment updates them all
-(c4d/engine/engine.py: ``_collectives``, ``_feed_heartbeats``). Beside them, every
+(``ingest_ops.OpIngest._collectives``, ``ingest.Ingest._heartbeats``). Beside them, every
 communicator's p2p completion counters (``P2PDone``), OP rows ingested (``RateLog``) and node
 agents' summaries not handed out yet (``SummaryBlock``), and the byte budgets of what a sender
 can make the engine hold (``budget_from_env``, ``Pool.room``, ``Pool.keep``).
@@ -239,7 +239,7 @@ class Pool:
     """The per-member and per-slot arrays that a chunk's collective rows update (membership,
     ``op_done``, ``last_cum``; the ring's ``tag``, ``opk``, ``processed``) of every
     communicator, in one flat array each, so the engine updates all communicators' with one
-    numpy call (Engine._feed_ops). Each Comm's arrays are views of its ranges (``mbase``,
+    numpy call (ingest_ops.OpIngest.feed). Each Comm's arrays are views of its ranges (``mbase``,
     ``sbase``), re-pointed when the pool grows; a freed communicator's ranges go to the next
     communicator of its size, so the pool holds at most as many as were alive at once."""
 

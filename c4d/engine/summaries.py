@@ -6,7 +6,7 @@ master's loop can therefore read them where it has the rows' columns already (th
 them, c4d.columns): for an engine in a process of its own, whose process is the master's
 bound while the loop waits half the time (c4d.engine_process), they travel read. The engine
 then checks them, sorts them by communicator, puts their times on its clock and keeps them
-(``Engine._feed_opsum``).
+(``ingest_summaries.SummaryIngest.feed``).
 """
 
 from __future__ import annotations
