@@ -5,7 +5,7 @@
     python analysis/bench_analyze.py --quick --json     # 4 and 16 MiB: a smoke run; figures on the last line
     python analysis/bench_analyze.py --sizes-mib 1024 --report --before main   # c4d report's peak RSS too
 
-The trace is synthetic but valid, and written by the real trace writer (c4d.trace.TraceWriter,
+The trace is synthetic but valid, and written by the real trace writer (c4d.record.trace.TraceWriter,
 format 2 frames, master TICKs every 200 ms): tests/factories.py models a 64-rank job (tp 8,
 pp 2, dp 4; OP, HEARTBEAT, PEER, REGISTER and COMM records as the shim sends them, arrival
 times and ±50 ms node clock skew as a master sees them) for a base stretch, and that stretch
@@ -36,8 +36,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from c4d import schema  # noqa: E402
-from c4d.trace import TraceWriter  # noqa: E402
+from c4d.record import schema  # noqa: E402
+from c4d.record.trace import TraceWriter  # noqa: E402
 
 _SEQ = {
     schema.Kind.OP: ("seq",),

@@ -14,7 +14,7 @@ Hangs. Each case: the same job with the job's default 1 s heartbeats and a DP al
 hangs on every member (a stopped link at a random step), one member's heartbeats saying another
 count or dtype for it (what a rank that called it so reports, c4d schema 2): the master time
 from the last member's arrival at the op to the evaluation that named it, against the heartbeat
-period. Fed as c4d.master feeds it (``factories.as_master``): ticks every 200 ms, and one more when
+period. Fed as c4d.master.master feeds it (``factories.as_master``): ticks every 200 ms, and one more when
 the master's pending watch (consistency.PendingWatch) says the heartbeat just fed completed the
 evidence, a quarter tick after the last tick at the earliest. Every member's first heartbeat
 after it issued the op says so, within one period of the last arrival: the verdict comes within
@@ -37,9 +37,9 @@ _ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(_ROOT), str(_ROOT / "tests")]
 import factories  # noqa: E402
 
-from c4d import schema  # noqa: E402
 from c4d.engine import Engine, EngineConfig  # noqa: E402
 from c4d.engine.types import DiagKind  # noqa: E402
+from c4d.record import schema  # noqa: E402
 
 CHANGES = {
     "dtype": {"dtype": int(schema.DType.int32)},

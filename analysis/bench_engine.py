@@ -7,8 +7,8 @@ The load comes from the record factories in tests/factories.py (the same stream 
 sends: OP, HEARTBEAT, PEER, REGISTER, COMM, with ±50 ms node skew). It is fed two ways:
 as the ranks' own batches (one feed per ZeroMQ message, as received) and coalesced the
 way a master loop can feed everything it received in one poll (one feed per 50 ms of
-arrivals). Ticks every 200 ms as in c4d.master. Each is run on the engine alone and through
-the master's ingest path (c4d/ingest.py: edge validation, c4d/validate.py, then the engine).
+arrivals). Ticks every 200 ms as in c4d.master.master. Each is run on the engine alone and through
+the master's ingest path (c4d/intake/ingest.py: edge validation, c4d/intake/validate.py, then the engine).
 ``--synthetic N`` feeds instead one second of bench_master's synthetic job of N ranks (tp 8,
 pp 4: many more communicators per chunk). Prints records/s for each, measured in CPU time of
 this process (the machine may be shared);
@@ -58,8 +58,8 @@ if len(sys.argv) > 2 and sys.argv[1] == "--instructions-child":
 import factories  # noqa: E402
 
 from c4d.engine import Engine, EngineConfig  # noqa: E402
-from c4d.ingest import Ingest  # noqa: E402
-from c4d.validate import Edge  # noqa: E402
+from c4d.intake.ingest import Ingest  # noqa: E402
+from c4d.intake.validate import Edge  # noqa: E402
 
 
 def drive(
@@ -220,7 +220,7 @@ def main() -> int:
         ("per message (as received)", None, False, "records_per_s_per_message"),
         ("coalesced per 50 ms poll", 50_000_000, False, "records_per_s"),
         ("per message, edge + engine", None, True, "records_per_s_edge_per_message"),
-        # what c4d.master does (Ingest.feed_many)
+        # what c4d.master.master does (Ingest.feed_many)
         ("coalesced, edge + engine", 50_000_000, True, "records_per_s_edge"),
     ]
     was: list[dict[str, float]] = []

@@ -174,9 +174,9 @@ def run_ours(directory: str, root: str | None = None) -> int:
 
     if root and not Path(c4d.__file__).resolve().is_relative_to(Path(root).resolve()):
         raise SystemExit(f"--c4d-root {root}: imported {c4d.__file__} instead")
-    from c4d.analyze import replay
     from c4d.engine import Engine, EngineConfig
     from c4d.formats.detect import load_any
+    from c4d.offline.analyze import replay
 
     t0 = time.perf_counter()
     rt = load_any(directory, on_warning=lambda w: print(f"warning: {w}", file=sys.stderr))

@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rich.console import Console
 
-from c4d.live import render
+from c4d.master.live import render
 from tests.test_live_render import big_state
 
 

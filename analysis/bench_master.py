@@ -7,7 +7,7 @@
 A synthetic TP x PP x DP job (analysis/master_load.py: valid v1 records, 500 collectives per
 second per rank, 8 ranks a node, slow-detection windows of ``--window-s``: 1 s by default, ten
 times as many windows to judge as C4D_CONN_BW_CHECK_PERIOD's default of 10 s) is sent through
-real ZeroMQ by a sender process to a real ``c4d.master.Master`` (collector, edge validation,
+real ZeroMQ by a sender process to a real ``c4d.master.master.Master`` (collector, edge validation,
 engine; no trace) in this process:
 
 * capacity: a sender pushes a job's records as fast as the master takes them; records/s the
@@ -54,7 +54,7 @@ sys.path[:0] = [str(_ROOT), str(_ROOT / "analysis")]
 
 from master_load import Load, Shape  # noqa: E402
 
-from c4d import schema  # noqa: E402
+from c4d.record import schema  # noqa: E402
 
 CHUNK_ROUNDS = 25  # rounds per window a sender sends at once (50 ms at 500 rounds/s)
 SENDER_NICE = -10  # the sender's priority where the system allows it (_ahead)
@@ -87,12 +87,12 @@ def _sender(endpoint: str, shape: Shape, agents: bool, rounds: int, paced: bool,
     load = Load(shape, t0_ns, agents=agents, hang=hang)
     pre = [load.messages(a, b) for a, b in wins]  # built before the clock starts: sending is all it does
     h = load.hello()
-    from c4d.collector import MAX_MESSAGE_BYTES
+    from c4d.master.collector import MAX_MESSAGE_BYTES
 
     per = MAX_MESSAGE_BYTES // h.itemsize - 1  # rows under the master's message limit
     hello = [h[i : i + per] for i in range(0, len(h), per)]
     ready.set()
-    from c4d import wire
+    from c4d.record import wire
 
     # stamped when sent: sent before the job's clock starts (t0), a REGISTER stamped t0 would
     # tell the master the ranks' clocks run ahead (clock.py's receipt bound) and make every
@@ -142,7 +142,7 @@ def _quiet() -> None:
 
 
 def _master(tick_s: float = 0.2, engine_process: bool = False):
-    from c4d.master import Master, MasterConfig
+    from c4d.master.master import Master, MasterConfig
 
     _quiet()
     return Master(MasterConfig(bind="tcp://127.0.0.1:*", tick_s=tick_s, engine_process=engine_process))
@@ -365,7 +365,7 @@ def paced(shape: Shape, agents: bool, seconds: float, hang_at_s: float, engine_p
 def agent_rate(seconds: float) -> dict:
     """Records/s one node agent's edge + summariser take (a node of 8 ranks of a 32-rank job)."""
     from c4d.agent.summary import Summariser
-    from c4d.validate import Edge
+    from c4d.intake.validate import Edge
 
     shape = Shape(tp=8, pp=2, dp=2)
     load = Load(shape, time.time_ns())

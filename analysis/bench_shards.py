@@ -34,8 +34,8 @@ sys.path[:0] = [str(_ROOT), str(_ROOT / "analysis")]
 
 from master_load import Load, Shape  # noqa: E402
 
-from c4d.analyze import make_engine  # noqa: E402
 from c4d.engine import shard  # noqa: E402
+from c4d.offline.analyze import make_engine  # noqa: E402
 
 FLUSH_ROUNDS = 50  # an agent flushes every 100 ms: 50 rounds at 500 rounds/s
 TICK_ROUNDS = 100  # the master ticks every 0.2 s

@@ -66,7 +66,7 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from c4d import native
+from c4d.util import native
 
 BENCH = re.compile(r"bench ns_per_call=([0-9.]+) cpu_ns_per_call=([0-9.]+)")
 SUMMARY = re.compile(r"(\d+) records sent, (\d+) dropped \(queue full (\d+)")

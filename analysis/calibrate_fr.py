@@ -49,10 +49,10 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 import fr_factory as f  # noqa: E402
 
-from c4d import analyze  # noqa: E402
 from c4d.engine import Engine, EngineConfig  # noqa: E402
 from c4d.engine.calibration import wilson_lower  # noqa: E402
 from c4d.formats.detect import load_any  # noqa: E402
+from c4d.offline import analyze  # noqa: E402
 
 CASES = ("skip", "missing", "lost", "gone", "op", "count", "dtype", "slow", "clean")
 MODES = ("pending", "retired")

@@ -22,7 +22,7 @@ c4d/engine/calibration_table.py; learn on one seed, check on another.
 A fault is *observable* when its rank reached the fault's step and the job then ran long
 enough to see it (T + 1 s for hangs, two check periods + 1 s for slow kinds), and it is not
 a transient stall shorter than 1.5 T or a transient slowdown. Thresholds: T = 1 s,
-C4D_HANG_TIMES = 3, 1 s check periods (c4d.scenarios.SCENARIO_ENV).
+C4D_HANG_TIMES = 3, 1 s check periods (c4d.sim.scenarios.SCENARIO_ENV).
 """
 
 from __future__ import annotations
@@ -43,11 +43,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from rich.console import Console
 from rich.table import Table
 
-from c4d import scenarios
 from c4d.engine import calibration_table
 from c4d.engine.calibration import confidence, wilson_lower
+from c4d.engine.incidents import Incidents
 from c4d.engine.types import DiagKind, Diagnosis, How, Level, Localization, Target
-from c4d.incidents import Incidents
+from c4d.sim import scenarios
 
 T_S, TIMES, PERIOD_S = 1.0, 3, 1.0
 BUCKETS = [(0.0, 0.2), (0.2, 0.4), (0.4, 0.6), (0.6, 0.8), (0.8, 0.9), (0.9, 1.01)]
@@ -66,7 +66,7 @@ class FaultResult:
     error_s: float | None = None
     info_s: float | None = None
     errors: int = 0  # ERROR diagnoses about it
-    incidents: int = 0  # incidents (c4d.incidents) whose first diagnosis is about it
+    incidents: int = 0  # incidents (c4d.engine.incidents) whose first diagnosis is about it
     blacklisted: bool = False
     effect: float = math.inf  # comm-slow: how much it slows the most affected communicator
     measured: float | None = None  # comm-slow: the slowdown the trace shows (scenarios.measured_slowdown)
@@ -146,7 +146,7 @@ def score(o: scenarios.Outcome) -> JobResult:
 
 
 def _incidents(diagnoses: list[dict]) -> list[dict]:
-    """The first diagnosis (as JSON) of each incident c4d.incidents folds the job's stream into."""
+    """The first diagnosis (as JSON) of each incident c4d.engine.incidents folds the job's stream into."""
     objs = [_diag(d) for d in diagnoses]
     where = {id(x): i for i, x in enumerate(objs)}
     return [diagnoses[where[id(inc.first)]] for inc in Incidents.fold(objs)]

@@ -27,9 +27,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from c4d import schema
 from c4d.agent.heartbeats import HeartbeatMerge
-from c4d.schema import Kind, Op, OpFlag
+from c4d.record import schema
+from c4d.record.schema import Kind, Op, OpFlag
 
 _V = np.dtype((np.void, schema.RECORD_SIZE))
 US = 1000
@@ -124,7 +124,7 @@ class Load:
 
     def messages(self, k0: int, k1: int) -> list[bytes]:
         """Rounds [k0, k1) as ZeroMQ messages: one batch per sender (rank or node agent)."""
-        from c4d import wire
+        from c4d.record import wire
 
         raw, who = self.by_sender(k0, k1)
         cuts = np.flatnonzero(who[1:] != who[:-1]) + 1

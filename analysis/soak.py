@@ -49,8 +49,9 @@ import zmq
 _ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(_ROOT))
 
-from c4d import faults, schema, wire  # noqa: E402
-from c4d.sim import SimConfig, SimJob  # noqa: E402
+from c4d.record import schema, wire  # noqa: E402
+from c4d.sim import faults  # noqa: E402
+from c4d.sim.sim import SimConfig, SimJob  # noqa: E402
 
 MASTER_FLAT_KIB_PER_MIN = 1024.0  # "flat": a master grows less than 1 MiB a minute once warm
 RANK_FLAT_KIB_PER_MIN = 256.0

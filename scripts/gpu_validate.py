@@ -2,7 +2,7 @@
 without libc4d.so preloaded, their records collected here, one JSON summary line last.
 
 Every worker (scripts/gpu_validate_worker.py) is a world-size-1 NCCL loop. The shim's records
-arrive at an in-process collector (a ZeroMQ PULL socket decoded with c4d.wire, what
+arrive at an in-process collector (a ZeroMQ PULL socket decoded with c4d.record.wire, what
 `c4d master` does), one worker at a time. Checks (docs/gpu-validation.md says what each
 proves):
 
@@ -44,7 +44,7 @@ from typing import Any, NoReturn
 import numpy as np
 import zmq
 
-from c4d import schema, wire
+from c4d.record import schema, wire
 
 HERE = Path(__file__).resolve().parent
 SIM_DEVICES = 2  # --sim: simnccl shows this many devices; the loop uses the last, as on a GPU machine

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from c4d import native
+from c4d.util import native
 
 
 @pytest.fixture(scope="session")

@@ -19,7 +19,7 @@ HEARTBEAT every ``hb_ms`` per comm and per process (comm 0) with issued/arrived/
 the oldest pending op, REGISTER and COMM at start (REGISTER again every 10 heartbeats),
 PEER per op and direction (progress snapshots while a collective hangs), FINAL heartbeats
 at a clean exit. Each rank flushes a batch every ``flush_ms``; the master receives it
-``latency_us`` later. ``replay`` drives an engine exactly like c4d.master: records stamped
+``latency_us`` later. ``replay`` drives an engine exactly like c4d.master.master: records stamped
 with the latest tick, ``tick`` every ``tick_ms``.
 """
 
@@ -32,8 +32,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from c4d import schema
-from c4d.schema import HBF_FINAL, Kind, Op, OpFlag
+from c4d.record import schema
+from c4d.record.schema import HBF_FINAL, Kind, Op, OpFlag
 
 T0 = 1_700_000_000_000_000_000
 INF = math.inf
@@ -707,7 +707,7 @@ def build(job: Job) -> tuple[Model, list[tuple[float, np.ndarray]]]:
 
 
 def replay(job: Job, engine_factory, batches=None, model=None) -> Run:
-    """Feed the job's batches to a fresh engine like c4d.master does; collect every diagnosis."""
+    """Feed the job's batches to a fresh engine like c4d.master.master does; collect every diagnosis."""
     if batches is None:
         model, batches = build(job)
     eng = engine_factory()
@@ -734,7 +734,7 @@ def run(job: Job, **cfg) -> Run:
 
 
 def as_master(job: Job, batches, agents: bool = False, early: bool = True) -> tuple[list, Any]:
-    """The diagnoses of the stream fed as c4d.master feeds it: stamped with the latest tick's time,
+    """The diagnoses of the stream fed as c4d.master.master feeds it: stamped with the latest tick's time,
     a tick every ``tick_ms``, and (``early``) one more when its pending watch
     (consistency.PendingWatch) says the batch just fed completed a disagreement, a quarter tick
     after the last tick at the earliest. ``agents``: each node's batches through its own node

@@ -21,8 +21,8 @@ import time
 import numpy as np
 import zmq
 
-from c4d import schema, wire
-from c4d.collector import MAX_MESSAGE_BYTES
+from c4d.master.collector import MAX_MESSAGE_BYTES
+from c4d.record import schema, wire
 
 # records of the largest message the master takes, as a node agent may send
 BIG = (MAX_MESSAGE_BYTES - schema.BATCH_HEADER.itemsize) // schema.RECORD_SIZE

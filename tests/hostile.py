@@ -9,8 +9,8 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from c4d import schema
-from c4d.schema import Kind
+from c4d.record import schema
+from c4d.record.schema import Kind
 
 WORLD_COMM = 0xC0FFEE
 

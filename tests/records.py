@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from c4d import schema
+from c4d.record import schema
 
 
 def ops(n: int, rank: int = 0, comm_id: int = 0xC0FFEE, start_seq: int = 0) -> np.ndarray:

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from c4d.master import Master, MasterConfig
-from c4d.sim import QUICK_ENV, SimConfig, SimJob
+from c4d.master.master import Master, MasterConfig
+from c4d.sim.sim import QUICK_ENV, SimConfig, SimJob
 from tests.conftest import c4d_cmd, free_port, wait_for
 
 SIM = ["--ranks", "8", "--ranks-per-node", "2", "--tp", "2", "--pp", "1", "--steps", "300", "--quick"]
@@ -193,7 +193,7 @@ def test_an_agent_reconnects_to_a_restarted_master(tmp_path):
 def test_an_agent_reaches_a_curve_master_with_the_jobs_key(tmp_path):
     """A master with CURVE (c4d keygen) admits the agent that holds its public key, as it admits
     a shim with C4D_CURVE_SERVER_KEY; the job id travels as the connection property."""
-    from c4d import curve
+    from c4d.master import curve
 
     if not curve.available():
         return  # a libzmq without CURVE: nothing to test (the master would refuse --curve)

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from c4d import schema
 from c4d.agent.heartbeats import HeartbeatMerge, PeerMerge
-from c4d.schema import Kind
+from c4d.record import schema
+from c4d.record.schema import Kind
 from tests import hostile as H
 from tests.test_agent_untrusted import _job, _opsum
 

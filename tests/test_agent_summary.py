@@ -14,11 +14,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from c4d import analyze, schema, trace
 from c4d.agent import replay
 from c4d.agent.summary import Summariser
-from c4d.ingest import Ingest
-from c4d.validate import Edge, Limits
+from c4d.intake.ingest import Ingest
+from c4d.intake.validate import Edge, Limits
+from c4d.offline import analyze
+from c4d.record import schema, trace
 from tests.golden import make_golden
 
 GOLDEN = Path(make_golden.__file__).resolve().parent
@@ -173,7 +174,7 @@ def test_summaries_ordered_by_their_runs_as_a_full_sort_orders_them():
 def test_summaries_read_in_the_masters_loop_give_the_same_diagnoses(name, tmp_path):
     """With an engine process the master's loop reads the node summaries from the edge's columns
     and they travel read (c4d.engine.summaries): field for field what one process gives."""
-    from c4d.engine_process import EngineProcess
+    from c4d.master.engine_process import EngineProcess
 
     rt = _load(name, tmp_path)
     here, summ, _ = replay_through_agents(rt)
@@ -190,8 +191,8 @@ def test_summaries_read_in_the_masters_loop_give_the_same_diagnoses(name, tmp_pa
 def test_summaries_are_read_row_by_row():
     """Read from rows or from their columns, whole or in pieces joined, cut again, or sent
     between processes: the same arrays; frames that do not fit together are refused."""
-    from c4d.columns import Columns
     from c4d.engine.summaries import Summaries
+    from c4d.record.columns import Columns
 
     rng = np.random.default_rng(3)
     n = 500
@@ -224,7 +225,7 @@ def test_summaries_are_read_row_by_row():
 
 
 class _Apart:
-    """An in-process engine fed as an engine process feeds it (c4d.engine_process): each batch
+    """An in-process engine fed as an engine process feeds it (c4d.master.engine_process): each batch
     with node summaries apart (``Engine.feed_apart``), or every other one whole (``alternate``:
     a chunk of both kinds of batches)."""
 

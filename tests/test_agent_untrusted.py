@@ -7,11 +7,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from c4d import schema
 from c4d.engine import Engine, EngineConfig
-from c4d.ingest import Ingest
-from c4d.schema import Kind, Op
-from c4d.validate import Edge, Limits
+from c4d.intake.ingest import Ingest
+from c4d.intake.validate import Edge, Limits
+from c4d.record import schema
+from c4d.record.schema import Kind, Op
 from tests import hostile as H
 
 WORLD = 8
@@ -129,7 +129,7 @@ def _sender(endpoint: str, job: str | None):
 
 
 def _register(rank: int, job: str, t: int) -> bytes:
-    from c4d import wire
+    from c4d.record import wire
     from tests import flood
 
     return wire.encode(flood.register(rank, 8, t, job=job.encode(), pid=100 + rank).view(schema.HEADER), rank)
@@ -139,7 +139,7 @@ def _forwarded(a, up, until) -> np.ndarray:
     """Step the agent until ``until(rows forwarded so far)``; those rows."""
     import zmq
 
-    from c4d import wire
+    from c4d.record import wire
     from tests.conftest import wait_for
 
     got: list[np.ndarray] = []
@@ -238,7 +238,7 @@ def test_one_rank_alone_does_not_make_the_agents_job(tmp_path):
 # -- issue 41: never a job the master upstream refuses ----------------------------------------
 def _with_status(tmp_path, served_job: str | None, **cfg):
     """An Agent whose master's status endpoint (the real StatusServer) says it serves ``served_job``."""
-    from c4d.status import StatusServer
+    from c4d.master.status import StatusServer
 
     st = StatusServer(f"ipc://{tmp_path}/master.status")
     a, up = _agent_and_upstream(tmp_path, master_status=st.endpoint, **cfg)
@@ -255,7 +255,7 @@ def _with_status(tmp_path, served_job: str | None, **cfg):
 def _drain(up) -> np.ndarray:
     import zmq
 
-    from c4d import wire
+    from c4d.record import wire
 
     got = []
     while True:

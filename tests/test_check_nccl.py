@@ -221,7 +221,7 @@ def test_write_expected_turns_a_passing_run_into_the_masters_reference(tmp_path)
     assert p.returncode == 0, p.stderr
     assert f"c4d master --expected-busbw {out}" in p.stderr
     from c4d.engine.expected import ExpectedBusbw
-    from c4d.schema import Op
+    from c4d.record.schema import Op
 
     table = ExpectedBusbw.load(out)
     assert set(table.table) == {("net", int(Op.AllReduce))}

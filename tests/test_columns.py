@@ -1,12 +1,12 @@
-"""c4d.columns: every field of every record kind, cut from the transposed words, is bit for bit
+"""c4d.record.columns: every field of every record kind, cut from the transposed words, is bit for bit
 what the structured view gives (random bytes: NaNs, negative values, names without a NUL)."""
 
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from c4d import schema
-from c4d.columns import Columns
+from c4d.record import schema
+from c4d.record.columns import Columns
 
 DTYPES = [schema.HEADER, *schema.DTYPES.values()]
 

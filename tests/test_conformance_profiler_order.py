@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from c4d import schema
+from c4d.record import schema
 from tests.test_shim import Master, base_env, wait_records
 
 HERE = Path(__file__).resolve().parent

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from c4d import schema
+from c4d.record import schema
 from tests.test_shim import Master, base_env, wait_records
 
 HERE = Path(__file__).resolve().parent

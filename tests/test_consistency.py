@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 from conftest import wait_for
 
-from c4d import schema
 from c4d.agent.summary import Summariser
 from c4d.engine import Engine, EngineConfig
 from c4d.engine.consistency import PendingWatch
 from c4d.engine.types import DiagKind, Target
+from c4d.record import schema
 from tests import factories, one_comm_at_a_time
 
 MS = 1_000_000

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from c4d import schema, trace
+from c4d.record import schema, trace
 from tests.conftest import free_port, wait_for
 
 pytestmark = pytest.mark.slow

@@ -8,13 +8,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from c4d import schema
 from c4d.engine import Engine, EngineConfig
 from c4d.engine.comm import Comm
 from c4d.engine.pool import RING_CELL_BYTES
-from c4d.ingest import Ingest
-from c4d.schema import Kind
-from c4d.validate import Edge
+from c4d.intake.ingest import Ingest
+from c4d.intake.validate import Edge
+from c4d.record import schema
+from c4d.record.schema import Kind
 from tests import flood
 from tests import hostile as H
 

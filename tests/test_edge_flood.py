@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import zmq
 
-from c4d import schema, wire
+from c4d.record import schema, wire
 from tests import flood
 from tests.conftest import c4d_cmd, free_port, metrics_text, wait_for
 
@@ -135,7 +135,7 @@ def test_connections_over_the_budget_are_shut_and_come_back_when_there_is_room(t
     heard, as the shim does (every 10th heartbeat)."""
     import zmq
 
-    from c4d.collector import Collector, Intake
+    from c4d.master.collector import Collector, Intake
 
     c = Collector(f"ipc://{tmp_path}/m.sock", intake=Intake(queued_bytes=4 * Intake().held_per_sender()))
     assert c.intake.connections == 4
@@ -181,7 +181,7 @@ def test_connections_over_the_budget_are_shut_and_come_back_when_there_is_room(t
 
 @pytest.mark.slow
 def test_a_sender_without_the_curve_key_costs_the_master_nothing(tmp_path):
-    from c4d import curve
+    from c4d.master import curve
 
     if not curve.available():
         pytest.skip("this libzmq has no CURVE")
@@ -298,7 +298,7 @@ def test_an_agent_with_a_full_summariser_forwards_the_rest_as_it_came():
     """Past C4D_AGENT_COMM_BYTES a new node-local communicator is not summarised: its ops go to
     the master as they came (the master reduces them), so nothing is lost to the budget."""
     from c4d.agent.summary import Summariser
-    from c4d.validate import Edge
+    from c4d.intake.validate import Edge
 
     t = time.time_ns()
     s = Summariser(max_comm_bytes=1 << 20)
@@ -320,7 +320,7 @@ def test_a_connection_whose_end_the_monitor_never_reported_does_not_hold_a_place
     descriptors that are no longer its connections first."""
     import zmq
 
-    from c4d.collector import Collector, Intake
+    from c4d.master.collector import Collector, Intake
 
     c = Collector(f"ipc://{tmp_path}/m.sock", intake=Intake(queued_bytes=4 * Intake().held_per_sender()))
     ghosts = [os.open(tmp_path / f"f{i}", os.O_CREAT | os.O_RDWR) for i in range(4)]

@@ -1,7 +1,7 @@
 """Issue 41: a rank is its first registration. A later REGISTER of a registered rank naming
 another node or pid, or other thresholds, is refused and counted; a restarted rank (a new pid
 after the old one said FINAL, was declared lost, or fell silent) registers anew on its node.
-Through the real edge and engine (c4d/validate.py, c4d/ingest.py), and through the Master."""
+Through the real edge and engine (c4d/intake/validate.py, c4d/intake/ingest.py), and through the Master."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import io
 import numpy as np
 import pytest
 
-from c4d import schema
-from c4d.master import Master, MasterConfig
-from c4d.validate import Limits
+from c4d.intake.validate import Limits
+from c4d.master.master import Master, MasterConfig
+from c4d.record import schema
 from tests import hostile as H
 from tests import test_edge_master as EM
 from tests.test_edge_ingest import _job

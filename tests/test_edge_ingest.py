@@ -1,4 +1,4 @@
-"""Issue 14 at the ingest path (c4d/validate.py + c4d/ingest.py + the real engine, as the master
+"""Issue 14 at the ingest path (c4d/intake/validate.py + c4d/intake/ingest.py + the real engine, as the master
 and `c4d analyze` drive them): each hostile input is dropped and counted by reason, memory
 grows by less than a stated bound (tracemalloc: Python objects and numpy buffers), and the
 good records around it all reach the engine."""
@@ -11,11 +11,11 @@ import subprocess
 import numpy as np
 import pytest
 
-from c4d import schema, trace
 from c4d.engine import Engine, EngineConfig
-from c4d.ingest import Ingest
-from c4d.schema import Kind
-from c4d.validate import Edge, Limits
+from c4d.intake.ingest import Ingest
+from c4d.intake.validate import Edge, Limits
+from c4d.record import schema, trace
+from c4d.record.schema import Kind
 from tests import hostile as H
 from tests.conftest import c4d_cmd
 
@@ -239,7 +239,7 @@ def test_an_exception_in_one_batch_drops_that_batch_only(caplog):
         real_feed(raw, recv_ns, **kw)
 
     eng.feed = flaky  # the real engine, with one ingest failing the way issue 14's did
-    with caplog.at_level(logging.WARNING, logger="c4d.ingest"):
+    with caplog.at_level(logging.WARNING, logger="c4d.intake.ingest"):
         for k in range(3):
             ing.feed(H.as_header(H.allreduces(WORLD, range(10 * k, 10 * k + 10), t)), t)
     ing.tick(t + 100_000_000)
@@ -390,7 +390,7 @@ def test_the_table_bytes_charged_cover_what_the_master_holds():
     """Comm.table_bytes (what C4D_MAX_COMM_BYTES charges) is at least what the edge, the engine and
     the master's bookkeeping hold for a new communicator, and not far above it."""
     from c4d.engine.comm import Comm
-    from c4d.received import Received
+    from c4d.intake.received import Received
 
     for members, n in ((1, 4000), (8, 1000), (64, 200)):
         t = H.now_ns()

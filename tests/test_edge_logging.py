@@ -1,5 +1,5 @@
-"""Rate-limited logging (c4d/ratelog.py) and the Prometheus counters that carry the detail the
-log leaves out (c4d/metrics.py), with a clock the test controls."""
+"""Rate-limited logging (c4d/util/ratelog.py) and the Prometheus counters that carry the detail the
+log leaves out (c4d/master/metrics.py), with a clock the test controls."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from typing import ClassVar
 from prometheus_client import generate_latest
 
 from c4d.engine import Engine, EngineConfig
-from c4d.ingest import Ingest
-from c4d.metrics import Metrics
-from c4d.ratelog import RateLimitedLog
-from c4d.validate import Edge, Limits
+from c4d.intake.ingest import Ingest
+from c4d.intake.validate import Edge, Limits
+from c4d.master.metrics import Metrics
+from c4d.util.ratelog import RateLimitedLog
 from tests import hostile as H
 
 

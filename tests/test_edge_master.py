@@ -18,8 +18,8 @@ import time
 import numpy as np
 import pytest
 
-from c4d import schema, trace
-from c4d.master import Master, MasterConfig
+from c4d.master.master import Master, MasterConfig
+from c4d.record import schema, trace
 from tests import factories as F
 from tests import hostile as H
 from tests.conftest import c4d_cmd
@@ -156,7 +156,8 @@ def test_a_simulated_job_under_both_floods_gets_its_error_on_time(tmp_path, libc
 
     import zmq
 
-    from c4d import faults, sim, wire
+    from c4d.record import wire
+    from c4d.sim import faults, sim
 
     m = Master(MasterConfig(bind="tcp://127.0.0.1:0"))
     # the hang comes ~8 s in: after the flood's forged communicators went silent (evict_silent_s)

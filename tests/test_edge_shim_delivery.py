@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from c4d.master import Master, MasterConfig
-from c4d.sim import SimConfig, SimJob
+from c4d.master.master import Master, MasterConfig
+from c4d.sim.sim import SimConfig, SimJob
 from tests.conftest import free_port, wait_for
 
 SUMMARY = re.compile(r"rank (\d+) pid \d+: (\d+) records sent, (\d+) dropped .*?, (\d+) delivered")

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from factories import T0, Fault, Job, build_cached, replay
 
-from c4d import schema
 from c4d.engine import DiagKind, Engine, EngineConfig, Level
 from c4d.engine.config import DEFAULT_HANG_TIMEOUT_US
+from c4d.record import schema
 
 HANG = Job(
     tp=2, pp=2, dp=4, ranks_per_node=4, steps=30, skew_ms=50.0, faults=[Fault("noncomm-hang", rank=6, step=8)]
@@ -161,8 +161,8 @@ def test_state_lists_lost_ranks_and_comm_stats():
 
 def test_c4d_analyze_replay_of_a_trace_gives_the_live_diagnoses(tmp_path):
     """The master's loop (trace + feed per message + TICK) vs c4d.analyze.replay of the file."""
-    from c4d.analyze import replay as analyze_replay
-    from c4d.trace import TraceWriter, read_raw
+    from c4d.offline.analyze import replay as analyze_replay
+    from c4d.record.trace import TraceWriter, read_raw
 
     j = HANG
     model, batches = build_cached(j)

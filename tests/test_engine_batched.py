@@ -14,10 +14,10 @@ import pytest
 import records
 from factories import Fault, Job, build_cached, replay
 
-from c4d import schema
 from c4d.engine import Engine, EngineConfig, ingest_ops
 from c4d.engine.comm import Comm
 from c4d.engine.pool import Pool
+from c4d.record import schema
 
 # tp groups on one node, dp groups across nodes (one node in several of them: the waves),
 # pipeline stages on other nodes, ±50 ms node clocks, faults that the diagnoses must name

@@ -9,8 +9,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from c4d import schema
 from c4d.engine.compute import compute_gaps
+from c4d.record import schema
 
 
 def _reference(ops, last_end, compute_ns):

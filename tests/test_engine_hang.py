@@ -182,7 +182,7 @@ def test_state_snapshot_during_a_hang():
 def test_comm_hang_localized_when_only_moving_transfers_are_reported():
     """A progress source that reports a transfer only once it moved data: the silent ring edges
     are stuck. (Behind a stop a ring's transfers wait for data, so none of this op finishes.)"""
-    from c4d import schema
+    from c4d.record import schema
 
     j = job("dp8", Fault("comm-hang", rank=4, step=10))
     from factories import build_cached, replay

@@ -1,7 +1,12 @@
-"""Imports run one way: schema → wire / trace (file I/O only) → formats → engine (no I/O) →
-analyze → master / cli / report / live. Each module is imported in a fresh interpreter and
-what it pulled in is checked: a loader that knows the engine, an engine that knows the
-trace file, or an offline analysis that loads pyzmq fails here."""
+"""Imports run one way, floor by floor (c4d/*/__init__.py says what each package owns):
+
+    util, cli_common -> record -> engine, actions -> intake, formats -> offline, master
+    -> agent -> sim, run, check -> cli (and the facade c4d.analyze)
+
+A module imports only packages on floors below its own, at module level or inside a function.
+Each module named in FORBIDDEN is also imported in a fresh interpreter and what it pulled in is
+checked: a loader that knows the engine, an engine that knows the trace file, or an offline
+analysis that loads pyzmq fails here."""
 
 from __future__ import annotations
 
@@ -13,28 +18,70 @@ import pytest
 
 from tests.conftest import c4d_cmd
 
-UPPER_OF_TRACE = ("c4d.formats", "c4d.engine", "c4d.analyze", "c4d.master", "c4d.collector", "c4d.cli")
-NETWORK = ("zmq", "c4d.collector", "c4d.master")
-REPORTING = ("c4d.metrics", "c4d.report", "c4d.live", "c4d.cli", "rich")
+UPPER_OF_TRACE = (
+    "c4d.formats",
+    "c4d.engine",
+    "c4d.offline.analyze",
+    "c4d.master.master",
+    "c4d.master.collector",
+    "c4d.cli",
+)
+NETWORK = ("zmq", "c4d.master.collector", "c4d.master.master")
+REPORTING = ("c4d.master.metrics", "c4d.offline.report", "c4d.master.live", "c4d.cli", "rich")
+# what a module of a floor may not load when imported: the packages above it
+ABOVE_UTIL = ("c4d.record", "c4d.engine", "c4d.intake", "c4d.formats", "c4d.offline", "c4d.master", "c4d.cli")
+ABOVE_RECORD = ABOVE_UTIL[1:]
+ABOVE_INTAKE = ("c4d.formats", "c4d.offline", "c4d.master", "c4d.agent", "c4d.sim", "c4d.cli")
+ABOVE_MASTER = ("c4d.offline", "c4d.agent", "c4d.sim", "c4d.run", "c4d.check", "c4d.cli")
 FORBIDDEN: dict[str, tuple[str, ...]] = {
-    "c4d.schema": ("c4d.wire", "c4d.trace", *UPPER_OF_TRACE, "zmq", "pandas"),
-    "c4d.wire": ("c4d.trace", *UPPER_OF_TRACE, "zmq"),
+    "c4d.record.schema": ("c4d.record.wire", "c4d.record.trace", *UPPER_OF_TRACE, "zmq", "pandas"),
+    "c4d.record.wire": ("c4d.record.trace", *UPPER_OF_TRACE, "zmq"),
     # pandas (~0.5 s to import) only where a DataFrame is asked for, never on the replay path
-    "c4d.trace": (*UPPER_OF_TRACE, "zmq", "pandas"),
-    "c4d.formats.to_records": ("c4d.engine", "c4d.analyze", *NETWORK, "pandas"),
-    "c4d.formats.flight_recorder": ("c4d.engine", "c4d.analyze", *NETWORK, "pandas"),
-    "c4d.formats.fr_columns": ("c4d.engine", "c4d.analyze", *NETWORK, "pandas"),
-    "c4d.formats.fr_convert": ("c4d.engine", "c4d.analyze", *NETWORK, "pandas"),
-    "c4d.formats.fr_limits": ("c4d.engine", "c4d.analyze", *NETWORK, "pandas"),
-    "c4d.formats.fr_load": ("c4d.engine", "c4d.analyze", *NETWORK, "pandas"),
-    "c4d.formats.inspector": ("c4d.engine", "c4d.analyze", *NETWORK, "pandas"),
-    "c4d.formats.nccl_tests": ("c4d.engine", "c4d.analyze", *NETWORK),
-    "c4d.formats.detect": ("c4d.engine", "c4d.analyze", *NETWORK, "pandas"),
-    "c4d.engine": ("c4d.trace", "c4d.formats", "c4d.analyze", *REPORTING, *NETWORK, "pandas", "matplotlib"),
-    "c4d.analyze": (*REPORTING, *NETWORK, "matplotlib", "pandas"),
-    "c4d.report": NETWORK,
+    "c4d.record.trace": (*UPPER_OF_TRACE, "zmq", "pandas"),
+    "c4d.formats.to_records": ("c4d.engine", "c4d.offline.analyze", *NETWORK, "pandas"),
+    "c4d.formats.flight_recorder": ("c4d.engine", "c4d.offline.analyze", *NETWORK, "pandas"),
+    "c4d.formats.fr_columns": ("c4d.engine", "c4d.offline.analyze", *NETWORK, "pandas"),
+    "c4d.formats.fr_convert": ("c4d.engine", "c4d.offline.analyze", *NETWORK, "pandas"),
+    "c4d.formats.fr_limits": ("c4d.engine", "c4d.offline.analyze", *NETWORK, "pandas"),
+    "c4d.formats.fr_load": ("c4d.engine", "c4d.offline.analyze", *NETWORK, "pandas"),
+    "c4d.formats.inspector": ("c4d.engine", "c4d.offline.analyze", *NETWORK, "pandas"),
+    "c4d.formats.nccl_tests": ("c4d.engine", "c4d.offline.analyze", *NETWORK),
+    "c4d.formats.detect": ("c4d.engine", "c4d.offline.analyze", *NETWORK, "pandas"),
+    "c4d.engine": (
+        "c4d.record.trace",
+        "c4d.formats",
+        "c4d.offline.analyze",
+        *REPORTING,
+        *NETWORK,
+        "pandas",
+        "matplotlib",
+    ),
+    "c4d.offline.analyze": (*REPORTING, *NETWORK, "matplotlib", "pandas"),
+    "c4d.offline.report": NETWORK,
     # the live master runs the engine, not the offline analysis (c4d.engine.make_engine)
-    "c4d.master": ("c4d.analyze", "c4d.report", "c4d.cli", "pandas", "matplotlib"),
+    "c4d.master.master": ("c4d.offline.analyze", "c4d.offline.report", "c4d.cli", "pandas", "matplotlib"),
+    "c4d.util.ratelog": (*ABOVE_UTIL, "zmq", "pandas"),
+    "c4d.util.heap": (*ABOVE_UTIL, "zmq", "pandas"),
+    "c4d.util.native": (*ABOVE_UTIL, "zmq", "pandas"),
+    "c4d.util.signals": (*ABOVE_UTIL, "zmq", "pandas"),
+    "c4d.util.texttable": (*ABOVE_UTIL, "zmq", "pandas"),
+    "c4d.util.stacks": (*ABOVE_UTIL, "zmq", "pandas"),
+    "c4d.util.stacks_view": (*ABOVE_UTIL, "zmq", "pandas"),
+    "c4d.record.names": ("c4d.record.schema", *ABOVE_RECORD, "zmq", "pandas"),
+    "c4d.record.columns": ("c4d.record.trace", *ABOVE_RECORD, "zmq", "pandas"),
+    "c4d.record.opstats": ("c4d.record.trace", *ABOVE_RECORD, "zmq", "pandas"),
+    "c4d.record.framing": (*ABOVE_RECORD, "zmq", "pandas"),
+    "c4d.engine.incidents": ("c4d.intake", *ABOVE_INTAKE, "c4d.record.trace", "zmq", "pandas", "rich"),
+    "c4d.intake.validate": (*ABOVE_INTAKE, "c4d.record.trace", "zmq", "pandas", "rich"),
+    "c4d.intake.ingest": (*ABOVE_INTAKE, "c4d.record.trace", "zmq", "pandas", "rich"),
+    "c4d.intake.received": (*ABOVE_INTAKE, "c4d.engine", "zmq", "pandas", "rich"),
+    "c4d.offline.perfetto": NETWORK,
+    "c4d.master.collector": (*ABOVE_MASTER, "pandas", "matplotlib"),
+    "c4d.master.engine_process": (*ABOVE_MASTER, "pandas", "matplotlib"),
+    "c4d.master.metrics": (*ABOVE_MASTER, "pandas", "matplotlib"),
+    "c4d.master.live": (*ABOVE_MASTER, "pandas", "matplotlib"),
+    "c4d.master.curve": (*ABOVE_MASTER, "pandas", "matplotlib"),
+    "c4d.master.status": (*ABOVE_MASTER, "pandas", "matplotlib"),
 }
 
 
@@ -56,14 +103,16 @@ def test_module_imports_only_lower_layers(module):
 @pytest.mark.slow
 def test_offline_analysis_does_not_load_zmq(tmp_path):
     """`c4d analyze` and `c4d report` of a trace, run in-process: no networking module loaded."""
-    from c4d import trace
+    from c4d.record import trace
 
     p = tmp_path / "empty.c4d"
     trace.TraceWriter(p, {"job": "t"}).close()
     runs = [["analyze", str(p), "--json"], ["report", str(p), "-o", str(tmp_path / "r")]]
     code = f"import sys\nfrom c4d import cli\nfor argv in {runs!r}:\n    assert cli.main(argv) == 0\n"
     mods = _imported(code)
-    assert not [m for m in mods if m.split(".")[0] == "zmq" or m in ("c4d.master", "c4d.collector")]
+    assert not [
+        m for m in mods if m.split(".")[0] == "zmq" or m in ("c4d.master.master", "c4d.master.collector")
+    ]
 
 
 @pytest.mark.slow
@@ -82,7 +131,7 @@ def test_analyze_json_of_flight_recorder_dumps_loads_no_pandas(tmp_path):
 
 
 def test_c4d_analyze_cli_of_an_empty_trace_says_no_diagnoses(tmp_path):
-    from c4d import trace
+    from c4d.record import trace
 
     p = tmp_path / "empty.c4d"
     trace.TraceWriter(p).close()
@@ -201,3 +250,51 @@ def test_the_engine_parts_import_neither_the_facade_nor_the_other_side():
                 bad[m] = sorted(got)
     assert bad == {}
     assert {"c4d.engine.chunking", "c4d.engine.ingest", "c4d.engine.emission"} <= top["c4d.engine.engine"]
+
+
+# Floors, lowest first: a module imports packages of lower floors only (same package aside). The
+# root, c4d/__init__.py, only hands out c4d.hang_timeout (phase); cli_common (exit statuses, the
+# parser) imports nothing, so the command families start without the top command.
+FLOORS = (
+    ("util", "phase", "cli_common"),
+    ("c4d", "record"),
+    ("engine", "actions"),
+    ("intake", "formats"),
+    ("offline", "master"),
+    ("agent",),
+    ("sim", "run", "check"),
+    ("cli", "__main__", "analyze"),
+)
+
+
+def _package(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def test_every_package_imports_only_lower_floors():
+    top, inner = _import_graph()
+    floor = {p: i for i, names in enumerate(FLOORS) for p in names}
+    assert sorted({_package(m) for m in top} - set(floor)) == []  # every package has its floor
+    bad = sorted(
+        (m, x)
+        for m in top
+        for x in top[m] | inner[m]
+        if _package(x) != _package(m)
+        and floor[_package(x)] >= floor[_package(m)]
+        and not floor[_package(x)] == floor[_package(m)] == len(FLOORS) - 1  # the command line's own
+    )
+    assert bad == []
+
+
+def test_the_analyze_facade_is_for_users_only():
+    """c4d.analyze re-exports what docs/trace-api.md and the notebook use; nothing in c4d imports it."""
+    import c4d.analyze as facade
+    import c4d.offline.analyze as analyze
+
+    top, inner = _import_graph()
+    assert sorted(m for m in top if "c4d.analyze" in top[m] | inner[m]) == []
+    assert {"load", "load_raw", "replay", "replay_chunks", "make_engine", "iter_table", "to_parquet"} <= set(
+        facade.__all__
+    )
+    assert all(getattr(facade, n) is getattr(analyze, n) for n in facade.__all__)

@@ -1,4 +1,4 @@
-"""The engine in a process of its own (c4d.engine_process, ``c4d master --engine-process``): the
+"""The engine in a process of its own (c4d.master.engine_process, ``c4d master --engine-process``): the
 same diagnoses as the engine in the master's process, for every golden trace and for a live
 sim job; a dead engine process is taken over by an engine in the master's process."""
 
@@ -18,10 +18,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from c4d import analyze, schema, trace
 from c4d.engine import types
-from c4d.engine_process import EngineProcess, _Answers
-from c4d.master import Master, MasterConfig
+from c4d.master.engine_process import EngineProcess, _Answers
+from c4d.master.master import Master, MasterConfig
+from c4d.offline import analyze
+from c4d.record import schema, trace
 from c4d.run import proctree
 from tests.conftest import c4d_cmd, free_port, metrics_text, wait_for
 from tests.golden import make_golden
@@ -186,7 +187,7 @@ def test_metrics_come_from_the_engine_process_answers(tmp_path, libc4d, simtrain
         want = ("c4d_transfer_seconds_count", "c4d_busbw_gbs{", "c4d_ranks{")
         body = wait_for(lambda: metrics_text(port, *want), 60, "metrics with collectives", interval=0.3)
         assert "c4d_wait_seconds_bucket" in body
-        assert _children_named(proc.pid, "c4d.engine_process")  # the engine did run in a process
+        assert _children_named(proc.pid, "c4d.master.engine_process")  # the engine did run in a process
     finally:
         proc.terminate()
         _, err = proc.communicate(timeout=30)
@@ -232,7 +233,7 @@ def test_an_engine_process_dying_mid_run_is_taken_over_once(tmp_path, caplog):
 def test_ingest_counts_the_engine_process_failures_as_its_own():
     """Ingest.tick / Ingest.settle take what the engine's process failed at into the failures
     the master reports (c4d_ingest_failures), as an exception in-process is counted."""
-    from c4d.ingest import Ingest
+    from c4d.intake.ingest import Ingest
 
     ep = EngineProcess()
     try:
@@ -270,8 +271,8 @@ def test_an_engine_process_profiles_itself_when_asked(tmp_path, monkeypatch):
 def test_the_engine_process_budgets_refusals_reach_the_masters_counts(monkeypatch):
     """What the engine's byte budgets refuse in its own process (here: communicators past
     C4D_MAX_COMMS_EVER) is counted with the edge's refusals (c4d_records_rejected), as in process."""
-    from c4d.ingest import Ingest
-    from c4d.validate import Edge
+    from c4d.intake.ingest import Ingest
+    from c4d.intake.validate import Edge
     from tests import flood
     from tests import hostile as H
 

@@ -13,9 +13,9 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from c4d import schema, trace
 from c4d.engine import shard
-from c4d.schema import Kind
+from c4d.record import schema, trace
+from c4d.record.schema import Kind
 from tests.golden import make_golden
 
 GOLDEN = Path(make_golden.__file__).resolve().parent
@@ -121,7 +121,7 @@ def test_bench_master_summarises_a_profile(tmp_path):
     sys.path[:0] = [str(Path(__file__).resolve().parents[1] / "analysis")]
     import bench_master
 
-    from c4d.analyze import make_engine
+    from c4d.offline.analyze import make_engine
 
     e = make_engine()
     prof = cProfile.Profile()

@@ -265,7 +265,7 @@ def test_clocks_of_nodes_linked_only_by_p2p_are_anchored_separately():
 
 def _p2p_op(rank, crank, peer, op, seq, start_us, end_us, group=0, offset_us=0):
     """One p2p OP row; times in µs of true time, written on a clock ``offset_us`` ahead."""
-    from c4d import schema
+    from c4d.record import schema
 
     a = np.zeros(1, schema.OP)
     a["kind"], a["version"], a["rank"] = schema.Kind.OP, 1, rank
@@ -291,7 +291,7 @@ def test_p2p_transfer_is_measured_only_where_the_lone_side_provably_arrived_last
     from c4d.engine.p2p_pairs import P2PPairs
     from c4d.engine.ranks import RankTable
     from c4d.engine.rows import OpCols
-    from c4d.schema import Op
+    from c4d.record.schema import Op
 
     ranks = RankTable()
     ranks.ensure(1)
@@ -492,8 +492,8 @@ def test_pace_is_read_from_the_senders_own_transfer_time_when_the_shim_reports_i
     # A ring of 4 whose link 2 -> 3 moves each step in 300 us, the others in 100 us; steps go at
     # the ring's pace of 300 us. The proxy thread that reports link 0 -> 1 wakes 2 ms late for
     # its last step in every op (a busy host), so its span (last - first) is the longest.
-    from c4d import schema
     from c4d.engine.peer import pace_setters
+    from c4d.record import schema
 
     n, ops, steps, pace, late = 4, 10, 6, 300_000, 2_000_000
     rows = np.zeros(ops * n * 2, schema.PEER)

@@ -71,7 +71,7 @@ def test_a_node_verdict_on_its_faults_node_counts_as_right(tmp_path):
 
 
 def test_a_node_fault_named_by_some_of_its_ranks_is_on_its_node_and_not_beyond_it():
-    from c4d.scenarios import Scenario
+    from c4d.sim.scenarios import Scenario
 
     sc = Scenario(ranks=8, ranks_per_node=4, tp=1, pp=4, fault="noncomm-hang@node=node-0,step=33")
     e = sc.expect(sc.fault)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from c4d import faults
+from c4d.sim import faults
 
 
 def test_parse_and_lower():
@@ -79,7 +79,7 @@ def test_bad_specs_get_one_line_reasons(spec):
 
 
 def test_sim_layout_skips_excluded_nodes_and_uses_spares():
-    from c4d.sim import SimConfig
+    from c4d.sim.sim import SimConfig
 
     cfg = SimConfig(ranks=8, ranks_per_node=4, spare_nodes=1, exclude_nodes=("node-1", "elsewhere"))
     cfg.validate()

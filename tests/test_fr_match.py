@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from c4d import analyze
 from c4d.formats import flight_recorder as fr
 from c4d.formats import fr_match
 from c4d.formats.detect import load_any
+from c4d.offline import analyze
 from tests import fr_factory as frf
 
 DATA = Path(__file__).parent / "data" / "fr_gloo"

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import c4d.native
+import c4d.util.native
 from c4d.formats import flight_recorder as fr
 from c4d.formats import fr_columns, fr_limits, fr_load, fr_native
 from c4d.formats.budget import Budget, BudgetError, HostileFile
@@ -260,7 +260,7 @@ def test_without_the_library_the_python_reader_reads_every_dump(tmp_path, monkey
     with_lib = fr.read(tmp_path)
     monkeypatch.setattr(fr_native, "_lib", None)
     monkeypatch.setattr(fr_native, "_tried", False)
-    monkeypatch.setattr(c4d.native, "_find", lambda rel: (_ for _ in ()).throw(OSError("not built")))
+    monkeypatch.setattr(c4d.util.native, "_find", lambda rel: (_ for _ in ()).throw(OSError("not built")))
     with caplog.at_level(logging.DEBUG, logger="c4d.formats.fr_native"):
         assert not fr_native.enabled()
         without = fr.read(tmp_path)

@@ -13,12 +13,12 @@ import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from c4d import schema, wire
 from c4d.engine import Engine, EngineConfig
-from c4d.ingest import Ingest
-from c4d.master import Master, MasterConfig
-from c4d.received import Received
-from c4d.validate import Edge
+from c4d.intake.ingest import Ingest
+from c4d.intake.received import Received
+from c4d.intake.validate import Edge
+from c4d.master.master import Master, MasterConfig
+from c4d.record import schema, wire
 from tests import hostile as H
 from tests.conftest import wait_for
 
@@ -170,7 +170,7 @@ def test_the_edges_steady_state_path_admits_what_the_per_communicator_path_admit
 
 
 class _Rows:
-    """The record rows themselves, read field by field as the edge did before c4d.columns."""
+    """The record rows themselves, read field by field as the edge did before c4d.record.columns."""
 
     def __init__(self, a):
         self.a = a
@@ -196,10 +196,10 @@ class _Rows:
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(records(), min_size=1, max_size=8))
 def test_the_edge_reads_columns_as_it_would_the_rows(batches):
-    """The edge reads every field from columns (c4d.columns): a batch, checked in place (one kind
+    """The edge reads every field from columns (c4d.record.columns): a batch, checked in place (one kind
     nearly all of it) or copied per kind, admits the same rows for the same reasons as when the
     fields are read from the records themselves."""
-    import c4d.validate as V
+    import c4d.intake.validate as V
 
     raw = np.concatenate(batches)
     if len(batches) % 2:  # nearly all one kind: the in-place path
@@ -226,7 +226,7 @@ def test_a_kind_checked_in_place_or_gathered_gets_the_same_verdicts(batches):
     """validate.IN_PLACE_SHARE decides whether a kind is checked on every row where it lies (the
     other kinds' bytes read as it, their verdicts dropped) or on a gather of its rows: every
     kind in place and every kind gathered admit the same rows for the same reasons."""
-    import c4d.validate as V
+    import c4d.intake.validate as V
 
     raw = np.concatenate(batches)
     got = []

@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 
 import c4d
-from c4d import phase, schema
+from c4d import phase
+from c4d.record import schema
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -164,8 +165,9 @@ def train_and_diagnose(libc4d, simnccl_dir, tmp_path, wrap: bool) -> list:
 
     The master writes a trace; its offline replay must give the same diagnoses (the STAGE
     records are in it)."""
-    from c4d import analyze, trace
-    from c4d.master import Master, MasterConfig, make_engine
+    from c4d.master.master import Master, MasterConfig, make_engine
+    from c4d.offline import analyze
+    from c4d.record import trace
 
     tmp_path.mkdir()
     m = Master(MasterConfig(bind="tcp://127.0.0.1:*", trace=str(tmp_path / "t.c4d")))

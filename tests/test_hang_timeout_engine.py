@@ -10,9 +10,9 @@ from __future__ import annotations
 import numpy as np
 from factories import MS, T0, Fault, Job, build_cached, replay
 
-from c4d import schema
 from c4d.engine import DiagKind, Engine, EngineConfig, Level
 from c4d.engine.stage import Stages
+from c4d.record import schema
 
 R = 5
 

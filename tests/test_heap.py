@@ -1,4 +1,4 @@
-"""c4d.heap: the master's process reuses the pages of the large arrays it freed (one chunk's)
+"""c4d.util.heap: the master's process reuses the pages of the large arrays it freed (one chunk's)
 instead of faulting fresh ones in for the next; counted as the minor page faults of a real
 process (getrusage) allocating and touching a 64 MiB array ten times, with and without (glibc
 maps a block above 32 MiB afresh each time however often one was freed: the judge's window of a
@@ -14,7 +14,7 @@ PROBE = r"""
 import json, resource, sys
 import numpy as np
 if sys.argv[1] == "keep":
-    from c4d import heap
+    from c4d.util import heap
     assert heap.keep_freed_blocks()
 faults = []
 for _ in range(10):
@@ -36,7 +36,7 @@ def _probe(code: str, mode: str) -> list[int]:
 
 
 def test_freed_chunk_arrays_are_reused_not_faulted_in_again():
-    from c4d import heap
+    from c4d.util import heap
 
     if not heap.keep_freed_blocks():
         pytest.skip("not glibc: the allocator is left as it is")
@@ -49,7 +49,7 @@ def test_freed_chunk_arrays_are_reused_not_faulted_in_again():
 GC_PROBE = r"""
 import gc, json, sys
 if sys.argv[1] == "rare":
-    from c4d import heap
+    from c4d.util import heap
     heap.collect_rarely()
 runs = [0, 0, 0]
 def count(phase, info):
@@ -64,7 +64,7 @@ print(json.dumps(runs))
 
 
 def test_cyclic_collections_are_rare_and_full_ones_rarer():
-    """c4d.heap.collect_rarely: a pass over the young objects every 50,000 containers kept
+    """c4d.util.heap.collect_rarely: a pass over the young objects every 50,000 containers kept
     (Python's 700), the full pass over every object far rarer."""
     plain, rare = _probe(GC_PROBE, "plain"), _probe(GC_PROBE, "rare")
     assert plain[0] >= 200 and plain[2] >= 2, plain
@@ -74,8 +74,8 @@ def test_cyclic_collections_are_rare_and_full_ones_rarer():
 def test_the_master_collects_rarely():
     import gc
 
-    from c4d import heap
-    from c4d.master import Master, MasterConfig
+    from c4d.master.master import Master, MasterConfig
+    from c4d.util import heap
 
     m = Master(MasterConfig(bind="tcp://127.0.0.1:*"))
     try:
@@ -85,13 +85,13 @@ def test_the_master_collects_rarely():
 
 
 def test_an_import_asks_numpy_for_small_pages_and_gives_its_setting_back(monkeypatch):
-    """c4d.heap.without_huge_pages around the Flight Recorder import: numpy's huge-page advice is
+    """c4d.util.heap.without_huge_pages around the Flight Recorder import: numpy's huge-page advice is
     off while the dumps are read and converted, and numpy's own setting is back after it, also
     when the block raises."""
     from pathlib import Path
 
-    from c4d import heap
     from c4d.formats import flight_recorder as fr
+    from c4d.util import heap
 
     switch = heap._madvise_switch()
     if switch is None:

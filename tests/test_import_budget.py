@@ -17,7 +17,7 @@ import pytest
 
 from c4d.formats.budget import MAX_LINE_BYTES, Budget, BudgetError, HostileFile, LineReader
 from c4d.formats.detect import load_any
-from c4d.schema import Kind
+from c4d.record.schema import Kind
 
 BASE_MIB = 200  # c4d analyze with nothing read, and slack for a loaded machine
 

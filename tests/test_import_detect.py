@@ -8,10 +8,10 @@ import pickle
 
 import pytest
 
-from c4d import schema
 from c4d.formats.detect import detect, load_any
 from c4d.formats.to_records import FormatError
-from c4d.trace import TraceWriter
+from c4d.record import schema
+from c4d.record.trace import TraceWriter
 from tests import fr_factory as frf
 from tests.records import ops, register
 from tests.test_import_inspector import write_logs

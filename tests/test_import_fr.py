@@ -11,11 +11,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from c4d import analyze, schema
 from c4d.formats import flight_recorder as fr
 from c4d.formats.detect import detect, load_any
 from c4d.formats.to_records import FormatError, ImportOptions, save
-from c4d.trace import load
+from c4d.offline import analyze
+from c4d.record import schema
+from c4d.record.trace import load
 from tests import fr_factory as frf
 
 HANGS = {"RankNonCommHang", "RankCommHang", "RankLost"}

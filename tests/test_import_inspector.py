@@ -9,10 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from c4d import analyze, schema
 from c4d.formats import inspector
 from c4d.formats.detect import detect, load_any
 from c4d.formats.to_records import FormatError
+from c4d.offline import analyze
+from c4d.record import schema
 
 T0_US = 1_748_030_377_000_000
 WORLD = "0x7f8c496ae9f661"

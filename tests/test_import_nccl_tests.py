@@ -6,9 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from c4d import analyze, opstats, schema
 from c4d.formats import nccl_tests
 from c4d.formats.detect import detect, load_any
+from c4d.offline import analyze
+from c4d.record import opstats, schema
 from tests.conftest import nccl_tests_data
 
 DATA = nccl_tests_data()

@@ -1,4 +1,4 @@
-"""One verdict per incident: the folding rules (c4d/incidents.py), `c4d analyze`'s summary (one line
+"""One verdict per incident: the folding rules (c4d/engine/incidents.py), `c4d analyze`'s summary (one line
 per incident) and the master's log policy (opened, ERROR, isolation, end — not every re-count)."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import subprocess
 import pytest
 
 from c4d.engine import DiagKind, Diagnosis, Engine, How, Level, Localization, Target
-from c4d.incidents import End, Incidents, incident_key
-from c4d.trace import TraceWriter
+from c4d.engine.incidents import End, Incidents, incident_key
+from c4d.record.trace import TraceWriter
 from tests.conftest import c4d_cmd
 from tests.factories import T0, Fault, Job, build_cached
 
@@ -174,7 +174,7 @@ def test_analyze_prints_one_line_per_incident(tmp_path):
 
 def test_master_logs_each_incident_at_its_steps_only(caplog, tmp_path):
     """WARNING when it opens, ERROR when it escalates, the blacklist, the end; never n=4, n=5 ..."""
-    from c4d.master import Master, MasterConfig
+    from c4d.master.master import Master, MasterConfig
 
     m = Master(MasterConfig(bind=f"ipc://{tmp_path}/m.sock"))  # its sinks fed by hand
     try:

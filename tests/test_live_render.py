@@ -8,7 +8,7 @@ from rich.console import Console
 
 from c4d.engine import Engine
 from c4d.engine.types import CommSnapshot
-from c4d.live import LiveState, render
+from c4d.master.live import LiveState, render
 from tests.factories import Job, build_cached, replay
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import zmq
 
-from c4d import trace
+from c4d.record import trace
 from tests.conftest import c4d_cmd, free_port, wait_for
 
 

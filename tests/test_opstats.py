@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from c4d import opstats
-from c4d.schema import Op
+from c4d.record import opstats
+from c4d.record.schema import Op
 
 # nccl-tests' bus bandwidth factors as docs/design.md writes them, as functions of n
 FORMULAS = {

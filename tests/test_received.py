@@ -1,4 +1,4 @@
-"""c4d.received: the master's running totals, taken for whole batches at once, equal what the
+"""c4d.intake.received: the master's running totals, taken for whole batches at once, equal what the
 record-by-record bookkeeping they replaced gives (kept here as the reference)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import dataclasses
 import numpy as np
 from factories import Job, build
 
-from c4d import names, schema
-from c4d.received import CommInfo, RankInfo, Received
+from c4d.intake.received import CommInfo, RankInfo, Received
+from c4d.record import names, schema
 
 
 class _Reference:
@@ -105,7 +105,7 @@ def test_whole_batches_give_what_record_by_record_gave():
     as_hb["hb_flags"][final] |= schema.HBF_FINAL
     kinds = set(np.unique(raw["kind"]).tolist())
     assert {schema.Kind.REGISTER, schema.Kind.COMM, schema.Kind.OP, schema.Kind.HEARTBEAT} <= kinds
-    from c4d.columns import Columns
+    from c4d.record.columns import Columns
 
     new, ref, by_cols = Received(), _Reference(), Received()
     cuts = np.sort(rng.choice(len(raw), 40, replace=False))
@@ -125,7 +125,7 @@ def test_whole_batches_give_what_record_by_record_gave():
 def test_membership_search_of_keys_in_runs_is_np_isin():
     """received._in_sorted searches a run of equal keys once: the same answers as np.isin (a
     key of -1, a communicator not known yet, is never in)."""
-    from c4d.received import _in_sorted
+    from c4d.intake.received import _in_sorted
 
     rng = np.random.default_rng(0)
     for _ in range(300):

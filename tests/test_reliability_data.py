@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 import zmq
 
-from c4d import framing, schema, trace, wire
+from c4d.record import framing, schema, trace, wire
 from tests.conftest import c4d_cmd, free_port, wait_for
 from tests.masterproc import MasterProc
 from tests.test_shim import Job, base_env, run_job, train

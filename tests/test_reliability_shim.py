@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from c4d import schema, trace
+from c4d.record import schema, trace
 from tests.conftest import wait_for
 from tests.masterproc import MasterProc
 from tests.test_shim import (

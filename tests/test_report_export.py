@@ -12,7 +12,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from c4d import analyze, trace
+from c4d.offline import analyze
+from c4d.record import trace
 from tests.conftest import c4d_cmd, free_port, metrics_text, wait_for
 
 SLOW_RANK = 5
@@ -93,7 +94,7 @@ def test_lateness_picture_blames_the_slow_rank_not_its_partners(slow_trace):
     arrives late only because it waited for rank 5, so it must not be painted like the culprit."""
     import matplotlib.pyplot as plt
 
-    from c4d import report
+    from c4d.offline import report
 
     tr = analyze.load(slow_trace)
     ex = report.extra_compute(tr.ops_split)  # the engine's compute per rank and op
@@ -293,7 +294,7 @@ def test_report_of_a_hang_one_row_per_incident_and_plots_that_show_the_culprit(h
     import matplotlib.pyplot as plt
     from matplotlib.image import imread
 
-    from c4d import report
+    from c4d.offline import report
 
     out = tmp_path / "report"
     p = run_c4d("report", str(hang_trace), "-o", str(out))

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from c4d import trace
-from c4d.run.stacks_view import sidecar_path
+from c4d.record import trace
+from c4d.util.stacks_view import sidecar_path
 
 ROOT = Path(__file__).resolve().parents[1]
 FAKE = ROOT / "tests" / "fake_bin" / "record-args"
@@ -129,8 +129,8 @@ def test_report_and_live_view_show_the_stacks(e2e):
     page = (out / "report.html").read_text()
     assert "Stacks of hung ranks" in page and "simnccl_hung_kernel" in page
 
-    from c4d.live import LiveState, render
-    from c4d.run.stacks_view import live_lines
+    from c4d.master.live import LiveState, render
+    from c4d.util.stacks_view import live_lines
 
     diags = [json.loads(x) for x in (wd / "run" / "diagnoses.jsonl").read_text().splitlines()]
     lines = live_lines(diags)

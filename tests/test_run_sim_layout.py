@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import c4d_cmd
 
-from c4d import trace
+from c4d.record import trace
 
 ROOT = Path(__file__).resolve().parents[1]
 

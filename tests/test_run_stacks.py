@@ -1,4 +1,4 @@
-"""Last words (c4d/run/stacks.py, evidence.py): real stacks of real processes, and a clear line
+"""Last words (c4d/util/stacks.py, evidence.py): real stacks of real processes, and a clear line
 where the kernel refuses ptrace.
 
 Python processes are read with py-spy, the native c4d-simtrain driver with gdb; the hung
@@ -23,9 +23,9 @@ from pathlib import Path
 import pytest
 from conftest import c4d_cmd, wait_for
 
-from c4d.run import stacks, stacks_view
 from c4d.run.evidence import Evidence, ranks_by_environment
 from c4d.run.proctree import descendants
+from c4d.util import stacks, stacks_view
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -158,7 +158,7 @@ def test_without_root_where_ptrace_allows(readable_c4d):
     target = subprocess.Popen([*drop, "/bin/sleep", "600"])
     try:
         wait_for(lambda: Path(f"/proc/{target.pid}/exe").exists(), 10, "the target")
-        probe = f"import sys; sys.path.insert(0, {str(readable_c4d)!r})\nfrom c4d.run import stacks\n"
+        probe = f"import sys; sys.path.insert(0, {str(readable_c4d)!r})\nfrom c4d.util import stacks\n"
         probe += f"d = stacks.dump({target.pid}); print(d.error); print(d.native)"
         env = {"PATH": "/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1"}
         cmd = [*drop, "/usr/bin/python3", "-c", probe]
@@ -179,7 +179,7 @@ def test_an_unprivileged_user_is_told_why_not(py_target, readable_c4d):
         f"""
         import ctypes, os, sys
         sys.path.insert(0, {str(readable_c4d)!r})
-        from c4d.run import stacks
+        from c4d.util import stacks
         libc = ctypes.CDLL(None, use_errno=True)
         rc = libc.ptrace(16, {py_target.pid}, 0, 0)  # PTRACE_ATTACH: what every stack tool does first
         print("attach", rc, os.strerror(ctypes.get_errno()))

@@ -77,7 +77,7 @@ def test_a_hostile_diagnoses_file_cannot_escape_the_run_dir_reach_the_terminal_o
     # 2. no raw control character and no forged line on the terminal
     assert "\x1b" not in p.stderr
     assert not any(line.startswith(FORGED) for line in p.stderr.splitlines()), p.stderr[-2000:]
-    assert "evil__2J_c4d_run:_all_clear" in p.stderr  # the node is named, in c4d.names' safe form
+    assert "evil__2J_c4d_run:_all_clear" in p.stderr  # the node is named, in c4d.record.names' safe form
     # 3. refused is reported as refused: nothing isolated, nothing blacklisted
     assert a["isolated"] == [] and s["nodes_isolated"] == []
     assert not (run / "blacklist.txt").exists() or (run / "blacklist.txt").read_text() == ""

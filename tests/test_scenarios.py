@@ -1,6 +1,6 @@
 """Issue 3 and 9 acceptance: the scenario matrix and the issue-9 cases on real simulated jobs
 (processes, shim, simnccl, ZeroMQ, master, engine). Thresholds: T = 1 s, C4D_HANG_TIMES = 3,
-check period 1 s (c4d.scenarios).
+check period 1 s (c4d.sim.scenarios).
 
 Slow kinds' target is two periods from the onset (docs/design.md). The jobs share two cores with
 their master, and a window the host takes from the job can hide a slowdown for a period (CI
@@ -19,7 +19,7 @@ import sys
 
 import pytest
 
-from c4d import scenarios
+from c4d.sim import scenarios
 
 T = 1.0
 TIMES = 3

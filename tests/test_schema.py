@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from c4d import schema
+from c4d.record import schema
 
 ROOT = Path(__file__).resolve().parents[1]
 STRUCTS = {
@@ -167,7 +167,7 @@ def test_version_1_heartbeats_are_upgraded():
 
 
 def test_a_version_1_batch_is_read_upgraded():
-    from c4d import wire
+    from c4d.record import wire
 
     msg = bytearray(wire.encode(_v1_rows(), rank=3))
     msg[4:6] = (1).to_bytes(2, "little")  # the batch header of a version-1 shim
@@ -182,7 +182,7 @@ def test_a_version_1_trace_is_analyzed(tmp_path):
     import json
     import sys
 
-    from c4d import trace
+    from c4d.record import trace
 
     path = tmp_path / "mismatch.c4d"
     path.write_bytes(gzip.decompress((ROOT / "tests/golden/mismatch.c4d.gz").read_bytes()))

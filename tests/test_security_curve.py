@@ -16,8 +16,9 @@ import numpy as np
 import pytest
 import zmq
 
-from c4d import curve, schema, trace
-from c4d.collector import Collector, exposed
+from c4d.master import curve
+from c4d.master.collector import Collector, exposed
+from c4d.record import schema, trace
 from tests.conftest import c4d_cmd, wait_for
 from tests.masterproc import MasterProc
 from tests.test_shim import base_env, run_job
@@ -175,7 +176,7 @@ def test_a_curve_sender_at_a_plain_master_is_refused_and_told(keys, tmp_path, si
     ],
 )
 def test_an_exposed_master_without_curve_warns_once(endpoint, warn, tmp_path, caplog, keys):
-    caplog.set_level(logging.WARNING, logger="c4d.collector")
+    caplog.set_level(logging.WARNING, logger="c4d.master.collector")
     c = Collector(endpoint.format(tmp=tmp_path))
     c.poll(0.01)
     c.close()

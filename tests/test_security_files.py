@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from c4d import trace
 from c4d.actions.blacklist import append_nodes
 from c4d.formats import flight_recorder as fr
+from c4d.record import trace
 from tests import fr_factory as frf
 from tests.conftest import c4d_cmd
 
@@ -131,7 +131,7 @@ FORBIDDEN = {
 
 # modules whose Unpickler subclass refuses every global it does not name (find_class): the
 # Flight Recorder loader (plain data) and the engine process's answers (the engine's types, numpy)
-GUARDED_UNPICKLERS = ("c4d/formats/fr_load.py", "c4d/engine_process.py")
+GUARDED_UNPICKLERS = ("c4d/formats/fr_load.py", "c4d/master/engine_process.py")
 
 
 def _audit(source: str, rel: str) -> list[str]:

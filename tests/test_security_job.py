@@ -1,5 +1,5 @@
 """One master, one job: records of a second job pointed at the same master are refused and
-counted, never mixed with the first (c4d/collector.py).
+counted, never mixed with the first (c4d/master/collector.py).
 
 The job id is the shim's ``C4D_JOB_ID`` (else ``TORCHELASTIC_RUN_ID``, ``SLURM_JOB_ID``): it is
 sent as the ZeroMQ connection property ``X-C4D-Job`` on every message and in each REGISTER.
@@ -12,9 +12,9 @@ import logging
 import numpy as np
 import zmq
 
-from c4d import schema, trace, wire
-from c4d.collector import Collector
-from c4d.master import Master, MasterConfig
+from c4d.master.collector import Collector
+from c4d.master.master import Master, MasterConfig
+from c4d.record import schema, trace, wire
 from tests import records as R
 from tests.conftest import wait_for
 from tests.masterproc import MasterProc
@@ -94,7 +94,7 @@ def test_without_the_connection_property_a_register_names_the_job(tmp_path, capl
     """A sender whose libzmq can't set ZMQ_METADATA is judged by the job in its REGISTER. A
     batch with neither is not the job a master was told to serve (--job); one serving the
     first job it heard can't tell it apart and takes it (docs/reliability.md says so)."""
-    caplog.set_level(logging.INFO, logger="c4d.collector")
+    caplog.set_level(logging.INFO, logger="c4d.master.collector")
     ops = wire.encode(R.ops(3, rank=1).view(schema.HEADER), 1)
     for named, taken in ((True, [1]), (False, [1, 3])):
         c = Collector(f"ipc://{tmp_path}/m{int(named)}.sock", job="A" if named else None)

@@ -2,7 +2,7 @@
 
 Real rank processes (``c4d-simtrain`` on simnccl, or a small ctypes driver of simnccl
 for exact call sequences), the real shim preloaded, and a real ZeroMQ PULL socket in
-the test, decoded with c4d.schema. No mocks.
+the test, decoded with c4d.record.schema. No mocks.
 
 Sanitizer runs: build with ``-DC4D_SANITIZE=address|thread -DC4D_OUT=DIR``, then run
 with ``C4D_NATIVE_DIR=DIR`` and ``C4D_TEST_PRELOAD_PREFIX=<path of libasan/libtsan>``
@@ -31,7 +31,7 @@ import numpy as np
 import pytest
 import zmq
 
-from c4d import schema
+from c4d.record import schema
 from tests.conftest import wait_for
 
 EXPECTED_EXPORTS = {

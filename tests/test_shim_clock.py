@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from c4d import schema
+from c4d.record import schema
 from tests.test_shim import base_env, final_seen, run_job, train, wait_records
 
 KERNEL_CLOCK = Path("/sys/devices/system/clocksource/clocksource0/current_clocksource")

@@ -18,7 +18,7 @@ import time
 import numpy as np
 import pytest
 
-from c4d import schema
+from c4d.record import schema
 from tests.test_shim import (  # noqa: F401 (_tested_build: an autouse fixture)
     Master,
     _tested_build,

@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-from c4d import signals
+from c4d.util import signals
 
 
 @pytest.fixture

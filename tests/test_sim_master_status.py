@@ -1,5 +1,5 @@
 """``c4d sim --master EP`` against a running ``c4d master``: the sim hears the master's verdicts on
-its status endpoint (c4d/status.py) and stops the job on its ERROR with exit status 2, within
+its status endpoint (c4d/master/status.py) and stops the job on its ERROR with exit status 2, within
 T x TIMES + 2 s of the hang, as it does with a master of its own; the master (live and in its
 trace) ends the incident *stopped with the job*, not *resolved*.
 

@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from c4d import schema, trace
+from c4d.record import schema, trace
 
 
 def run_c4d(*args: str, timeout: float = 240, env=None) -> subprocess.CompletedProcess:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from c4d import native
+from c4d.util import native
 from tests.conftest import wait_for
 
 SHM = Path("/dev/shm")

@@ -1,5 +1,5 @@
-"""The master's status endpoint (c4d/status.py) over real ZeroMQ sockets, and how an incident ends
-when its job stops sending (c4d/incidents.py: *stopped with the job*, not *resolved*)."""
+"""The master's status endpoint (c4d/master/status.py) over real ZeroMQ sockets, and how an incident ends
+when its job stops sending (c4d/engine/incidents.py: *stopped with the job*, not *resolved*)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import json
 import numpy as np
 import zmq
 
-from c4d.incidents import End, Incidents, heard_stamps
-from c4d.schema import HEADER, Kind
-from c4d.status import MAX_PER_REPLY, StatusFollower, StatusServer, status_endpoint
+from c4d.engine.incidents import End, Incidents, heard_stamps
+from c4d.master.status import MAX_PER_REPLY, StatusFollower, StatusServer, status_endpoint
+from c4d.record.schema import HEADER, Kind
 from tests.conftest import wait_for
 from tests.test_incidents import S, hang
 

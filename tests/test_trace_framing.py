@@ -14,11 +14,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from c4d import framing, schema, trace
-from c4d.analyze import replay
-from c4d.ingest import Ingest
-from c4d.master import make_engine
-from c4d.validate import Edge
+from c4d.intake.ingest import Ingest
+from c4d.intake.validate import Edge
+from c4d.master.master import make_engine
+from c4d.offline.analyze import replay
+from c4d.record import framing, schema, trace
 from tests import factories as F
 from tests.conftest import c4d_cmd
 
@@ -30,7 +30,7 @@ def _hang_job() -> F.Job:
 
 
 def _write(path: Path, job: F.Job) -> list[tuple[int, int]]:
-    """Write the job's stream like c4d.master; return each frame's (file offset, records)."""
+    """Write the job's stream like c4d.master.master; return each frame's (file offset, records)."""
     model, batches = F.build_cached(job)
     w = trace.TraceWriter(path, {"command": "test"})
     frames: list[tuple[int, int]] = []

@@ -20,7 +20,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from c4d import analyze, framing, schema, trace
+from c4d.offline import analyze
+from c4d.record import framing, schema, trace
 from tests.conftest import c4d_cmd
 from tests.test_trace_framing import GOLDEN_V1, _hang_job, _write
 
@@ -204,7 +205,7 @@ def test_cli_analyze_streams_and_reports_as_before(hang_trace, tmp_path):
 def _split_by_node(src: Path, out: Path) -> list[str]:
     """What ``c4d agent --trace`` leaves on each node, made from a master's trace: each node's
     ranks' records, in arrival order, and the master's TICKs (an agent ticks at its flushes)."""
-    from c4d import names
+    from c4d.record import names
 
     out.mkdir()
     rt = trace.read_raw(src)
@@ -280,7 +281,7 @@ def test_a_directory_of_node_traces_is_analyzed_as_one_job(tmp_path):
 
 
 def test_streamed_report_below_keep_is_the_whole_loads(tmp_path):
-    from c4d import report
+    from c4d.offline import report
 
     p = _golden("comm-slow-rank", tmp_path)
     tr = analyze.load(p)
@@ -304,7 +305,7 @@ def test_folded_report_holds_no_more_than_it_may_and_draws_close(tmp_path):
     """Past ``keep`` rows the report keeps histograms and cells, never the rows: with keep=500,
     pieces of 16 KiB and 100 dots per op kind, nothing held comes near the trace's size, and
     the pictures' figures stay within the histograms' precision."""
-    from c4d import report
+    from c4d.offline import report
 
     p = _golden("comm-slow-rank", tmp_path)
     want = report.from_trace(analyze.load(p))
@@ -334,7 +335,7 @@ def test_folded_report_holds_no_more_than_it_may_and_draws_close(tmp_path):
 
 
 def test_thinned_bus_bandwidth_dots_stay_a_sample(tmp_path):
-    from c4d import report
+    from c4d.offline import report
 
     p = _golden("comm-slow-rank", tmp_path)
     stats = report.ReportStats(keep=10, max_points=100)
@@ -436,7 +437,7 @@ def test_report_memory_does_not_follow_the_trace(tmp_path):
     sys.path.insert(0, str(Path(__file__).parents[1] / "analysis"))
     import bench_analyze
 
-    from c4d import report
+    from c4d.offline import report
 
     p = tmp_path / "t.c4d"
     bench_analyze.write_trace(p, 8, 8)

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from c4d import framing, schema, trace, wire
+from c4d.record import framing, schema, trace, wire
 from tests.records import ops, register
 
 

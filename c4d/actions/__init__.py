@@ -3,6 +3,7 @@
 ``blacklist`` is the file the master and ``c4d run`` keep; the external ones (``kubernetes``,
 ``slurm``, ``command``) build on ``base`` (what an action is), ``factory`` makes them from
 ``--isolate`` values, and ``isolate`` runs them for ``c4d run --isolate``.
+Imports ``c4d.record`` and ``c4d.util`` only.
 """
 
 from c4d.actions.blacklist import append_nodes, apply, read_nodes

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from c4d import names
+from c4d.record import names
 
 
 def read_nodes(path: str | os.PathLike) -> list[str]:
@@ -33,7 +33,7 @@ def read_nodes(path: str | os.PathLike) -> list[str]:
 
 
 def _valid(name: str) -> bool:
-    """Only names already in c4d.names' safe form: the master sanitizes wire names on arrival, so
+    """Only names already in c4d.record.names' safe form: the master sanitizes wire names on arrival, so
     anything else here did not come through it and is refused, never rewritten."""
     return names.is_clean(name)
 

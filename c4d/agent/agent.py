@@ -10,15 +10,15 @@ at most one flush later than they would directly. ``c4d agent`` runs ``Agent.run
 ``c4d run`` steps an ``Agent`` from its supervisor loop (docs/run.md).
 
 What it holds is bounded in bytes (docs/untrusted-input.md): the receive side as the master's
-(``c4d.collector.Intake``), what waits for the next flush (flushed early at
+(``c4d.master.collector.Intake``), what waits for the next flush (flushed early at
 ``Intake.poll_bytes``), the queue to the master (``send_bytes`` in messages of at most
 ``SEND_MESSAGE_BYTES``), and its communicator tables, which follow the edge's: a communicator
 no record named for ``C4D_AGENT_COMM_IDLE_S`` (its ranks stopped using it), destroyed or evicted
 is forgotten by the summariser too.
 
 One job, named (``--job``, else the job id in its environment as the shim reads it) or else the
-first job ``agree`` ranks registered with (c4d.collector: messages are held until then), and never
-one the master refuses: the agent asks the master's status endpoint (c4d/status.py) which job it
+first job ``agree`` ranks registered with (c4d.master.collector: messages are held until then), and never
+one the master refuses: the agent asks the master's status endpoint (c4d/master/status.py) which job it
 serves. With none named or agreed yet, the master's job is the agent's; a master that serves another
 job than the agent's refuses every record of it, so the agent says so once and forwards nothing
 (dropped, counted) until the master serves its job or none (a restarted master).
@@ -44,18 +44,18 @@ import numpy as np
 import zmq
 import zmq.utils.monitor
 
-from c4d import names, schema, wire
 from c4d.agent.summary import Summariser
-from c4d.collector import MAX_MESSAGE_BYTES, Collector, job_key
-from c4d.curve import server_key
-from c4d.ratelog import RateLimitedLog
-from c4d.status import ServedJob, status_endpoint
-from c4d.trace import TraceWriter
-from c4d.validate import Edge, Limits
+from c4d.intake.validate import Edge, Limits
+from c4d.master.collector import MAX_MESSAGE_BYTES, Collector, job_key
+from c4d.master.curve import server_key
+from c4d.master.status import ServedJob, status_endpoint
+from c4d.record import names, schema, wire
+from c4d.record.trace import TraceWriter
+from c4d.util.ratelog import RateLimitedLog
 
 log = logging.getLogger("c4d.agent")
 
-# a message to the master: at most what the master takes (c4d/collector.py), so that the queue's
+# a message to the master: at most what the master takes (c4d/master/collector.py), so that the queue's
 # bound in messages is one in bytes
 SEND_MESSAGE_BYTES = MAX_MESSAGE_BYTES
 MAX_BATCH = (SEND_MESSAGE_BYTES - schema.BATCH_HEADER.itemsize) // schema.RECORD_SIZE
@@ -157,7 +157,9 @@ class Agent:
         s.setsockopt(zmq.LINGER, 0)
         s.setsockopt(zmq.RECONNECT_IVL, 100)
         s.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
-        if self.job:  # the master serves one job (c4d/collector.py); an old libzmq: it goes by REGISTER
+        if (
+            self.job
+        ):  # the master serves one job (c4d/master/collector.py); an old libzmq: it goes by REGISTER
             with contextlib.suppress(AttributeError, zmq.ZMQError):
                 s.setsockopt(zmq.METADATA, f"X-C4D-Job:{self.job}".encode())
         key = self.cfg.curve_server_key or os.environ.get("C4D_CURVE_SERVER_KEY")

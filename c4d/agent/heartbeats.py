@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from c4d import schema
+from c4d.record import schema
 
 _NONE = schema.UINT64_MAX  # pend_seq: nothing pending
 _MOVES = ("n_issued", "n_arrived", "n_done", "last_arrive_ns", "last_done_ns")

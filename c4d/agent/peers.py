@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from c4d import schema
+from c4d.record import schema
 
 _P2P_OPS = (int(schema.Op.Send), int(schema.Op.Recv))
 HELD_MAX = 1 << 16  # rows held for their OP record at most; beyond it the oldest go as they came

@@ -20,10 +20,11 @@ from typing import Any
 
 import numpy as np
 
-from c4d import analyze, schema, trace
 from c4d.agent.summary import Summariser
-from c4d.ingest import Ingest
-from c4d.validate import Edge, Limits
+from c4d.intake.ingest import Ingest
+from c4d.intake.validate import Edge, Limits
+from c4d.offline import analyze
+from c4d.record import schema, trace
 
 _V = np.dtype((np.void, schema.RECORD_SIZE))
 
@@ -107,9 +108,9 @@ def through_agents(
 
 
 def final_culprits(diagnoses: list) -> list[tuple]:
-    """Per incident (c4d.incidents folds the stream of Diagnosis objects), what it ended up
+    """Per incident (c4d.engine.incidents folds the stream of Diagnosis objects), what it ended up
     naming: kind, level, culprit ranks and nodes; sorted."""
-    from c4d.incidents import Incidents
+    from c4d.engine.incidents import Incidents
 
     out = []
     for inc in Incidents.fold(diagnoses):

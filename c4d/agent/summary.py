@@ -35,7 +35,6 @@ from collections import Counter
 
 import numpy as np
 
-from c4d import schema
 from c4d.agent.heartbeats import HeartbeatMerge, PeerMerge
 from c4d.agent.peers import PeerSieve
 from c4d.engine.comm import Comm
@@ -43,7 +42,8 @@ from c4d.engine.compute import compute_gaps
 from c4d.engine.consistency import signature
 from c4d.engine.ranks import RankTable
 from c4d.engine.rows import GONE_EVENTS, MAX_NRANKS, MAX_RANK
-from c4d.schema import Kind, OpFlag
+from c4d.record import schema
+from c4d.record.schema import Kind, OpFlag
 
 _P2P = int(OpFlag.P2P)
 _GIVEN = np.uint8(int(OpFlag.COMPUTE_GIVEN))

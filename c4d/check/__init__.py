@@ -8,4 +8,6 @@
 
 torch is optional: without it the torch-based checks say "not available" instead of failing
 to import. The CLI glue is ``cli.add_parser``.
+Imports ``c4d.formats``, ``c4d.engine``, ``c4d.actions`` and ``c4d.cli_common`` (the parser, exit
+statuses); not the top command.
 """

@@ -73,7 +73,7 @@ def add_parser(subparsers) -> None:
 
 
 def cmd_analyze(args) -> int:
-    from c4d import analyze
+    from c4d.offline import analyze
 
     if is_c4d_trace(args):
         return _analyze_stream(args)
@@ -92,8 +92,8 @@ def cmd_analyze(args) -> int:
             file=sys.stderr,
         )
         return EXIT_BAD
-    from c4d.ingest import Ingest
-    from c4d.validate import Edge, Limits
+    from c4d.intake.ingest import Ingest
+    from c4d.intake.validate import Edge, Limits
 
     engine = analyze.make_engine(engine_overrides(args))
     ingest = Ingest(engine, Edge(Limits.from_env()))
@@ -101,8 +101,8 @@ def cmd_analyze(args) -> int:
     _report_edge(ingest)
     if args.json:
         return _print_json(diags)
-    from c4d.incidents import heard_stamps
-    from c4d.trace import from_raw
+    from c4d.engine.incidents import heard_stamps
+    from c4d.record.trace import from_raw
 
     tr = from_raw(raw)
     s = analyze.summary(tr)
@@ -115,10 +115,10 @@ def cmd_analyze(args) -> int:
 def _analyze_stream(args) -> int:
     """``c4d analyze`` of a c4d trace, read and replayed piece by piece: memory does not grow
     with the file (the summary table's quantiles go approximate past 1 M ops, and say so)."""
-    from c4d import analyze
-    from c4d.ingest import Ingest
-    from c4d.trace import TraceError, open_stream
-    from c4d.validate import Edge, Limits
+    from c4d.intake.ingest import Ingest
+    from c4d.intake.validate import Edge, Limits
+    from c4d.offline import analyze
+    from c4d.record.trace import TraceError, open_stream
 
     try:
         st = open_stream(args.path)
@@ -182,8 +182,8 @@ def _print_json(diags) -> int:
 
 def _print_analysis(args, diags, s, nodes_of: dict, n_ops: int, end_ns, start_s, heard_ns=None) -> int:
     """The text report: the ops summary table, then one line per incident."""
-    from c4d import texttable
-    from c4d.incidents import Incidents, table_lines
+    from c4d.engine.incidents import Incidents, table_lines
+    from c4d.util import texttable
 
     status = EXIT_FOUND if found(diags) else EXIT_OK
     nodes, comms = len(set(nodes_of.values())), s["comm"].nunique()

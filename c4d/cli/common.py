@@ -115,7 +115,7 @@ def add_master_opts(p: argparse.ArgumentParser) -> None:
 
 
 def add_quick(p: argparse.ArgumentParser) -> None:
-    from c4d.sim import QUICK_ENV
+    from c4d.sim.sim import QUICK_ENV
 
     shown = " ".join(f"{k}={v}" for k, v in QUICK_ENV.items())
     p.add_argument(
@@ -127,7 +127,7 @@ def add_quick(p: argparse.ArgumentParser) -> None:
 
 
 def make_master(args, meta: dict, bind: str):
-    from c4d.master import Master, MasterConfig
+    from c4d.master.master import Master, MasterConfig
 
     cfg = MasterConfig(
         metrics_port=args.metrics_port,
@@ -146,7 +146,7 @@ def make_master(args, meta: dict, bind: str):
     if getattr(args, "ranks_may_move", False):  # the job's launcher may restart a rank elsewhere
         from dataclasses import replace
 
-        from c4d.validate import Limits
+        from c4d.intake.validate import Limits
 
         cfg.limits = replace(cfg.limits or Limits.from_env(), ranks_may_move=True)
     return Master(cfg)
@@ -166,7 +166,7 @@ def live_console(args):
 
 def is_c4d_trace(args) -> bool:
     """PATH is a c4d trace file (by --format or its magic): analyzed as a stream."""
-    from c4d.analyze import is_c4d
+    from c4d.offline.analyze import is_c4d
 
     fmt = getattr(args, "input_format", None) or getattr(args, "format", None)
     return is_c4d(args.path, fmt if fmt in FORMATS else None)
@@ -189,9 +189,9 @@ def report_damage(rt) -> bool:
 def load_for_offline(args, frames: bool = True):
     """Load PATH in any supported format (an AnalyzedTrace, or its RawTrace when not ``frames``);
     one line on stderr and None when it can't be read."""
-    from c4d.analyze import load, load_raw
     from c4d.formats.to_records import ImportOptions
-    from c4d.trace import TraceError
+    from c4d.offline.analyze import load, load_raw
+    from c4d.record.trace import TraceError
 
     over = engine_overrides(args)
     opts = ImportOptions(**{k: v for k, v in over.items() if k in ("hang_timeout_us", "hang_times")})

@@ -79,8 +79,8 @@ def _add_export(subparsers) -> None:
 
 
 def cmd_report(args) -> int:
-    from c4d import report
-    from c4d.trace import TraceError
+    from c4d.offline import report
+    from c4d.record.trace import TraceError
 
     if is_c4d_trace(args):  # read and replayed in pieces: memory does not grow with the trace
         try:
@@ -101,8 +101,8 @@ def cmd_report(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from c4d import analyze
-    from c4d.trace import TraceError
+    from c4d.offline import analyze
+    from c4d.record.trace import TraceError
 
     out_fmt = args.format if args.format in EXPORT_FORMATS else "parquet"
     if args.format in FORMATS:
@@ -111,7 +111,7 @@ def cmd_export(args) -> int:
     if is_c4d_trace(args):  # read and replayed in pieces: memory does not grow with the trace
         try:
             if out_fmt == "perfetto":
-                from c4d import perfetto
+                from c4d.offline import perfetto
 
                 done = perfetto.write(
                     args.path, args.out, analyze.Selection.of(**select), engine_overrides(args)
@@ -149,7 +149,7 @@ def cmd_export(args) -> int:
 
 def hex_ids(df):
     """Communicator ids as 16-digit hex strings (c4d.analyze.hex_ids)."""
-    from c4d.analyze import hex_ids
+    from c4d.offline.analyze import hex_ids
 
     return hex_ids(df)
 

@@ -154,7 +154,7 @@ def _add_agent(subparsers) -> None:
 
 
 def cmd_lib(args) -> int:
-    from c4d import native
+    from c4d.util import native
 
     try:
         print(native.lib_path())
@@ -165,7 +165,7 @@ def cmd_lib(args) -> int:
 
 
 def cmd_master(args) -> int:
-    from c4d.curve import CurveKeyError
+    from c4d.master.curve import CurveKeyError
 
     setup_logging(args.log_level)
     stop = _stop_on_signals()
@@ -183,7 +183,7 @@ def cmd_master(args) -> int:
     view = None
     try:
         if args.live:
-            from c4d.live import LiveView
+            from c4d.master.live import LiveView
 
             view = LiveView(m, console=live_console(args), log_level=args.log_level)
             logging.getLogger("c4d").info("master listening on %s", m.endpoint)
@@ -231,7 +231,7 @@ def cmd_agent(args) -> int:
 
 
 def cmd_keygen(args) -> int:
-    from c4d import curve
+    from c4d.master import curve
 
     try:
         pub, sec = curve.generate(args.dir)

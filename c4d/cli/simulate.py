@@ -8,7 +8,6 @@ import os
 import sys
 import tempfile
 
-from c4d import signals
 from c4d.cli.common import (
     add_command,
     add_master_opts,
@@ -19,6 +18,7 @@ from c4d.cli.common import (
     setup_logging,
 )
 from c4d.cli_common import EXIT_BAD
+from c4d.util import signals
 
 
 def add_parser(subparsers) -> None:
@@ -125,9 +125,9 @@ def _add_demo(subparsers) -> None:
 
 
 def _sim_config(args):
-    from c4d import faults
     from c4d.actions.blacklist import read_nodes
-    from c4d.sim import QUICK_STEPS, SimConfig, quick_env
+    from c4d.sim import faults
+    from c4d.sim.sim import QUICK_STEPS, SimConfig, quick_env
 
     nodes = (args.ranks + args.ranks_per_node - 1) // args.ranks_per_node + args.spare_nodes
     fl = [faults.parse(s, world=args.ranks, nodes=nodes) for s in args.fault]
@@ -155,7 +155,7 @@ def _sim_config(args):
 
 
 def cmd_sim(args) -> int:
-    from c4d import faults, sim
+    from c4d.sim import faults, sim
 
     signals.raise_on_signals()
     setup_logging(args.log_level)
@@ -180,8 +180,8 @@ def cmd_sim(args) -> int:
     status = None
     if not args.master and os.environ.get("C4D_RUN_ID"):
         args.master = os.environ.get("C4D_MASTER_ADDR")  # under `c4d run`: its master, not our own
-    elif args.master:  # a running master: its status endpoint tells its verdicts (c4d/status.py)
-        from c4d.status import status_endpoint
+    elif args.master:  # a running master: its status endpoint tells its verdicts (c4d/master/status.py)
+        from c4d.master.status import status_endpoint
 
         status = args.master_status or status_endpoint(args.master)
         if status is None:
@@ -199,7 +199,7 @@ def cmd_sim(args) -> int:
             endpoint = None
         view = None
         if args.live and master is not None:
-            from c4d.live import LiveView
+            from c4d.master.live import LiveView
 
             view = LiveView(master, console=live_console(args), log_level=args.log_level)
         try:
@@ -219,7 +219,7 @@ def cmd_sim(args) -> int:
             if view is not None:
                 view.close()
     except Exception as e:  # a missing binary, a bind failure: one line, not a traceback
-        from c4d.native import NativeMissing
+        from c4d.util.native import NativeMissing
 
         if isinstance(e, NativeMissing | OSError):
             print(f"c4d sim: {e}", file=sys.stderr)
@@ -237,6 +237,6 @@ def cmd_sim(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    from c4d.demo import run_demo
+    from c4d.sim.demo import run_demo
 
     return run_demo(args)

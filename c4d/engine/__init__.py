@@ -19,6 +19,8 @@ live view's state); ``clock`` (offsets), ``hang``
 ``calibration`` (confidence measured on the randomized benchmark), ``types`` (Diagnosis,
 Localization, enums), ``config`` (thresholds).
 docs/engine.md explains the algorithms and every threshold.
+Imports only ``c4d.record`` and ``c4d.util``: no file, no network, no report. ``incidents`` folds
+its diagnoses into the incidents a person reads.
 """
 
 from typing import Any

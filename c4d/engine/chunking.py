@@ -15,10 +15,10 @@ from typing import NamedTuple
 
 import numpy as np
 
-from c4d import schema
-from c4d.columns import Columns
 from c4d.engine.rows import take
 from c4d.engine.summaries import OPSUM, Summaries
+from c4d.record import schema
+from c4d.record.columns import Columns
 
 # rows ingested at once: the per-communicator work of a chunk is paid once per chunk, so a
 # 4,096-rank job's 0.2 s tick (~85k rows through agents) is one chunk; it bounds what a backlog

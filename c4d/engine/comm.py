@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from c4d import schema
 from c4d.engine.compute import compute_before
 from c4d.engine.pool import BUDGETS, RING_CELL_BYTES, P2PDone, Pool
 from c4d.engine.ranks import RankTable
 from c4d.engine.reduce import Complete, reduce_group
 from c4d.engine.rows import COMPLETED, NO_ROWS, cat, split_rows, take
+from c4d.record import schema
 
 # what the live view reads of a communicator's latest completed collectives and transfers
 RECENT = np.dtype(
@@ -45,7 +45,7 @@ class Comm:
     def table_bytes(n: int) -> int:
         """What the master holds for a communicator of ``n`` members before its op ring's member
         rows are made: this object, its share of the Pool, the edge's and the bookkeeping's entries
-        (C4D_MAX_COMM_BYTES charges it: c4d/validate.py; tests/test_edge_ingest.py measures it)."""
+        (C4D_MAX_COMM_BYTES charges it: c4d/intake/validate.py; tests/test_edge_ingest.py measures it)."""
         return 12288 + 24 * Comm.slots(n) + 800 * n
 
     def __init__(self, idx: int, cid: int, n: int, pool: Pool | None = None) -> None:

@@ -13,11 +13,11 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from c4d import schema
 from c4d.engine.comm import Comm
 from c4d.engine.pool import MAX_COMMS_EVER, Pool, budget_from_env
 from c4d.engine.ranks import RankTable
 from c4d.engine.rows import MAX_NRANKS, OpCols, take
+from c4d.record import schema
 
 
 class CommIndex:

@@ -17,7 +17,7 @@ from typing import Any
 from c4d.engine.blame import Likelihoods
 from c4d.engine.expected import ExpectedBusbw, ExpectedError
 from c4d.engine.types import DEFAULT_ISOLATE_CONFIDENCE
-from c4d.schema import (
+from c4d.record.schema import (
     DEFAULT_BW_CHECK_PERIOD_S,
     DEFAULT_HANG_TIMEOUT_US,
     DEFAULT_HANG_TIMES,

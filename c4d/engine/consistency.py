@@ -50,11 +50,11 @@ from typing import Any
 
 import numpy as np
 
-from c4d import schema
 from c4d.engine.calibration import PRIOR_CAP, localize
 from c4d.engine.pool import budget_from_env
 from c4d.engine.types import DiagKind, How, Localization, Target
-from c4d.schema import DTYPE_NAMES, DType, Op, OpFlag, op_name
+from c4d.record import schema
+from c4d.record.schema import DTYPE_NAMES, DType, Op, OpFlag, op_name
 
 ROOTED = np.zeros(256, bool)
 ROOTED[[Op.Broadcast, Op.Reduce, Op.Gather, Op.Scatter]] = True
@@ -546,7 +546,7 @@ class PendingWatch:
         self.fires = 0
 
     def feed(self, rows: np.ndarray, cols: Any = None) -> bool:
-        """Admitted HEADER rows (``cols``: their columns, c4d.columns, when the caller has them);
+        """Admitted HEADER rows (``cols``: their columns, c4d.record.columns, when the caller has them);
         True when a disagreement's evidence just completed (``due`` stays set until taken)."""
         src = cols if cols is not None and len(cols) == len(rows) else rows
         hb = np.flatnonzero(src["kind"] == schema.Kind.HEARTBEAT)

@@ -21,7 +21,7 @@ from c4d.engine.ranks import RankTable
 from c4d.engine.slow import SlowFinding
 from c4d.engine.stage import Stages
 from c4d.engine.types import DiagKind, Diagnosis, Level, Localization
-from c4d.schema import op_name
+from c4d.record.schema import op_name
 
 
 class Emission:

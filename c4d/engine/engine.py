@@ -15,8 +15,6 @@ import logging
 
 import numpy as np
 
-from c4d import schema
-from c4d.columns import Columns
 from c4d.engine import clock, hang
 from c4d.engine.chunking import Chunker, apart
 from c4d.engine.comm import Comm
@@ -34,8 +32,10 @@ from c4d.engine.snapshot import engine_snapshot
 from c4d.engine.stage import Stages
 from c4d.engine.summaries import Summaries
 from c4d.engine.types import Diagnosis, EngineSnapshot
-from c4d.ratelog import RateLimitedLog
-from c4d.schema import Kind
+from c4d.record import schema
+from c4d.record.columns import Columns
+from c4d.record.schema import Kind
+from c4d.util.ratelog import RateLimitedLog
 
 log = logging.getLogger("c4d.engine")
 
@@ -85,7 +85,7 @@ class Engine:
         return self._pool.drops()
 
     def free_comms(self, cids) -> int:
-        """Forget communicators (destroyed, or silent for long: c4d/validate.py, Edge.expire): their
+        """Forget communicators (destroyed, or silent for long: c4d/intake/validate.py, Edge.expire): their
         arrays, memberships, unpaired p2p halves and slow-window state. Returns how many were known."""
         freed = self._index.free(cids)
         if freed:
@@ -124,7 +124,7 @@ class Engine:
         """``feed`` of a batch of ``n`` rows that comes apart: its node summaries read
         (``summaries``, at their positions in the batch) and its other rows (``rest``, HEADER
         rows in order). An engine in a process of its own gets them so from the master's loop
-        (c4d.engine_process): the summaries' rows themselves neither travel nor are joined.
+        (c4d.master.engine_process): the summaries' rows themselves neither travel nor are joined.
         The same chunks, the same steps, the same results as ``feed`` of the whole batch
         (which takes it apart so)."""
         rest = np.asarray(rest)

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from c4d.opstats import total_bytes
-from c4d.schema import Op
+from c4d.record.opstats import total_bytes
+from c4d.record.schema import Op
 
 CLASSES = ("intra", "net")
 VERSION = 1

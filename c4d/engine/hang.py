@@ -44,7 +44,7 @@ from c4d.engine.pool import Pool
 from c4d.engine.ranks import RankTable
 from c4d.engine.rows import P2P
 from c4d.engine.types import CycleMember, DiagKind, How, Localization, OpRef, Target
-from c4d.schema import Op, OpFlag, op_name
+from c4d.record.schema import Op, OpFlag, op_name
 
 SEND, RECV = int(Op.Send), int(Op.Recv)
 IN_GROUP = int(OpFlag.IN_GROUP)

@@ -10,7 +10,6 @@ from collections.abc import Callable
 
 import numpy as np
 
-from c4d import schema
 from c4d.engine import clock
 from c4d.engine.chunking import Chunk
 from c4d.engine.comm_index import CommIndex
@@ -25,7 +24,8 @@ from c4d.engine.ranks import RankTable
 from c4d.engine.rows import GONE_EVENTS, MAX_RANK, take
 from c4d.engine.stage import Stages
 from c4d.engine.summaries import Summaries
-from c4d.schema import Kind
+from c4d.record import schema
+from c4d.record.schema import Kind
 
 HB_FIELDS = (  # (Pool member array, HEARTBEAT field) copied as they are (Comm.add_heartbeats)
     ("n_issued", "n_issued"), ("n_arrived", "n_arrived"), ("n_done", "n_done"),

@@ -21,7 +21,7 @@ from c4d.engine.pool import P2PDone, Pool
 from c4d.engine.ranks import RankTable
 from c4d.engine.reduce import Complete, reduce_comms
 from c4d.engine.rows import IN_GROUP, P2P, OpCols, lexsort, take
-from c4d.schema import Op, OpFlag
+from c4d.record.schema import Op, OpFlag
 
 COMPUTE_GIVEN = int(OpFlag.COMPUTE_GIVEN)
 

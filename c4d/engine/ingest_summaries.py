@@ -8,13 +8,13 @@ from collections.abc import Callable
 
 import numpy as np
 
-from c4d import schema
 from c4d.engine.comm_index import CommIndex
 from c4d.engine.config import EngineConfig
 from c4d.engine.pool import Pool
 from c4d.engine.ranks import RankTable
 from c4d.engine.rows import END_SYNC
 from c4d.engine.summaries import Summaries
+from c4d.record import schema
 
 
 class SummaryIngest:

@@ -34,7 +34,7 @@ from c4d.engine.compute import compute_before
 from c4d.engine.config import EngineConfig
 from c4d.engine.ranks import RankTable
 from c4d.engine.rows import OpCols
-from c4d.schema import OpFlag
+from c4d.record.schema import OpFlag
 
 COMPUTE_GIVEN = int(OpFlag.COMPUTE_GIVEN)
 

@@ -13,10 +13,10 @@ from collections.abc import Callable
 
 import numpy as np
 
-from c4d import schema
 from c4d.engine.comm import Comm
 from c4d.engine.ranks import RankTable
 from c4d.engine.rows import OP_SPLIT, P2P_DONE, RECV, SEND, OpCols, lexsort, take
+from c4d.record import schema
 
 # One side of a p2p transfer waiting for its counterpart (send k from src to dst pairs with
 # recv k at dst from src).

@@ -24,7 +24,7 @@ from typing import Protocol
 import numpy as np
 
 from c4d.engine.rows import NO_ROWS, P2P, grow
-from c4d.ratelog import RateLimitedLog
+from c4d.util.ratelog import RateLimitedLog
 
 log = logging.getLogger("c4d.engine")
 

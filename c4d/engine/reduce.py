@@ -19,7 +19,7 @@ import numpy as np
 
 from c4d.engine.ranks import RankTable
 from c4d.engine.rows import COMPLETED, END_SYNC, OP_SPLIT, row_median
-from c4d.opstats import busbw_factor, total_bytes
+from c4d.record.opstats import busbw_factor, total_bytes
 
 
 class Reducible(Protocol):

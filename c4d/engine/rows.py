@@ -17,9 +17,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from c4d import schema
-from c4d.columns import Columns
-from c4d.schema import Op, OpFlag
+from c4d.record import schema
+from c4d.record.columns import Columns
+from c4d.record.schema import Op, OpFlag
 
 MAX_RANK = 1 << 20
 MAX_NRANKS = 1 << 17
@@ -50,7 +50,7 @@ COMPLETED = np.dtype(
 )
 
 # Per rank and op, the wait / transfer split of a completed op (Engine(split=True) hands them
-# out; c4d.analyze's ops_split and the Prometheus metrics read them). Times are master clock
+# out; c4d.offline.analyze's ops_split and the Prometheus metrics read them). Times are master clock
 # (aligned with the engine's offsets) or durations; NaN where unknown (p2p ops have no wait).
 OP_SPLIT = np.dtype(
     [
@@ -122,7 +122,7 @@ def lexsort(keys: tuple[np.ndarray, ...]) -> np.ndarray:
 
 class OpCols(NamedTuple):
     """OP fields that several steps of a chunk read, read once, as contiguous columns: the
-    rows' words transposed in one pass (c4d.columns). A field of 128-byte rows read where it
+    rows' words transposed in one pass (c4d.record.columns). A field of 128-byte rows read where it
     lies is a pass over every cache line of them, and the gaps, own pace, group sharing,
     membership, collectives and p2p steps read a dozen of them again and again."""
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from c4d import schema
+from c4d.record import schema
 
 # kinds whose records name a communicator (comm_id at the same offset in each)
 _PER_COMM = tuple(k for k, dt in schema.DTYPES.items() if "comm_id" in (dt.names or ()))

@@ -39,7 +39,7 @@ from c4d.engine.pool import Pool
 from c4d.engine.ranks import RankTable
 from c4d.engine.rows import COMPLETED, cat, row_nanmedian, take
 from c4d.engine.types import DiagKind, How, Localization, Target
-from c4d.schema import Op
+from c4d.record.schema import Op
 
 
 @dataclass

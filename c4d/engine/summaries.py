@@ -3,8 +3,8 @@
 Row by row, so how the stream is cut does not matter (a replay's 16 MiB pieces, a live
 master's polls, the engine's chunks): what a summary becomes depends on its row alone. The
 master's loop can therefore read them where it has the rows' columns already (the edge cut
-them, c4d.columns): for an engine in a process of its own, whose process is the master's
-bound while the loop waits half the time (c4d.engine_process), they travel read. The engine
+them, c4d.record.columns): for an engine in a process of its own, whose process is the master's
+bound while the loop waits half the time (c4d.master.engine_process), they travel read. The engine
 then checks them, sorts them by communicator, puts their times on its clock and keeps them
 (``ingest_summaries.SummaryIngest.feed``).
 """
@@ -15,11 +15,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from c4d import schema
-from c4d.columns import Columns
 from c4d.engine.ranks import RankTable
 from c4d.engine.rows import COMPLETED, take
-from c4d.opstats import busbw_factor, total_bytes
+from c4d.record import schema
+from c4d.record.columns import Columns
+from c4d.record.opstats import busbw_factor, total_bytes
 
 OPSUM = int(schema.Kind.OPSUM)
 GAPS = np.dtype("<f4")
@@ -144,7 +144,7 @@ class Summaries:
         out["first_arrive"] -= off
         return out
 
-    # -- between processes (c4d.engine_process) ------------------------------------------
+    # -- between processes (c4d.master.engine_process) ------------------------------------------
     def frames(self) -> list[np.ndarray]:
         """The arrays as they travel: the FIELDS in order, then the compute."""
         return [np.ascontiguousarray(getattr(self, name)) for name, _ in FIELDS] + [

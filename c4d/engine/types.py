@@ -227,7 +227,7 @@ class Localization:
 
 
 class RankState(enum.Enum):
-    """Per-rank state in the live view (keys of c4d.live.STATE_STYLE)."""
+    """Per-rank state in the live view (keys of c4d.master.live.STATE_STYLE)."""
 
     computing = "computing"
     in_collective = "in-collective"
@@ -336,7 +336,7 @@ class Diagnosis:
 
 @dataclass(frozen=True)
 class CommSnapshot:
-    """One communicator in the live view (field names match c4d.live.CommRow)."""
+    """One communicator in the live view (field names match c4d.master.live.CommRow)."""
 
     comm: str
     kind: str

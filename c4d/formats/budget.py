@@ -18,8 +18,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from c4d import schema
 from c4d.formats.to_records import FormatError
+from c4d.record import schema
 
 DEFAULT_MAX_BYTES = 1 << 30
 DEFAULT_MAX_SECONDS = 600.0

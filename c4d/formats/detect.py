@@ -24,7 +24,6 @@ from typing import Any
 
 import numpy as np
 
-from c4d import schema
 from c4d.formats import flight_recorder, inspector
 from c4d.formats import to_records as tr
 from c4d.formats.budget import (
@@ -35,8 +34,9 @@ from c4d.formats.budget import (
     BudgetError,
 )
 from c4d.formats.to_records import FormatError, ImportOptions
-from c4d.trace import MAGIC as C4D_MAGIC
-from c4d.trace import RawTrace, TraceError, read_raw
+from c4d.record import schema
+from c4d.record.trace import MAGIC as C4D_MAGIC
+from c4d.record.trace import RawTrace, TraceError, read_raw
 
 FORMATS = ("c4d", "fr", "inspector", "nccl-tests")
 _PROBE = 65536

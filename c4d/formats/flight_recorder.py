@@ -43,7 +43,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from c4d import heap
 from c4d.formats.budget import Budget
 from c4d.formats.fr_columns import parse_name
 from c4d.formats.fr_convert import KNOWN_MAJOR, convert
@@ -61,7 +60,8 @@ from c4d.formats.fr_limits import (
 )
 from c4d.formats.fr_load import SAFE_GLOBALS, DumpFiles, find_dumps, load_all, load_dump, rank_of
 from c4d.formats.to_records import FormatError, ImportOptions
-from c4d.trace import RawTrace
+from c4d.record.trace import RawTrace
+from c4d.util import heap
 
 __all__ = [
     "BUILT_PER_BYTE",
@@ -100,14 +100,14 @@ def read(
     Unreadable files, and dumps built to cost far more than they weigh, are skipped with a warning."""
     opts = opts or ImportOptions()
     budget = budget or Budget()
-    heap.keep_freed_blocks()  # the columns' many large temporaries reuse freed pages (c4d/heap.py)
+    heap.keep_freed_blocks()  # the columns' many large temporaries reuse freed pages (c4d/util/heap.py)
     p = Path(path)
     if p.is_dir():
         found = find_dumps(p, prefix)
         files, warns = found.files, list(found.skipped)
     else:
         files, warns = {rank_of(p.name): p}, []
-    with heap.without_huge_pages():  # the import writes its arrays once (c4d/heap.py)
+    with heap.without_huge_pages():  # the import writes its arrays once (c4d/util/heap.py)
         loaded: list[tuple[int, dict[str, Any]]] = []
         for rank, res in load_all(files, workers, budget):
             if isinstance(res, str):

@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from c4d import schema
 from c4d.formats.fr_limits import MAX_RANK, check_walk
+from c4d.record import schema
 
 Op = schema.Op
 

@@ -16,12 +16,12 @@ from typing import Any
 
 import numpy as np
 
-from c4d import schema
 from c4d.formats import fr_match
 from c4d.formats import to_records as tr
 from c4d.formats.fr_columns import DTYPES, STATES, parse_name
 from c4d.formats.to_records import ImportOptions
-from c4d.trace import RawTrace
+from c4d.record import schema
+from c4d.record.trace import RawTrace
 
 Op = schema.Op
 KNOWN_MAJOR = 2  # FR schema major version this reader knows ("2.x"); newer majors get a warning

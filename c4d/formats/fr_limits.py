@@ -22,7 +22,7 @@ FREE = 64 << 20  # what any dump may expand to or build before those ratios coun
 ENTRY_COST = 512  # memory an entry (each reference in ``entries``) costs while its columns are made
 COLUMN_COST = 128  # an entry's share of the columns kept per dump (13 numpy columns)
 JSON_COST = 16  # json.load of a JSON dump: Python objects per byte of text, at worst
-MAX_RANK = 1 << 17  # c4d.validate's C4D_MAX_RANKS: a rank number or group past it is not a job's
+MAX_RANK = 1 << 17  # c4d.intake.validate's C4D_MAX_RANKS: a rank number or group past it is not a job's
 CHECK_EVERY = 1 << 18  # bytes of pickle between two checks of the clock and the memory built
 _EXPAND_STEP = 1 << 16  # references listed at once while counting
 

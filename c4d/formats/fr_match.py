@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from c4d import schema
+from c4d.record import schema
 
 Op = schema.Op
 

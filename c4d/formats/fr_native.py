@@ -81,7 +81,7 @@ def _load() -> ctypes.CDLL | None:
     if _tried:
         return _lib
     _tried = True
-    from c4d import native
+    from c4d.util import native
 
     try:
         lib = ctypes.CDLL(str(native._find(LIB_NAME)))

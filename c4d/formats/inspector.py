@@ -36,11 +36,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from c4d import schema
 from c4d.formats import to_records as tr
 from c4d.formats.budget import RECORD_COST, Budget, BudgetError, HostileFile, LineReader
 from c4d.formats.to_records import FormatError, ImportOptions
-from c4d.trace import RawTrace
+from c4d.record import schema
+from c4d.record.trace import RawTrace
 
 if TYPE_CHECKING:  # pandas is slow to import: only parsing needs it
     import pandas as pd

@@ -26,9 +26,9 @@ from typing import Any
 
 import numpy as np
 
-from c4d import schema
-from c4d.schema import DEFAULT_BW_CHECK_PERIOD_S, DEFAULT_HANG_TIMEOUT_US, DEFAULT_HANG_TIMES
-from c4d.trace import RawTrace
+from c4d.record import schema
+from c4d.record.schema import DEFAULT_BW_CHECK_PERIOD_S, DEFAULT_HANG_TIMEOUT_US, DEFAULT_HANG_TIMES
+from c4d.record.trace import RawTrace
 
 _BLOCK = 8192  # records filled at a time (1 MiB of OP records)
 MAX_HISTORY_TICKS = 5000  # a very long history gets coarser ticks, not millions of records
@@ -349,8 +349,8 @@ def _lay_out(parts: list[np.ndarray | tuple[int, int]], op_recs: np.ndarray | Op
 
 
 def save(rt: RawTrace, path: str) -> None:
-    """Write an imported trace as a c4d trace file (``c4d report`` / ``c4d.trace.load`` read it)."""
-    from c4d.trace import TraceWriter
+    """Write an imported trace as a c4d trace file (``c4d report`` / ``c4d.record.trace.load`` read it)."""
+    from c4d.record.trace import TraceWriter
 
     w = TraceWriter(path, {k: v for k, v in rt.meta.items() if k not in ("schema_version", "record_size")})
     try:

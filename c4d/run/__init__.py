@@ -7,4 +7,6 @@ silent and half-exited jobs (``watch``), dumps the stacks of hung ranks (``stack
 ``evidence``), isolates the culprit node (``c4d.actions``), and decides whether to restart
 (``policy``). ``supervisor`` is the loop that ties them together; ``cli`` its options.
 See docs/run.md.
+Imports the master, the node agent, ``c4d.actions`` and everything below them; not the command line
+(``c4d.cli_common`` aside: exit statuses, the parser).
 """

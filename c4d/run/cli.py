@@ -12,8 +12,8 @@ import os
 import socket
 import sys
 
-from c4d import signals
 from c4d.run.policy import RETRYABLE_PATTERNS, Policy, PolicyConfig, compile_patterns
+from c4d.util import signals
 
 EPILOG = """\
 exit status: the job's own (0 when its last attempt succeeded); 1: bad options or nothing
@@ -281,8 +281,8 @@ def config(args):
 
 
 def cmd_run(args) -> int:
-    from c4d.native import NativeMissing
     from c4d.run.supervisor import Supervisor
+    from c4d.util.native import NativeMissing
 
     logging.basicConfig(
         level=args.log_level, stream=sys.stderr, format="c4d %(levelname)s %(message)s", force=True

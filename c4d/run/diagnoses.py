@@ -1,6 +1,6 @@
 """Where ``c4d run`` hears diagnoses: its own master, or an external master's JSON lines.
 
-``LocalMaster`` (the default) is a ``c4d.master.Master`` hosted in this process, a fresh
+``LocalMaster`` (the default) is a ``c4d.master.master.Master`` hosted in this process, a fresh
 one (engine, trace) per attempt, reading from the one ZeroMQ endpoint ``c4d run`` owns for
 its whole life (``Endpoint``): the endpoint the job's ranks connect to, ``C4D_MASTER_ADDR``.
 It is stepped from the supervisor's loop; diagnoses arrive through the master's
@@ -30,7 +30,7 @@ class Endpoint:
     """The ZeroMQ socket the ranks report to, bound once for the whole ``c4d run``."""
 
     def __init__(self, bind: str):
-        from c4d.collector import Collector
+        from c4d.master.collector import Collector
 
         self.collector = Collector(bind)
         self.endpoint = self.collector.endpoint
@@ -58,7 +58,7 @@ class LocalMaster:
         on_diagnosis: Callable[[Any], None],
         collector: Any = None,
     ):
-        from c4d.master import Master, MasterConfig
+        from c4d.master.master import Master, MasterConfig
 
         self._got: list[dict[str, Any]] = []
 
@@ -105,11 +105,11 @@ def _ints(xs: Any, limit: int = 1 << 17) -> list[int]:
 
 def sanitize(obj: dict[str, Any]) -> dict[str, Any]:
     """A diagnosis read from a file (not from this ``c4d run``'s own master), made as safe as one the
-    master's edge let through: node names in c4d.names' safe form, those that were not already in it
+    master's edge let through: node names in c4d.record.names' safe form, those that were not already in it
     listed in ``detail["refused_nodes"]`` (never isolated: they did not come through a master);
     names of kinds, levels, ops and communicators the same; ranks and victims ints only. The rest is
     kept as JSON (written only through json.dumps, which escapes control characters)."""
-    from c4d import names
+    from c4d.record import names
 
     d = dict(obj)
     detail = d.get("detail")

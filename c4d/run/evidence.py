@@ -34,7 +34,8 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
-from c4d.run import proctree, stacks
+from c4d.run import proctree
+from c4d.util import stacks
 
 log = logging.getLogger("c4d.run")
 
@@ -66,9 +67,9 @@ def _other_sides(j: Mapping[str, Any], culprits: list[int]) -> list[int]:
 
 def evidence_path(run_dir: str | Path, attempt: int, kind: Any, nodes: list[str]) -> Path:
     """Where an isolation's evidence is written: in ``run_dir/evidence``, named only from parts in
-    c4d.names' safe form (no separator, no leading dot), the first two nodes and a count: at most
+    c4d.record.names' safe form (no separator, no leading dot), the first two nodes and a count: at most
     ~220 characters, under every file system's limit on a name."""
-    from c4d import names
+    from c4d.record import names
 
     parts = [names.clean(str(kind)), *(names.clean(str(n)) for n in nodes[:2])]
     if len(nodes) > 2:

@@ -37,10 +37,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from c4d import names, signals
 from c4d.actions import blacklist
 from c4d.actions.base import Action
 from c4d.actions.isolate import Isolator, Outcome
+from c4d.record import names
 from c4d.run import launcher
 from c4d.run.diagnoses import Endpoint, JsonFollower, LocalMaster
 from c4d.run.evidence import Evidence, evidence_path
@@ -55,6 +55,7 @@ from c4d.run.policy import (
     is_retryable,
     signature,
 )
+from c4d.util import signals
 
 log = logging.getLogger("c4d.run")
 
@@ -230,7 +231,7 @@ class Supervisor:
         if source is not None:
             source.close()
         if self._trace:
-            from c4d.run.stacks_view import sidecar_path
+            from c4d.util.stacks_view import sidecar_path
 
             self.evidence.write_sidecar(sidecar_path(self._trace))
         tail = self.capture.tail()
@@ -276,7 +277,7 @@ class Supervisor:
         self.evidence.on_diagnosis(d, self._pids() if self._pids else None)
 
     def _env(self, idx: int, endpoint: str | None) -> dict[str, str]:
-        from c4d import native
+        from c4d.util import native
 
         cfg = self.cfg
         env = dict(os.environ)
@@ -460,7 +461,7 @@ class Supervisor:
         if self.view is None:
             from rich.logging import RichHandler
 
-            from c4d.live import LiveView
+            from c4d.master.live import LiveView
 
             self.view = LiveView(src.master)
             # log lines print above the live display, not through it

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from c4d import schema
+from c4d.record import schema
 from tests import factories as F
 
 

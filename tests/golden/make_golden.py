@@ -4,7 +4,7 @@
     PYTHONPATH=. python tests/golden/make_golden.py mismatch
     PYTHONPATH=. python tests/golden/make_golden.py noncomm-hang-busy-host --from TRACE  # recorded
 
-Each case is a real simulated job (c4d.scenarios: processes, shim, simnccl, ZeroMQ, master,
+Each case is a real simulated job (c4d.sim.scenarios: processes, shim, simnccl, ZeroMQ, master,
 engine); its trace is kept gzipped as ``<name>.c4d.gz`` and what the engine says when it
 replays it as ``<name>.expected.json``, reduced to what a diagnosis decides (time, level,
 kind, op, culprits, how it was localized; not the calibrated confidence, which moves when
@@ -25,7 +25,9 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 
-from c4d import analyze, scenarios, trace  # noqa: E402
+from c4d.offline import analyze  # noqa: E402
+from c4d.record import trace  # noqa: E402
+from c4d.sim import scenarios  # noqa: E402
 
 Sc = scenarios.Scenario
 CASES: dict[str, scenarios.Scenario] = {

@@ -4,16 +4,16 @@
  * Every record is C4D_RECORD_SIZE bytes, little-endian, and starts with the same
  * 16-byte header whose first field is the kind tag. Records travel in batches: one
  * ZeroMQ message = one c4d_batch_header followed by `n_records` records. The trace
- * file stores the same records back to back after its own header (see c4d/trace.py).
+ * file stores the same records back to back after its own header (see c4d/record/trace.py).
  *
- * Python mirrors this file in c4d/schema.py; tests/test_schema.py compiles a probe
+ * Python mirrors this file in c4d/record/schema.py; tests/test_schema.py compiles a probe
  * against this header and checks every size and offset byte for byte.
  *
  * Version bump rule: C4D_SCHEMA_VERSION changes whenever a field moves, changes type
  * or changes meaning. Adding a new record kind, a new value of an enum field (a comm
  * event), or giving meaning to reserved bytes that were zero, does not bump it (old
  * readers skip unknown kinds and values; zero = "unknown").
- * Readers normalise old versions in one place (c4d/schema.py: upgrade()).
+ * Readers normalise old versions in one place (c4d/record/schema.py: upgrade()).
  *
  * Clocks: every *_ns field is nanoseconds since the Unix epoch on the rank's host
  * (CLOCK_REALTIME plus C4D_CLOCK_OFFSET_NS, which the simulator uses to fake skew).

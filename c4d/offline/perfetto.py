@@ -7,7 +7,7 @@ it one slice per op from the rank's arrival to the op's end, with two slices nes
 (own arrival → the last member's arrival) and ``transfer`` (→ done). All times are the engine's:
 the master's clock, the nodes' offsets applied (docs/engine.md), in µs since the trace started.
 Ops the engine could not split (never completed on every member) have no slice. The incidents
-(c4d/incidents.py, as `c4d analyze` lists them) are markers: a global instant at each one's
+(c4d/engine/incidents.py, as `c4d analyze` lists them) are markers: a global instant at each one's
 first report, an instant on each culprit rank's first track, and a slice per incident on the
 ``c4d incidents`` process from its start to its last report.
 
@@ -27,7 +27,8 @@ from typing import IO, Any
 
 import numpy as np
 
-from c4d import analyze, schema
+from c4d.offline import analyze
+from c4d.record import schema
 
 INCIDENTS_PID = 0  # the incidents' process; a rank's is rank + 1
 LEVEL_COLOR = {"ERROR": "terrible", "WARNING": "bad", "INFO": "good"}  # trace-viewer colour names
@@ -63,7 +64,7 @@ def write(
     """Write the timeline of a c4d trace (or a directory of node traces) to ``out`` (gzip when it
     ends in .gz); returns counts: events, ops (with a slice), ranks, incidents, unsplit (ops
     without one)."""
-    from c4d.incidents import Incidents
+    from c4d.engine.incidents import Incidents
 
     watch = analyze.RawWatch()
     cols = ["rank", "comm_id", "seq", "op_name", "peer", "flags", "bytes", "arrive_ns", "wait_ns",

@@ -26,7 +26,7 @@ from typing import Any
 
 import zmq
 
-from c4d.curve import server_key
+from c4d.master.curve import server_key
 
 MAX_PER_REPLY = 500
 MAX_REQUEST_BYTES = 4096

@@ -25,8 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
-from c4d import faults, schema, trace
-from c4d.sim import QUICK_ENV
+from c4d.record import schema, trace
+from c4d.sim import faults
+from c4d.sim.sim import QUICK_ENV
 
 EXPECTED_KIND = {
     "noncomm-hang": "RankNonCommHang",
@@ -40,7 +41,7 @@ HANG_KINDS = {"RankNonCommHang", "RankCommHang", "RankLost", "CollectiveMismatch
 ISOLATING_KINDS = HANG_KINDS - {"CollectiveMismatch"}  # a program bug takes no node out
 SLOW_STEPS = 250  # enough for the onset window and two more at the slowed pace
 
-# `c4d sim --quick`'s thresholds and link speeds, so a matrix runs in minutes (c4d.sim.QUICK_ENV
+# `c4d sim --quick`'s thresholds and link speeds, so a matrix runs in minutes (c4d.sim.sim.QUICK_ENV
 # says why: T = 1 s, ERROR after 3 x T, 1 s slow windows, heartbeats at T/5, links slow enough
 # that a factor F slowdown reads as roughly F on a small machine).
 SCENARIO_ENV = QUICK_ENV
@@ -192,7 +193,7 @@ class Outcome:
 
 
 def node_offsets_s(sc: Scenario) -> list[float]:
-    """The clock offset `c4d sim --clock-skew --seed` gives each node (c4d.sim.SimJob)."""
+    """The clock offset `c4d sim --clock-skew --seed` gives each node (c4d.sim.sim.SimJob)."""
     rng = random.Random(sc.seed)
     return [0.0] + [int(rng.uniform(-sc.clock_skew, sc.clock_skew) * 1e9) / 1e9 for _ in range(sc.nodes - 1)]
 

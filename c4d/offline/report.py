@@ -3,7 +3,7 @@
 Four PNGs (matplotlib, Agg) and one self-contained HTML page that embeds them:
 per-rank extra compute before each collective over time, collective time split into wait and
 transfer, bus bandwidth by message size against the median per size, and the incident
-timeline. The page lists one row per incident (c4d/incidents.py, as `c4d analyze` prints them):
+timeline. The page lists one row per incident (c4d/engine/incidents.py, as `c4d analyze` prints them):
 the engine re-reports a hang every T, and those re-counts are one incident with its count.
 
 The lateness picture uses each rank's *compute gap* (its arrival at a collective minus the end
@@ -33,10 +33,10 @@ import numpy as np
 import pandas as pd
 from matplotlib.ticker import MaxNLocator
 
-from c4d import schema
+from c4d.engine.incidents import COLUMNS, Incident
 from c4d.engine.types import Diagnosis
-from c4d.incidents import COLUMNS, Incident
-from c4d.run.stacks_view import html_section, load_sidecar
+from c4d.record import schema
+from c4d.util.stacks_view import html_section, load_sidecar
 
 LEVEL_COLOR = {"ERROR": "#c0392b", "WARNING": "#e67e22", "INFO": "#2980b9"}
 DPI = 110
@@ -65,7 +65,7 @@ class ReportInput:
 def from_trace(tr: Any, diagnoses: list[Diagnosis] | None = None) -> ReportInput:
     """Report input from a ``c4d.analyze.load``-ed trace: its ops with the engine's wait/transfer
     split, its diagnoses (the replay's, unless given) and their incidents."""
-    from c4d import analyze
+    from c4d.offline import analyze
 
     if diagnoses is None:
         diagnoses = tr.diagnoses_list()
@@ -286,8 +286,8 @@ def from_stream(
     """Report input from a c4d trace (or a directory of node traces) read and replayed piece by
     piece: memory does not grow with the trace (``ReportStats`` past ``keep`` rows). Also
     returns the pass (``c4d.analyze.StreamPass``: its stream's damage, its ingest)."""
-    from c4d import analyze
-    from c4d.incidents import Incidents
+    from c4d.engine.incidents import Incidents
+    from c4d.offline import analyze
 
     stats = ReportStats(keep)
     watch = analyze.RawWatch()

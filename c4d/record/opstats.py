@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from c4d.schema import Op
+from c4d.record.schema import Op
 
 # nccl-tests' bus bandwidth factor (docs/design.md): scale x (n - 1) / n for these ops (n ranks
 # in the communicator), 1 for the others (Broadcast, Reduce, Send, Recv)

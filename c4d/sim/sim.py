@@ -12,7 +12,7 @@ clock offset (it belongs to the node, wherever the ranks go).
 2 stopped on an ERROR diagnosis; 3 ``--max-seconds`` reached (``c4d sim`` maps these onto
 the CLI's exit-status convention, c4d/cli/__init__.py). With a master of its own the diagnoses come
 from stepping it; with a running one (``--master EP``) from that master's status endpoint
-(c4d/status.py), so the job stops on its ERROR all the same.
+(c4d/master/status.py), so the job stops on its ERROR all the same.
 
 ``--quick`` (``QUICK_ENV``) scales the thresholds down so that every fault kind is diagnosed
 within seconds of its onset. Warnings the shim or simnccl print in a rank (a malformed
@@ -39,11 +39,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from c4d import faults as faultspec
-from c4d import native
 from c4d.cli_common import EXIT_BAD, EXIT_FOUND, EXIT_OK, found
+from c4d.sim import faults as faultspec
+from c4d.util import native
 
-log = logging.getLogger("c4d.sim")
+log = logging.getLogger("c4d.sim.sim")
 
 EXIT_FINISHED, EXIT_RANK_FAILED, EXIT_ERROR, EXIT_TIMEOUT = 0, 1, 2, 3
 
@@ -352,11 +352,11 @@ def run(
 ) -> SimResult:
     """Run the job to its end (or to an ERROR diagnosis, or to ``max_seconds``).
 
-    ``master`` (a c4d.master.Master) is driven in this thread; with ``endpoint`` only
+    ``master`` (a c4d.master.master.Master) is driven in this thread; with ``endpoint`` only
     (an external master), the job is supervised and, given that master's ``status`` endpoint,
     stopped on its ERROR. ``agents``: every simulated node's ranks send to that node's agent
     (c4d/agent), stepped in this thread, which forwards to the master. ``interrupted`` is called
-    between two polls: it raises to unwind (c4d/signals.py).
+    between two polls: it raises to unwind (c4d/util/signals.py).
     """
     ep = master.endpoint if master is not None else endpoint
     if ep is None:
@@ -433,15 +433,15 @@ def _culprit(d: dict) -> str:
 
 
 class _Verdicts:
-    """A running master's diagnoses of this job, through its status endpoint (c4d/status.py):
+    """A running master's diagnoses of this job, through its status endpoint (c4d/master/status.py):
     each one it raised at WARNING or above is logged here, and the first ERROR stops the job."""
 
     SILENT_S = 10.0
     """Say once that the master does not answer after this long."""
 
     def __init__(self, endpoint: str, job_id: str, master_endpoint: str) -> None:
-        from c4d.collector import job_key
-        from c4d.status import StatusFollower
+        from c4d.master.collector import job_key
+        from c4d.master.status import StatusFollower
 
         self.follower = StatusFollower(endpoint, job=job_key(job_id))
         self.endpoint, self.master_endpoint = endpoint, master_endpoint

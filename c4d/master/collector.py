@@ -2,7 +2,7 @@
 
 Owned by the master thread (ZeroMQ sockets are not thread-safe). A message that does
 not decode is counted by reason class and logged at most once per class per minute
-(c4d.ratelog), never allowed to stop ingestion.
+(c4d.util.ratelog), never allowed to stop ingestion.
 
 Who may send (docs/reliability.md):
 
@@ -44,13 +44,13 @@ import numpy as np
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from c4d import names, schema, wire
-from c4d.ratelog import RateLimitedLog
+from c4d.record import names, schema, wire
+from c4d.util.ratelog import RateLimitedLog
 
 if TYPE_CHECKING:
-    from c4d.curve import Keys
+    from c4d.master.curve import Keys
 
-log = logging.getLogger("c4d.collector")
+log = logging.getLogger("c4d.master.collector")
 
 DEFAULT_ENDPOINT = "tcp://127.0.0.1:5555"
 # A shim batch is at most 512 records (64 KiB); a node agent's messages are at most this too

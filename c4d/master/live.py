@@ -5,7 +5,7 @@ between ingestion steps, so a render can never stall the collector for long, and
 render can be tested from a state built by hand, without a terminal.
 
 The frame always fits the terminal (80×24 upwards): the header and the rank grid first,
-then one line per incident (c4d/incidents.py, never one per re-count), then as many
+then one line per incident (c4d/engine/incidents.py, never one per re-count), then as many
 communicators as there is room for (those in an open incident first), then the tail of
 the master's log.
 """
@@ -25,7 +25,7 @@ from rich.table import Table
 from rich.text import Text
 
 from c4d.engine.types import CommSnapshot
-from c4d.run.stacks_view import live_lines, stacks_text
+from c4d.util.stacks_view import live_lines, stacks_text
 
 # state → (glyph, style); one character per rank so 1,024 ranks fit a 120×40 terminal
 STATE_STYLE: dict[str, tuple[str, str]] = {

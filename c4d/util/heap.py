@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-log = logging.getLogger("c4d.heap")
+log = logging.getLogger("c4d.util.heap")
 
 _M_TRIM_THRESHOLD = -1  # mallopt parameters (malloc.h)
 _M_MMAP_THRESHOLD = -3

@@ -5,7 +5,7 @@ Lines are keyed by a *reason class*, a short fixed string chosen by the caller (
 message). The first event of a class in a period is logged at once; later events of that class
 in the same period are only counted, and the next line of the class (or ``flush``, which the
 master calls at every tick) says how many there were. The Prometheus counters in
-``c4d.metrics`` carry the full detail. Used by the collector, the validator and the engine.
+``c4d.master.metrics`` carry the full detail. Used by the collector, the validator and the engine.
 """
 
 from __future__ import annotations

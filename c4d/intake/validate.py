@@ -5,7 +5,7 @@ bounds before any state of the master sees it.
 
 The master and ``c4d analyze`` run the same ``Edge`` on the same records at the same master
 times, so a replay drops exactly what the live run dropped. ``admit`` returns the rows that
-pass (node and job names rewritten by ``c4d.names.clean``) and counts the others by reason;
+pass (node and job names rewritten by ``c4d.record.names.clean``) and counts the others by reason;
 the reasons are the ``REASONS`` below (Prometheus label values, log classes).
 
 What is checked (vectorised with numpy over a batch; a Python loop runs only per communicator
@@ -50,13 +50,13 @@ from typing import Any
 
 import numpy as np
 
-from c4d import names, schema
-from c4d.columns import Columns
 from c4d.engine.comm import Comm
-from c4d.ratelog import RateLimitedLog
-from c4d.schema import Kind, Op, OpFlag
+from c4d.record import names, schema
+from c4d.record.columns import Columns
+from c4d.record.schema import Kind, Op, OpFlag
+from c4d.util.ratelog import RateLimitedLog
 
-log = logging.getLogger("c4d.validate")
+log = logging.getLogger("c4d.intake.validate")
 
 REASONS: tuple[str, ...] = (
     "ok",

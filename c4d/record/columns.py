@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from c4d import schema
+from c4d.record import schema
 
 _WORDS = schema.RECORD_SIZE // 8
 _BLOCK = 4096  # rows transposed at a time (512 KiB)

@@ -10,7 +10,7 @@ import struct
 
 import numpy as np
 
-from c4d import schema
+from c4d.record import schema
 
 
 class BadBatch(ValueError):

@@ -21,7 +21,7 @@ def _candidates() -> list[Path]:
     env = os.environ.get("C4D_NATIVE_DIR")
     if env:
         out.append(Path(env))
-    out.append(Path(__file__).resolve().parent / "_native")
+    out.append(Path(__file__).resolve().parents[1] / "_native")
     for key in ("platlib", "purelib"):
         out.append(Path(sysconfig.get_paths()[key]) / "c4d" / "_native")
     return out

@@ -293,7 +293,7 @@ def heard_stamps(raw: Any, last_tick_ns: int) -> tuple[np.ndarray, int]:
     """When the job was heard in a piece of a trace: the master time each record was fed at (the
     TICK before it, ``last_tick_ns`` before the piece's first TICK), once each; and the piece's
     last TICK. What ``Incidents.heard`` saw live, for ``fold``."""
-    from c4d import schema
+    from c4d.record import schema
 
     is_tick = raw["kind"] == schema.Kind.TICK
     if not len(raw):
@@ -457,7 +457,7 @@ COLUMNS = (
 
 def table_lines(incidents: list[Incident], t0_s: float | None = None) -> list[str]:
     """A plain-text table: a header line, then exactly one line per incident (never wrapped)."""
-    from c4d import texttable
+    from c4d.util import texttable
 
     rows = [i.row(t0_s) for i in incidents]
     right = ("#", "duration", "count", "confidence")

@@ -5,7 +5,7 @@ preloaded in every rank. Part-way through, a rank's GPU stream stops making prog
 (a hung kernel: the classic RankNonCommHang), or whatever ``--fault`` says. The live view
 shows the job, the master diagnoses the culprit, raises WARNING then ERROR, and blacklists
 its node. Thresholds are scaled down (``DEMO_ENV``: 2 s × 3, 2 s slow windows; ``--quick``:
-``c4d.sim.QUICK_ENV``) so every fault kind shows within seconds. The trace and the blacklist
+``c4d.sim.sim.QUICK_ENV``) so every fault kind shows within seconds. The trace and the blacklist
 are kept in ``--out`` (default ``./c4d-demo``, which .gitignore lists) for ``c4d analyze`` /
 ``c4d report``, and nothing is written anywhere else but temporary folders it removes: the
 demo says where at its start, and points ``c4d report`` into that folder too.
@@ -23,8 +23,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from c4d import faults, sim
-from c4d.master import Master, MasterConfig
+from c4d.master.master import Master, MasterConfig
+from c4d.sim import faults, sim
 
 DEFAULT_FAULT = "noncomm-hang@rank=6,step=8"
 DEMO_ENV = {
@@ -87,7 +87,7 @@ def run_demo(args) -> int:
         return 1
     view = None
     if not args.no_live:
-        from c4d.live import LiveView
+        from c4d.master.live import LiveView
 
         view = LiveView(master, console=con, log_level=logging.INFO)
     try:
@@ -104,7 +104,7 @@ def run_demo(args) -> int:
 
 
 def _print_outcome(con: Console, master: Master, res, blacklist: Path, trace_path: Path) -> None:
-    from c4d.incidents import table_lines
+    from c4d.engine.incidents import table_lines
 
     rec = master.received
     t = Table(title=f"what the master received: {rec.records:,} records from {len(rec.ranks)} ranks")

@@ -4,7 +4,7 @@ write to a file, put in HTML or hand to a scheduler.
 A rank's REGISTER carries its node and job name as raw bytes; anything can be in them (a
 buggy launcher, a hostile sender): ``../``, ``$(…)``, backticks, ESC sequences that rewrite
 the operator's terminal, newlines that forge log lines. Where such a string enters the master
-(c4d/validate.py rewrites the records the engine and the bookkeeping see) it becomes
+(c4d/intake/validate.py rewrites the records the engine and the bookkeeping see) it becomes
 ``clean(raw)``: the characters of host names, Kubernetes pod names and Slurm node names
 (``A-Z a-z 0-9 . _ - : @ +``), every other character replaced by ``_``, no leading ``.`` or
 ``-`` (no hidden file, no command-line option), at most ``MAX_LEN`` characters, ``?`` when

@@ -24,11 +24,11 @@ from typing import Any
 
 import numpy as np
 
-from c4d import schema
-from c4d.ratelog import RateLimitedLog
-from c4d.validate import Edge
+from c4d.intake.validate import Edge
+from c4d.record import schema
+from c4d.util.ratelog import RateLimitedLog
 
-log = logging.getLogger("c4d.ingest")
+log = logging.getLogger("c4d.intake.ingest")
 
 Sink = Callable[[np.ndarray], None]  # the admitted rows of a batch (HEADER)
 
@@ -101,7 +101,7 @@ class Ingest:
 
     def settle(self) -> list[Any]:
         """The diagnoses of the ticks an engine in a process of its own still owes, waited for
-        (its answers come a tick late: c4d.engine_process); none with an in-process engine."""
+        (its answers come a tick late: c4d.master.engine_process); none with an in-process engine."""
         drain = getattr(self.engine, "drain", None)
         try:
             return self._lost(list(drain())) if drain is not None else []
@@ -113,7 +113,7 @@ class Ingest:
 
     def _lost(self, diagnoses: list[Any]) -> list[Any]:
         """Tell the edge which ranks the engine declared lost: a new incarnation of each may
-        register (c4d/validate.py, ``Edge.lost``)."""
+        register (c4d/intake/validate.py, ``Edge.lost``)."""
         for d in diagnoses:
             if getattr(getattr(d, "kind", None), "name", None) == "RankLost":
                 self.edge.lost(d.ranks)

@@ -2,7 +2,7 @@
 
 This is the master's own bookkeeping for the summary and the live view header; the
 diagnosis engine keeps its own state. It sees only records the edge admitted
-(c4d/validate.py): ranks below the registered world size, names already sanitized, and
+(c4d/intake/validate.py): ranks below the registered world size, names already sanitized, and
 communicators within the job's budget; ``forget`` drops the communicators the edge freed.
 """
 
@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from c4d import names, schema
-from c4d.columns import Columns
+from c4d.record import names, schema
+from c4d.record.columns import Columns
 
 
 @dataclass
@@ -160,7 +160,7 @@ class Received:
 
     def add(self, raw: np.ndarray, recv_ns: int, cols: Columns | None = None) -> None:
         """Count a batch (HEADER rows, read through views: no copy per record kind; ``cols``:
-        its columns, when the edge read them: c4d.columns)."""
+        its columns, when the edge read them: c4d.record.columns)."""
         kind = raw["kind"] if cols is None else cols["kind"]
         self._identity(raw, kind, recv_ns, cols)
         op = kind == schema.Kind.OP
@@ -275,7 +275,7 @@ class Received:
             self._known[k] = np.union1d(self._known[k], keys)
 
     def forget(self, cids: list[int]) -> None:
-        """Drop freed communicators (destroyed or long silent: c4d/validate.py, Edge.expire)."""
+        """Drop freed communicators (destroyed or long silent: c4d/intake/validate.py, Edge.expire)."""
         gone = [self._cidx.pop(int(cid)) for cid in cids if int(cid) in self._cidx]
         if gone:
             self._lookup = None

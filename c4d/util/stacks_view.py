@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from c4d.run.stacks import digest
+from c4d.util.stacks import digest
 
 log = logging.getLogger("c4d.run")
 

@@ -6,7 +6,7 @@ a TICK record to the trace and evaluates the engine at that master time. ``c4d
 analyze`` replays the same records and ticks through the same engine.
 
 The trace keeps every decoded batch as it arrived; everything else sees only what the edge
-validator admitted (c4d/validate.py, driven by c4d/ingest.py exactly as in a replay). No
+validator admitted (c4d/intake/validate.py, driven by c4d/intake/ingest.py exactly as in a replay). No
 record, batch or exception stops the loop.
 
 What the master took from its socket is written and flushed to the trace before the engine
@@ -15,7 +15,7 @@ A trace that can't be written (disk full, file-size limit, I/O error) is closed 
 line; diagnosis goes on without it.
 
 Sinks differ in how much they say: ``--json`` writes every diagnosis (docs/cli.md), the
-human-readable log follows c4d/incidents.py — an incident is logged when it opens, when
+human-readable log follows c4d/engine/incidents.py — an incident is logged when it opens, when
 it escalates to ERROR, when it isolates a node and when it ends, never at every re-count.
 """
 
@@ -32,15 +32,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from c4d import heap
-from c4d.collector import DEFAULT_ENDPOINT, Collector
 from c4d.engine import make_engine
 from c4d.engine.consistency import PendingWatch
-from c4d.incidents import Change, Incidents, incident_key
-from c4d.ingest import Ingest
-from c4d.received import Received
-from c4d.trace import TraceWriter
-from c4d.validate import Edge, Limits
+from c4d.engine.incidents import Change, Incidents, incident_key
+from c4d.intake.ingest import Ingest
+from c4d.intake.received import Received
+from c4d.intake.validate import Edge, Limits
+from c4d.master.collector import DEFAULT_ENDPOINT, Collector
+from c4d.record.trace import TraceWriter
+from c4d.util import heap
 
 log = logging.getLogger("c4d")
 
@@ -61,11 +61,11 @@ class MasterConfig:
     meta: dict[str, Any] = field(default_factory=dict)
     engine_overrides: dict[str, Any] = field(default_factory=dict)
     limits: Limits | None = None  # None: Limits.from_env()
-    curve: str | None = None  # KEYDIR of the master's CURVE key pair (c4d.curve); None: no CURVE
-    job: str | None = None  # the job served; None: the first one heard (c4d.collector)
-    # answer status requests here (c4d/status.py); "auto": next to the record endpoint; None: nowhere
+    curve: str | None = None  # KEYDIR of the master's CURVE key pair (c4d.master.curve); None: no CURVE
+    job: str | None = None  # the job served; None: the first one heard (c4d.master.collector)
+    # answer status requests here (c4d/master/status.py); "auto": next to the record endpoint; None: nowhere
     status: str | None = None
-    # the engine in a process of its own (c4d.engine_process); c4d run's master too
+    # the engine in a process of its own (c4d.master.engine_process); c4d run's master too
     engine_process: bool = field(default_factory=engine_process_from_env)
 
 
@@ -80,13 +80,13 @@ class Master:
     ):
         self.cfg = cfg
         self.out = out or sys.stdout
-        heap.keep_freed_blocks()  # a chunk's arrays reuse the pages of the one before (c4d/heap.py)
+        heap.keep_freed_blocks()  # a chunk's arrays reuse the pages of the one before (c4d/util/heap.py)
         heap.collect_rarely()
         # a collector passed in (c4d run keeps one endpoint across restarts) is the caller's to close
         self._own_collector = collector is None
         keys = None
         if collector is None:
-            from c4d import curve
+            from c4d.master import curve
 
             keys = curve.load(cfg.curve) if cfg.curve else None
             collector = Collector(cfg.bind, curve=keys, job=cfg.job)
@@ -96,7 +96,7 @@ class Master:
         self.endpoint = self.collector.endpoint
         self.status = None
         if cfg.status:
-            from c4d.status import StatusServer, status_endpoint
+            from c4d.master.status import StatusServer, status_endpoint
 
             try:
                 where = status_endpoint(self.endpoint) if cfg.status == "auto" else cfg.status
@@ -109,7 +109,7 @@ class Master:
         # the metrics read the engine's per-rank wait / transfer split (one computation)
         split = cfg.metrics_port is not None
         if cfg.engine_process:
-            from c4d.engine_process import EngineProcess
+            from c4d.master.engine_process import EngineProcess
 
             self.engine: Any = EngineProcess(cfg.engine_overrides, split=split)
         else:
@@ -117,7 +117,7 @@ class Master:
         self.trace = TraceWriter(cfg.trace, {"endpoint": self.endpoint, **cfg.meta}) if cfg.trace else None
         self.metrics = None
         if cfg.metrics_port is not None:
-            from c4d.metrics import Metrics
+            from c4d.master.metrics import Metrics
 
             self.metrics = Metrics()
             self.metrics_port = self.metrics.serve(cfg.metrics_port)

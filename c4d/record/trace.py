@@ -5,7 +5,7 @@ Layout::
     b"C4DTRACE"  u32 format_version  u32 meta_len  meta (UTF-8 JSON)  frame*
 
 Format 2 (written now): each batch as received, and each master TICK record, is one frame
-with a sync marker, its length and a CRC32C (c4d/framing.py): a reader verifies each frame,
+with a sync marker, its length and a CRC32C (c4d/record/framing.py): a reader verifies each frame,
 skips a damaged one, resynchronizes at the next marker and reports what it skipped.
 Format 1 (still read): records (128 bytes each) back to back, no framing.
 
@@ -35,7 +35,8 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 import numpy as np
 
-from c4d import __version__, framing, names, schema
+from c4d import __version__
+from c4d.record import framing, names, schema
 
 if TYPE_CHECKING:  # pandas is slow to import: only the DataFrame views import it
     import pandas as pd
@@ -375,7 +376,7 @@ def raw_trace(st: TraceStream | TraceSet, raw: np.ndarray, meta: dict[str, Any] 
 
 
 def _names(col: np.ndarray) -> np.ndarray:
-    """Wire names as c4d.names.clean gives them (the raw bytes stay in ``Trace.raw``)."""
+    """Wire names as c4d.record.names.clean gives them (the raw bytes stay in ``Trace.raw``)."""
     uniq, inv = np.unique(col, return_inverse=True)
     return np.array([names.clean(bytes(u)) for u in uniq], dtype=object)[inv.ravel()]
 
@@ -399,7 +400,7 @@ class Trace:
     def __getattr__(self, name: str) -> Any:
         if name in ("ops_split", "diagnoses", "diagnoses_list"):
             raise AttributeError(
-                f"{name} needs the engine: load the trace with c4d.analyze.load(path) (c4d.trace.load "
+                f"{name} needs the engine: load the trace with c4d.analyze.load(path) (c4d.record.trace.load "
                 "only decodes the records)"
             )
         raise AttributeError(name)

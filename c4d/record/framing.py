@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import google_crc32c
 import numpy as np
 
-from c4d import schema
+from c4d.record import schema
 
 SYNC = b"\x89C4D\r\n\x1a\n"
 _HEAD = struct.Struct("<8sII")

@@ -41,10 +41,10 @@ from typing import Any
 import numpy as np
 import zmq
 
-from c4d import schema
-from c4d.columns import Columns
 from c4d.engine import types
 from c4d.engine.summaries import Summaries
+from c4d.record import schema
+from c4d.record.columns import Columns
 
 log = logging.getLogger("c4d.engine")
 
@@ -116,8 +116,8 @@ def _serve(endpoint: str, overrides: dict[str, Any], split: bool, level: int) ->
 
 
 def _loop(endpoint: str, overrides: dict[str, Any], split: bool, level: int) -> None:
-    from c4d import heap
     from c4d.engine import make_engine
+    from c4d.util import heap
 
     # the engine's own log lines (records it drops) on the master's stderr, as the master's
     logging.basicConfig(level=level, stream=sys.stderr, format="c4d %(levelname)s %(message)s")
@@ -209,7 +209,7 @@ class EngineProcess:
         # a new interpreter, not a fork: the master has threads (ZeroMQ's, the metrics server's)
         level = logging.getLogger("c4d").getEffectiveLevel()
         conf = json.dumps([self.overrides, split, level])  # (the engine's overrides: numbers)
-        self._proc = subprocess.Popen([sys.executable, "-m", "c4d.engine_process", endpoint, conf])
+        self._proc = subprocess.Popen([sys.executable, "-m", "c4d.master.engine_process", endpoint, conf])
         try:
             self._wait(START_S)  # "ready": the engine is built
         except EngineGone:
