@@ -48,8 +48,11 @@ class Fault:
     step: int = 0
     factor: float = 4.0
     until: int | None = None  # slow kinds: the first step no longer slowed (a transient fault)
+    node: tuple[int, ...] = ()  # comm kinds: every link with an end among these ranks (a node)
 
     def touches(self, a: int, b: int) -> bool:
+        if self.node:
+            return a in self.node or b in self.node
         if self.rank is not None:
             return self.rank in (a, b)
         return self.link is not None and {a, b} == set(self.link)

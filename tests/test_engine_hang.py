@@ -200,6 +200,25 @@ def test_comm_hang_localized_when_only_moving_transfers_are_reported():
     assert localized_error(run).detail["stalled_links"] == ["3->4", "4->5"]
 
 
+def test_a_nodes_comm_hang_that_stops_several_pipeline_pairs_is_one_verdict():
+    """tp 2, pp 2, one stage a node: node 1's links stop, and with them both tensor ranks' p2p
+    pairs (two communicators). Either node explains both pairs and nothing observable tells
+    which (each pair's link or ranks explain one): one verdict on both, the two nodes'
+    ranks as suspects, so one incident and nothing isolated (it was one link incident per pair)."""
+    from c4d.engine.incidents import Incidents
+
+    j = job("dp8", Fault("comm-hang", node=(2, 3), step=10), tp=2, pp=2, dp=1, ranks_per_node=2)
+    run = run_cached(j)
+    ds = [d for d in run.diagnoses if d.kind is DiagKind.RankCommHang]
+    assert ds and {d.kind for d in run.diagnoses} == {DiagKind.RankCommHang}, [d.summary() for d in ds]
+    assert len({d.comm for d in ds}) == 2, [d.summary() for d in ds]  # both pairs stuck
+    assert {d.ranks for d in ds} == {(0, 1, 2, 3)}, [d.summary() for d in ds]
+    assert {d.localization.target for d in ds} == {Target.suspects}
+    assert set(ds[-1].localization.alternatives) == {"node node-0", "node node-1"}
+    assert len(Incidents.fold(ds)) == 1
+    assert not any(d.blacklist_nodes for d in ds)
+
+
 @pytest.mark.parametrize("r", [6, 7])
 def test_grouped_p2p_whose_own_transfer_finished_is_not_a_link_hang(r):
     """Stage 0 runs group{send activations, recv gradients}: its send finished (stage 1 had

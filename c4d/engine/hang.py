@@ -648,6 +648,10 @@ def _comm_hangs(G: WaitGraph, comms: dict[int, Comm], term_sources, common, now:
             units.append(blame.UnitShape(("p2p", t.comm, t.sender, t.receiver, t.seq),
                                          frozenset(lk), one, one, "slow", 0.0, "p2p"))  # fmt: skip
             cands = [blame.Hyp(rank=t.sender), blame.Hyp(rank=t.receiver), blame.Hyp(link=lk)]
+            # a node's fault stops every pair with an end on it: one verdict for all of them
+            ends = sorted({node_of.get(t.sender, -1), node_of.get(t.receiver, -1)} - {-1})
+            cands += [blame.Hyp(node=n, node_ranks=G.r.ranks_on(n), node_name=G.r.node_names[n])
+                      for n in ends]  # fmt: skip
             per_term[t] = (cands, {}, [])
             continue
         members_g = [int(g) for g in c.grank[c.members()] if g >= 0]
