@@ -650,8 +650,7 @@ def _comm_hangs(G: WaitGraph, comms: dict[int, Comm], term_sources, common, now:
             cands = [blame.Hyp(rank=t.sender), blame.Hyp(rank=t.receiver), blame.Hyp(link=lk)]
             # a node's fault stops every pair with an end on it: one verdict for all of them
             ends = sorted({node_of.get(t.sender, -1), node_of.get(t.receiver, -1)} - {-1})
-            cands += [blame.Hyp(node=n, node_ranks=G.r.ranks_on(n), node_name=G.r.node_names[n])
-                      for n in ends]  # fmt: skip
+            cands += [_node_hyp(G.r, n) for n in ends]
             per_term[t] = (cands, {}, [])
             continue
         members_g = [int(g) for g in c.grank[c.members()] if g >= 0]
@@ -702,7 +701,7 @@ def _comm_hangs(G: WaitGraph, comms: dict[int, Comm], term_sources, common, now:
             d["stop_among"] = [f"{int(c.grank[a])}->{int(c.grank[b])}" for a, b in starved[1]]
         nodes = sorted({node_of[g] for g in members_g if node_of.get(g, -1) >= 0})
         cands = [blame.Hyp(rank=g) for g in members_g] + [blame.Hyp(link=lk) for lk in sorted(links)]
-        cands += [blame.Hyp(node=n, node_ranks=G.r.ranks_on(n), node_name=G.r.node_names[n]) for n in nodes]
+        cands += [_node_hyp(G.r, n) for n in nodes]
         no_peer = sorted(int(c.grank[r]) for r in hl.missing if c.grank[r] >= 0)[:64]
         per_term[t] = (cands, d, no_peer)
     out: list[Finding] = []
@@ -730,6 +729,10 @@ def _comm_hangs(G: WaitGraph, comms: dict[int, Comm], term_sources, common, now:
             Finding(t, kind, c, _op_of(c, k, node.op), k, loc.ranks, node.last_arrival, loc, common(srcs, d))
         )
     return out
+
+
+def _node_hyp(ranks: RankTable, n: int) -> blame.Hyp:
+    return blame.Hyp(node=n, node_ranks=ranks.ranks_on(n), node_name=ranks.node_names[n])
 
 
 def _nodes_of(ranks: RankTable, gs: list[int]) -> dict[int, int]:

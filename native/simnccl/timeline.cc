@@ -96,9 +96,13 @@ Schedule model_coll(const ncclComm* c, int kind, uint64_t bytes_unit, int root, 
   double jit = jitter_factor(c->seed, c->id ^ mix64(seq));
   double bw_min = 0;
   bool hung = false;
+  std::vector<char> stops_from(size_t(n), 0); /* a ring's or chain's link leaving comm rank i is hung */
   for (size_t i = 0; i < links.size(); ++i) {
     double bw = link_bw(c->granks[size_t(links[i].first)], c->granks[size_t(links[i].second)], step);
-    if (bw <= 0) hung = true;
+    if (bw <= 0) {
+      hung = true;
+      stops_from[size_t(links[i].first)] = 1;
+    }
     if (i == 0 || bw < bw_min) bw_min = bw;
   }
   s.total_steps = steps;
@@ -123,7 +127,7 @@ Schedule model_coll(const ncclComm* c, int kind, uint64_t bytes_unit, int root, 
       for (int d = 1; d < n; ++d) {
         int a = at(src - d);
         if (flow == kChain && at(a - head) >= at(src - head)) break; /* past the chain's head */
-        if (link_bw(c->granks[size_t(a)], c->granks[size_t(at(a + 1))], step) <= 0) {
+        if (stops_from[size_t(a)]) {
           done = flow == kRing ? std::min(d, m.nsteps) : 0;
           break;
         }

@@ -16,8 +16,9 @@
  * so on a slow link those steps are slow and on a hung link they never end. A transfer
  * that forwards data (a ring's, a chain's) stops where its data stops: in a ring, step s
  * of link i -> i+1 forwards what link i-1 -> i moved at step s-1, so a link d hops after
- * a hung one completes d steps and waits for the next (the ring's data dependency, as in
- * NCCL's ring kernels); a chain's links after a hung one move nothing. Transfers that
+ * a hung one completes d steps and waits for the next (the ring's data dependency: NCCL's
+ * src/device/all_reduce.h runRing sends its own chunk, then recvReduceSend / recvCopySend
+ * forward what arrived); a chain's links after a hung one move nothing. Transfers that
  * nothing upstream feeds (alltoall, gather, scatter, p2p) finish on time.
  */
 #ifndef SIMNCCL_TIMELINE_H
