@@ -56,6 +56,11 @@ from master_load import Load, Shape  # noqa: E402
 
 from c4d.record import schema  # noqa: E402
 
+# Connections the sender opens, each carrying its share of the senders' messages (sender k on
+# connection k % CONNECTIONS): the master queues a few messages per connection
+# (C4D_RECV_SENDER_BYTES), so one connection for the whole job would measure that queue, not the
+# master. The job's agents each have one; under the master's connection budget (2,048 at once).
+CONNECTIONS = 256
 CHUNK_ROUNDS = 25  # rounds per window a sender sends at once (50 ms at 500 rounds/s)
 SENDER_NICE = -10  # the sender's priority where the system allows it (_ahead)
 
@@ -68,10 +73,8 @@ def _sender(endpoint: str, shape: Shape, agents: bool, rounds: int, paced: bool,
 
     _ahead(prio)
     ctx = zmq.Context()
-    s = ctx.socket(zmq.PUSH)
-    s.setsockopt(zmq.SNDHWM, 100000)
-    s.setsockopt(zmq.METADATA, b"X-C4D-Job:bench")  # as a node agent and the shim name their job
-    s.connect(endpoint)
+    n_senders = shape.nodes if agents else shape.world
+    socks = [_push(ctx, endpoint) for _ in range(min(n_senders, CONNECTIONS))]
     step = CHUNK_ROUNDS * (2 if agents else 1)  # an agent flushes every 100 ms, a shim every 50 ms
     wins = [(k, min(k + step, rounds)) for k in range(0, rounds, step)]
     if paced:
@@ -86,37 +89,41 @@ def _sender(endpoint: str, shape: Shape, agents: bool, rounds: int, paced: bool,
         start.value = t0_ns
     load = Load(shape, t0_ns, agents=agents, hang=hang)
     pre = [load.messages(a, b) for a, b in wins]  # built before the clock starts: sending is all it does
-    h = load.hello()
     from c4d.master.collector import MAX_MESSAGE_BYTES
-
-    per = MAX_MESSAGE_BYTES // h.itemsize - 1  # rows under the master's message limit
-    hello = [h[i : i + per] for i in range(0, len(h), per)]
-    ready.set()
-    from c4d.record import wire
 
     # stamped when sent: sent before the job's clock starts (t0), a REGISTER stamped t0 would
     # tell the master the ranks' clocks run ahead (clock.py's receipt bound) and make every
     # wait look longer by that much
-    h["time_ns"] = min(t0_ns, time.time_ns())
-    for part in hello:
-        s.send(wire.encode(part))
-    n = len(h)
+    hello = load.hello_messages(MAX_MESSAGE_BYTES // schema.RECORD_SIZE - 1, min(t0_ns, time.time_ns()))
+    ready.set()
+    n = 0
     worst = 0.0
-    for i, (_a, b) in enumerate(wins):
-        if paced:
-            due = t0_ns + b * shape.period_ns  # the window's last round has happened
+    for i, msgs in enumerate([hello, *pre]):
+        if paced and i:
+            due = t0_ns + wins[i - 1][1] * shape.period_ns  # the window's last round has happened
             wait = (due - time.time_ns()) / 1e9
             if wait > 0:
                 time.sleep(wait)
             worst = max(worst, -wait)
-        msgs = pre[i]
-        for m in msgs:
-            s.send(m, copy=False)
-        n += sum((len(m) - schema.BATCH_HEADER.itemsize) // schema.RECORD_SIZE for m in msgs)
+        data, who = msgs
+        for m, w in zip(data, (who % len(socks)).tolist(), strict=True):
+            socks[w].send(m, copy=False)  # a sender's messages in order on its connection
+        n += sum((len(m) - schema.BATCH_HEADER.itemsize) // schema.RECORD_SIZE for m in data)
         sent.value = n
     lag.value = worst
-    s.close(linger=-1)
+    for s in socks:
+        s.close(linger=-1)
     ctx.term()
+
+
+def _push(ctx, endpoint: str):
+    import zmq
+
+    s = ctx.socket(zmq.PUSH)
+    s.setsockopt(zmq.SNDHWM, 100000)
+    s.setsockopt(zmq.METADATA, b"X-C4D-Job:bench")  # as a node agent and the shim name their job
+    s.connect(endpoint)
+    return s
 
 
 def _ahead(prio) -> None:

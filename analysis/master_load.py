@@ -122,13 +122,24 @@ class Load:
         order = np.argsort(who, kind="stable")
         return raw[order], who[order]
 
-    def messages(self, k0: int, k1: int) -> list[bytes]:
-        """Rounds [k0, k1) as ZeroMQ messages: one batch per sender (rank or node agent)."""
-        from c4d.record import wire
-
+    def messages(self, k0: int, k1: int) -> tuple[list[bytes], np.ndarray]:
+        """Rounds [k0, k1) as ZeroMQ messages: one batch per sender (rank or node agent), and
+        each message's sender."""
         raw, who = self.by_sender(k0, k1)
-        cuts = np.flatnonzero(who[1:] != who[:-1]) + 1
-        return [wire.encode(part) for part in np.split(raw, cuts)]
+        return _encoded(raw, who)
+
+    def hello_messages(self, max_rows: int, time_ns: int) -> tuple[list[bytes], np.ndarray]:
+        """``hello`` as its senders send it (each sender's rows in messages of at most
+        ``max_rows``), stamped ``time_ns``, and each message's sender."""
+        h = self.hello()
+        h["time_ns"] = time_ns
+        who = self._sender(h)
+        order = np.argsort(who, kind="stable")
+        h, who = h[order], who[order]
+        # at most max_rows per message: a running index within each sender's rows
+        start = np.r_[0, np.flatnonzero(who[1:] != who[:-1]) + 1]
+        within = np.arange(len(who)) - np.repeat(start, np.diff(np.r_[start, len(who)]))
+        return _encoded(h, who * (len(h) + 1) + within // max_rows, senders=who)
 
     def _sender(self, part: np.ndarray) -> np.ndarray:
         g = part["rank"].astype(np.int64)
@@ -247,3 +258,17 @@ class Load:
                     h["pend_issue_ns"][me] = h["pend_start_ns"][me] = 0
             out.append(h.view(schema.HEADER))
         return out
+
+
+def _encoded(
+    raw: np.ndarray, key: np.ndarray, senders: np.ndarray | None = None
+) -> tuple[list[bytes], np.ndarray]:
+    """``raw`` (grouped by ``key``) as one message per run of ``key``, and each message's sender
+    (``senders``' value at the run, else the key itself)."""
+    from c4d.record import wire
+
+    if not len(raw):
+        return [], np.empty(0, np.int64)
+    cuts = np.flatnonzero(key[1:] != key[:-1]) + 1
+    first = np.r_[0, cuts]
+    return [wire.encode(part) for part in np.split(raw, cuts)], (key if senders is None else senders)[first]
