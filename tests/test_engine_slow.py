@@ -741,3 +741,32 @@ def test_two_sibling_rings_slowed_unequally_are_both_found():
     run = run_cached(Job(tp=2, pp=1, dp=4, ranks_per_node=4, steps=120, skew_ms=50.0, faults=fs))
     links = {d.localization.link for d in run.diagnoses if d.kind is DiagKind.RankCommSlow}
     assert links == {(2, 4), (3, 5)}, run.diagnoses
+
+
+def test_a_sibling_judged_unit_hides_a_fault_only_when_half_of_the_others_share_it():
+    """The sibling group's pacing links are one shared tuple with the unit's own entries in it
+    (blame.UnitShape.sib_self): the unit's own are not counted as siblings it is compared with."""
+    from c4d.engine import blame
+
+    rings = [((0, 1), (2, 3)), ((4, 5), (6, 7)), ((8, 9), (10, 11))]
+    group = tuple(frozenset(r) for r in rings)
+
+    def unit(i: int, own: int = 1) -> blame.UnitShape:
+        nodes = {g: g // 2 for g in range(12)}
+        u = blame.shape(("ring", i), tuple(range(4 * i, 4 * i + 4)), set(rings[i]), nodes)
+        u.sib_pacing, u.sib_self = group + (group[i],) * (own - 1), own
+        return u
+
+    only_a = (blame.Hyp(link=(0, 1)),)
+    a_and_b = (blame.Hyp(link=(0, 1)), blame.Hyp(link=(4, 5)))
+    assert blame.predict(only_a, unit(0)) == blame.AFFECTED  # its siblings are clear: it shows
+    assert blame.predict(a_and_b, unit(0)) == blame.HIDDEN  # one of its two siblings moves too
+    assert blame.predict(a_and_b, unit(2)) == blame.CLEAR
+    assert blame.predict(only_a, unit(0, own=2)) == blame.AFFECTED  # both directions of its key
+    pair = unit(0)
+    pair.sib_pacing = group[:2]  # one sibling: its own entry counted as one would hide it
+    assert blame.predict(only_a, pair) == blame.AFFECTED
+    assert blame.predict(a_and_b, pair) == blame.HIDDEN
+    lone = unit(0)
+    lone.sib_pacing, lone.sib_self = (group[0],), 1  # no sibling but itself
+    assert blame.predict(only_a, lone) == blame.AFFECTED

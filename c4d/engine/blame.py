@@ -105,8 +105,11 @@ class UnitShape:
     ratio: float = 1.0  # bandwidth / reference (slow units); progress (PEER links)
     source: str = "unit"  # what measured it: unit | peer | p2p (the verdict's ``how``)
     sib_pacing: tuple[frozenset[Link], ...] = ()
-    """Judged against siblings (units of its shape in the same window): their pacing links. A
-    fault that slows half of them or more moves the reference too: the unit cannot show it."""
+    """Judged against siblings (units of its shape in the same window): the pacing links of
+    its sibling group, its own ``sib_self`` entries among them (one tuple the group shares: a
+    tuple per unit of the others' was quadratic in a group of 2,048 tensor-parallel groups). A
+    fault that slows half of the others or more moves the reference too: the unit cannot show it."""
+    sib_self: int = 0
 
 
 def shape(
@@ -132,8 +135,12 @@ def ring_links(granks: list[int]) -> set[Link]:
 def predict(hs: tuple[Hyp, ...], u: UnitShape) -> str:
     """What the faults ``hs`` together predict for unit ``u``."""
     if any(h.breaks(lk) for h in hs for lk in u.pacing):
-        hit = sum(1 for sp in u.sib_pacing if any(h.breaks(lk) for h in hs for lk in sp))
-        return HIDDEN if u.sib_pacing and 2 * hit >= len(u.sib_pacing) else AFFECTED
+        others = len(u.sib_pacing) - u.sib_self
+        if others <= 0:
+            return AFFECTED
+        # its own entries are broken too (its pacing is): counted, then taken off
+        hit = sum(1 for sp in u.sib_pacing if any(h.breaks(lk) for h in hs for lk in sp)) - u.sib_self
+        return HIDDEN if 2 * hit >= others else AFFECTED
     if any(h.breaks(lk) for h in hs for lk in u.links):
         return HIDDEN
     return CLEAR

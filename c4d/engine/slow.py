@@ -22,7 +22,7 @@ PEER pace setters (peer.localize_slow); docs/engine.md has the rules.
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -507,11 +507,14 @@ class SlowJudge:
             shapes[key] = sh
         # a unit judged against its siblings cannot show a fault that slows them as much
         for group in sib.values():
-            for x in group:
-                if x.compared == "siblings" and x.key in shapes:
-                    shapes[x.key].sib_pacing = tuple(
-                        shapes[o.key].pacing for o in group if o.key != x.key and o.key in shapes
-                    )
+            judged = [x for x in group if x.compared == "siblings" and x.key in shapes]
+            if not judged:
+                continue
+            in_shapes = [o.key for o in group if o.key in shapes]
+            pacing = tuple(shapes[k].pacing for k in in_shapes)
+            own = Counter(in_shapes)
+            for x in judged:
+                shapes[x.key].sib_pacing, shapes[x.key].sib_self = pacing, own[x.key]
         for key, w0 in self.slow_units.items():
             if w0 == w - 1 and key not in shapes and key in self.unit_shapes:
                 prev = self.unit_shapes[key]
