@@ -3,6 +3,8 @@
     python analysis/bench_master.py [--quick] [--json] [--max-ranks N] [--seconds S] [--window-s W]
     python analysis/bench_master.py --ranks 16384 --window-s 10 --seconds 25   # one size, agents
     python analysis/bench_master.py --ranks 16384 --window-s 10 --seconds 25 --engine-process --paced
+    python analysis/bench_master.py --ranks 16384 --window-s 10 --seconds 25 --engine-process --paced \
+        --speed 1 2   # paced at the job's rate and at twice it
 
 A synthetic TP x PP x DP job (analysis/master_load.py: valid v1 records, 500 collectives per
 second per rank, 8 ranks a node, slow-detection windows of ``--window-s``: 1 s by default, ten
@@ -24,7 +26,10 @@ engine; no trace) in this process:
   RSS at its end and its peak: the master's memory at a size it does not keep up with (run
   it for 2.5 windows, ``--seconds 25`` with 10 s windows, so that windows are judged); with
   ``--paced`` a paced run follows each, its hang 3 s before the end (the windows closed
-  before it are judged while the job runs: windows a hang covers are not).
+  before it are judged while the job runs: windows a hang covers are not); ``--speed X ...``:
+  the paced run at each X times the job's collective rate: kept up at 2 is a margin of 2x at
+  the job's own pace (a capacity run's sender sends the whole run as fast as it can, its
+  records stamped up to the run's length ahead of the master's clock).
 
 The sender stands in for the job's node agents, each on a host of its own: it runs ahead of the
 master (nice ``SENDER_NICE``) where the system lets it, so that the master it measures cannot
@@ -47,6 +52,7 @@ import os
 import resource
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 _ROOT = Path(__file__).resolve().parents[1]
@@ -440,6 +446,11 @@ def main() -> int:
     ap.add_argument("--paced", action="store_true",
                     help="with --ranks: a paced run (the job at its own pace, a hang injected) after each "
                          "capacity run")  # fmt: skip
+    ap.add_argument("--speed", type=float, nargs="+", default=[1.0], metavar="X",
+                    help="with --ranks and --paced: a paced run at each X times the job's collective rate "
+                         "(2: the job sends twice as fast; kept up at 2 is a margin of 2x measured at the "
+                         "job's own pace; a capacity run's records come stamped ahead of the master's "
+                         "clock)")  # fmt: skip
     ap.add_argument("--profile", metavar="FILE", default=None,
                     help="with --ranks and --engine-process: the engine's process profiled (cProfile, "
                          "C4D_ENGINE_PROFILE) in each capacity run, its statistics written to FILE "
@@ -554,12 +565,15 @@ def _sizes(sizes: list[int], cap_s: float, T: int, args) -> int:
             print(f"  the engine's process, {ep.get('total_s')} s profiled ({ep['file']}):", flush=True)
             for r in ep.get("cumulative", []):
                 print(f"    {r['share']:6.1%} (own {r['own']:5.1%})  {r['fn']}", flush=True)
-        if args.paced:
+        for x in args.speed if args.paced else ():
             # the hang 3 s before the end: the windows closed before it are judged while the job
             # goes on (the windows a hang covers are not: docs/engine.md, Stalls)
-            r = _fresh(paced, shape, True, cap_s, max(cap_s / 3, cap_s - 3.0), args.engine_process)
+            fast = replace(shape, rate=shape.rate * x)
+            r = _fresh(paced, fast, True, cap_s, max(cap_s / 3, cap_s - 3.0), args.engine_process)
+            r["speed"] = x
             paced_out.append(r)
-            print(f"agents {n:>6} ranks paced {cap_s:g} s: kept up {r['kept_up']} (drain {r['drain_s']} s, "
+            print(f"agents {n:>6} ranks paced {cap_s:g} s at {x:g}x the job's rate: kept up {r['kept_up']} "
+                  f"(drain {r['drain_s']} s, "
                   f"backlog at most {r['backlog_max_records']:,} records, "
                   f"sender late {r['sender_late_s']} s), "
                   f"master RSS {r['master_rss_mib']:,.0f} MiB, hang diagnosed after {r['hang_latency_s']} s "
