@@ -14,6 +14,8 @@ pp 4: many more communicators per chunk). Prints records/s for each, measured in
 this process (the machine may be shared);
 ``--json`` adds them as one JSON object on the last line, ``--quick`` runs 2 steps (CI smoke run).
 ``--seconds S`` (with ``--synthetic``): S seconds of the job (default 1; longer runs, steadier figures).
+``--agents`` (with ``--synthetic``): the job as its node agents forward it, as bench_master sends
+it (77% node summaries at 16,384 ranks; the job's own 1F1B p2p rate).
 ``--steady`` (with ``--synthetic``) ingests the job's start-up batch (every REGISTER and COMM:
 creating thousands of communicators, once per job) before the clock starts: the rate a running
 job's records are taken at.
@@ -118,9 +120,9 @@ def _callgrind_toggle(on: bool) -> None:
 
 def _instructions_child(argv: list[str]) -> int:
     """Under callgrind: one variant's timed part; prints the records it took and whose c4d."""
-    _root, key, synthetic, seconds, steady = argv[:5]
+    _root, key, synthetic, seconds, steady, agents = argv[:6]
     co, edge = _COUNTED[key]
-    batches = _synthetic(int(synthetic), float(seconds))
+    batches = _synthetic(int(synthetic), float(seconds), agents == "1")
     _dt, n, _feeds = drive(batches, 200_000_000, co, edge, steady=steady == "1", around=_callgrind_toggle)
     import c4d
 
@@ -136,7 +138,8 @@ def instructions_per_record(args, key: str, c4d_from: Path | None = None) -> flo
     cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--callgrind-out-file=/dev/null",
            sys.executable, str(Path(__file__).resolve()), "--instructions-child",
            str(root), key, str(args.synthetic),
-           str(args.instruction_seconds), "1" if args.steady else "0"]  # fmt: skip
+           str(args.instruction_seconds), "1" if args.steady else "0",
+           "1" if args.agents else "0"]  # fmt: skip
     env = dict(os.environ, PYTHONHASHSEED="0")
     env.pop("PYTHONPATH", None)
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
@@ -148,17 +151,19 @@ def instructions_per_record(args, key: str, c4d_from: Path | None = None) -> flo
     return int(m[1]) / int(n[1])
 
 
-def _synthetic(ranks: int, seconds: float) -> list[tuple[int, np.ndarray]]:
+def _synthetic(ranks: int, seconds: float, agents: bool = False) -> list[tuple[int, np.ndarray]]:
     """(job time, batch) of analysis/master_load.py's job: one batch per 50 ms window, its rows
     in the order the master receives them (bench_master sends them so: Load.messages): each
-    sender's rows together, in the order it sent them."""
+    sender's rows together, in the order it sent them. ``agents``: what its node agents forward
+    (one summary per tensor-parallel collective and node), at the job's own 1F1B p2p rate, as
+    bench_master sends it."""
     sys.path.insert(0, str(_ROOT / "analysis"))
     from master_load import Load, Shape
 
-    # six times Megatron's p2p rate (the engine's costliest rows are p2p halves), as the figures in
-    # docs/performance.md were measured, before the job's default became 1F1B's rate
-    shape = Shape(tp=8, pp=min(4, max(1, ranks // 8)), dp=max(1, ranks // 32), pp_every=25)
-    load = Load(shape, factories.T0)
+    # raw: six times Megatron's p2p rate (the engine's costliest rows are p2p halves), as the
+    # figures in docs/performance.md were measured, before the job's default became 1F1B's rate
+    shape = Shape(tp=8, pp=min(4, max(1, ranks // 8)), dp=max(1, ranks // 32), pp_every=156 if agents else 25)
+    load = Load(shape, factories.T0, agents=agents)
     out = [(0, load.hello())]
     for k in range(0, int(seconds * shape.rate), 25):
         out.append(((k + 25) * shape.period_ns, load.by_sender(k, k + 25)[0]))
@@ -180,6 +185,9 @@ def main() -> int:
     ap.add_argument("--steady", action="store_true",
                     help="with --synthetic: the job's start-up (registering every rank and communicator, "
                          "once per job) not timed")  # fmt: skip
+    ap.add_argument("--agents", action="store_true",
+                    help="with --synthetic: the job as its node agents forward it "
+                         "(bench_master's stream)")  # fmt: skip
     ap.add_argument(
         "--baseline", metavar="DIR", type=Path, help="another checkout to measure beside this one"
     )
@@ -191,8 +199,8 @@ def main() -> int:
     ap.add_argument("--instruction-seconds", type=float, default=0.2, metavar="S",
                     help="seconds of the job the instructions are counted on (default 0.2)")  # fmt: skip
     args = ap.parse_args()
-    if args.instructions and not args.synthetic:
-        ap.error("--instructions needs --synthetic")
+    if (args.instructions or args.agents) and not args.synthetic:
+        ap.error("--instructions and --agents need --synthetic")
     if args.instructions and not (shutil.which("valgrind") and shutil.which("callgrind_control")):
         ap.error("--instructions needs valgrind and callgrind_control on the PATH")
     if args.baseline and not (args.baseline / "analysis" / "bench_engine.py").is_file():
@@ -208,7 +216,7 @@ def main() -> int:
     )  # fmt: skip
     t = time.perf_counter()
     if args.synthetic:
-        batches = _synthetic(args.synthetic, 0.2 if args.quick else args.seconds)
+        batches = _synthetic(args.synthetic, 0.2 if args.quick else args.seconds, args.agents)
     else:
         _model, batches = factories.build(job)
     n = sum(len(b) for _, b in batches)
@@ -280,10 +288,11 @@ def _baseline(args) -> dict[str, float]:
             cmd += ["--seconds", str(args.seconds)]
     if args.quick:
         cmd.append("--quick")
-    if args.steady:
-        if "--steady" not in Path(cmd[1]).read_text():
-            raise SystemExit(f"bench_engine: --baseline {args.baseline}: its bench has no --steady")
-        cmd.append("--steady")
+    for flag in ("--steady", "--agents"):
+        if getattr(args, flag[2:]):
+            if flag not in Path(cmd[1]).read_text():
+                raise SystemExit(f"bench_engine: --baseline {args.baseline}: its bench has no {flag}")
+            cmd.append(flag)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["PYTHONPATH"] = str(args.baseline)
     # An editable install of c4d (pip install -e, as the README's test command does) puts a
