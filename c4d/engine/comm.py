@@ -21,7 +21,7 @@ from c4d.engine.compute import compute_before
 from c4d.engine.pool import BUDGETS, RING_CELL_BYTES, P2PDone, Pool
 from c4d.engine.ranks import RankTable
 from c4d.engine.reduce import Complete, reduce_group
-from c4d.engine.rows import COMPLETED, NO_ROWS, cat, split_rows, take
+from c4d.engine.rows import COMPLETED, NO_ROWS, cat, copy_rows, split_rows, take
 from c4d.record import schema
 
 # what the live view reads of a communicator's latest completed collectives and transfers
@@ -306,7 +306,7 @@ class Comm:
     def add_peers(self, rows: np.ndarray) -> None:
         """Keep PEER rows: its latest ``max(4096, 64 n)``, within the job's budget (Pool.room: the
         communicators that added none for longest let theirs go first, then its own oldest)."""
-        part = rows.copy()
+        part = copy_rows(rows)
         pool = self._pool
         if pool is not None:
             while not pool.room(self, "peer", part.nbytes) and self.peer_rows:
@@ -507,4 +507,4 @@ def _tail(parts: list[np.ndarray], before: np.ndarray, dt: np.dtype) -> np.ndarr
             break
     if k < RECENT_OPS:
         got.append(before)
-    return np.concatenate(got[::-1])[-RECENT_OPS:] if got else np.empty(0, dt)
+    return cat(got[::-1], dt)[-RECENT_OPS:] if got else np.empty(0, dt)

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from c4d.engine.ranks import RankTable
-from c4d.engine.rows import COMPLETED, take
+from c4d.engine.rows import COMPLETED, copy_rows, take
 from c4d.record import schema
 from c4d.record.columns import Columns
 from c4d.record.opstats import busbw_factor, total_bytes
@@ -138,7 +138,7 @@ class Summaries:
     def aligned(self, ranks: RankTable) -> np.ndarray:
         """The COMPLETED rows with their times on the master's clock (by the offset of the
         node of the member that sent the summary, the last arriver)."""
-        out = self.done if self.done.flags.writeable else self.done.copy()
+        out = self.done if self.done.flags.writeable else copy_rows(self.done)
         off = ranks.offsets(self.rank.astype(np.int64))
         out["last_arrive"] -= off
         out["first_arrive"] -= off
