@@ -107,7 +107,7 @@ class UnitShape:
     sib_pacing: tuple[frozenset[Link], ...] = ()
     """Judged against siblings (units of its shape in the same window): the pacing links of
     its sibling group, its own ``sib_self`` entries among them (one tuple the group shares: a
-    tuple per unit of the others' was quadratic in a group of 2,048 tensor-parallel groups). A
+    tuple per unit of the others' is quadratic in the group's size, thousands in a large job). A
     fault that slows half of the others or more moves the reference too: the unit cannot show it."""
     sib_self: int = 0
 

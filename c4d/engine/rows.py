@@ -184,7 +184,7 @@ Cut = tuple[np.ndarray, ...]
 
 def copy_rows(a: np.ndarray) -> np.ndarray:
     """``a.copy()``, whole records at once for a structured array (numpy copies one field at a
-    time: 5-10x slower for the engine's 13-field rows)."""
+    time, several times slower for the engine's many-field rows)."""
     if not a.dtype.names:
         return a.copy()
     return a.view(np.dtype((np.void, a.dtype.itemsize))).copy().view(a.dtype)
