@@ -361,6 +361,33 @@ def test_a_link_of_a_rank_named_slow_is_that_ranks_fault_not_a_new_one():
     assert v.hyp == blame.Hyp(link=(1, 3)) and v.refine == ""
 
 
+def test_a_culprit_named_from_the_same_unit_is_revised_when_its_next_window_contradicts_it():
+    """CI run (12 ranks, 3 a node, pure data parallel, link 11 -> 0 slowed): the onset window's
+    earlier ops had 2 -> 3 set the ring's pace a quarter of the time, node 0 (both links) was
+    named, and as a culprit part of every hypothesis it was named again in every later window,
+    though 2 -> 3 never set the pace again. Named from this unit's own evidence it is one
+    candidate among the others (``again``): the clear 2 -> 3 rules it out. Named from another
+    unit, it still explains this one away."""
+    from c4d.engine import blame
+
+    node_of = {r: r // 3 for r in range(12)}
+    ring = _unit(("c", 0), tuple(range(12)), "slow", node_of)
+    peers = [blame.UnitShape(("peer", 0, a, b), frozenset({blame.link_of(a, b)}),
+                             frozenset({blame.link_of(a, b)}), frozenset({blame.link_of(a, b)}),
+                             "slow" if a == 11 else "clear", 0.0, "peer")
+             for a, b in ((2, 3), (5, 6), (8, 9), (11, 0))]  # fmt: skip
+    node0 = blame.Hyp(node=0, node_ranks=(0, 1, 2))
+    cands = [blame.Hyp(rank=r) for r in range(12)] + [blame.Hyp(link=blame.link_of(r, (r + 1) % 12))
+                                                      for r in range(12)] + [node0]  # fmt: skip
+    lik = _lik()
+    held = blame.decide(cands, [ring, *peers], lik, named=(node0,))
+    assert held.hyp == node0
+    v = blame.decide(cands, [ring, *peers], lik, again=(node0,))
+    assert v.hyp == blame.Hyp(link=(0, 11)) and v.refine == "equivalent"
+    assert set(v.alternatives) == {blame.Hyp(rank=0), blame.Hyp(rank=11)}
+    assert node0 in v.contradicted
+
+
 def test_a_rank_and_one_of_its_links_named_in_the_same_window_are_one_finding():
     """CI flake (8 ranks, tp 2, comm-slow at rank 7): in one window the dp ring's unit was
     judged link 1-7 before the tp unit named rank 7, and the link became a second finding."""

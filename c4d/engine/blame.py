@@ -208,11 +208,14 @@ def decide(
     named: tuple[Hyp, ...] = (),
     later: tuple[UnitShape, ...] = (),
     past: dict[Hyp, float] | None = None,
+    again: tuple[Hyp, ...] = (),
 ) -> Verdict:
     """The model's verdict over ``candidates`` (see module doc). ``later``: units known from
     earlier windows that are not judged now (their state may tell tied hypotheses apart).
     ``past``: each hypothesis's log-likelihood relative to the best in earlier windows of the
-    same episode (``Evidence``), added to this window's."""
+    same episode (``Evidence``), added to this window's. ``again``: culprits named before from
+    this same evidence: not explaining it away (``past`` carries what told them; this window's
+    evidence may revise them), but the one named when it still ties (one fault, seen again)."""
     cands = sorted(set(candidates))
     if not cands:
         return Verdict(None, (), 0.0, None, "")
@@ -227,7 +230,8 @@ def decide(
     contradicted = tuple(h for h in cands if scored[h][1])
     runner = next((h for h in order if h not in top), None)
     # a culprit already named, the one that includes the most of the tied (a rank over its link)
-    held = sorted((h for h in top if h in named), key=lambda h: -sum(_within(o, h) for o in top))
+    seen = (*named, *again)
+    held = sorted((h for h in top if h in seen), key=lambda h: -sum(_within(o, h) for o in top))
     if len(top) == 1 or held:
         h = held[0] if held else top[0]
         p = sum(post[o] for o in top if _within(o, h))  # what it includes is the same fault

@@ -66,6 +66,7 @@ class SlowJudge:
         self.baseline: dict[tuple, deque[float]] = {}  # unit base key -> clean windows' bw
         self.slow_ranks: dict[int, int] = {}  # global rank -> last window it was reported slow in
         self.named_at: dict[blame.Hyp, int] = {}  # rank, link or node -> last window named RankCommSlow
+        self.named_from: dict[blame.Hyp, set[tuple]] = {}  # ... -> the unit keys that named it
         self.evidence = blame.Evidence(cfg.model_memory)  # what earlier windows said, per slow unit
         self.slow_units: dict[tuple, int] = {}  # unit key -> last window it was slow in
         self.unit_shapes: dict[tuple, blame.UnitShape] = {}  # unit key -> its latest shape and state
@@ -556,13 +557,17 @@ class SlowJudge:
             h = _hyp_of(loc, ranks)
             if h is not None:
                 self.named_at[h] = w
+                self.named_from.setdefault(h, set()).update(x.key for x, _, _ in items)
             out.append(SlowFinding(DiagKind.RankCommSlow, c, u.op, u.seq, loc.ranks, loc, d))
         return out
 
     def _named(self, w: int) -> tuple[blame.Hyp, ...]:
         """The ranks, links and nodes named RankCommSlow in the last ``slow_named_windows`` windows:
         part of every hypothesis (explaining away, blame.py)."""
-        return tuple(sorted(h for h, w0 in self.named_at.items() if w - w0 <= self.cfg.slow_named_windows))
+        keep = {h: w0 for h, w0 in self.named_at.items() if w - w0 <= self.cfg.slow_named_windows}
+        self.named_at = keep
+        self.named_from = {h: k for h, k in self.named_from.items() if h in keep}
+        return tuple(sorted(keep))
 
     def _strong(self, u: _Unit) -> bool:
         """Slow beyond what a busy host's stretched ops give: far below the line in nearly all
@@ -614,7 +619,12 @@ class SlowJudge:
         units = list(shapes)
         seen: set[tuple[int, int]] = set()
         if u.ops is not None and len(u.members) > 2:
-            counts, n_ops, seen_cr = pace_setters(c, u.ops["seq"])
+            # the ops below the line: an onset window's earlier ops are set by whichever link
+            # the jitter of the moment made slowest, not by the fault
+            ref = u.reference()
+            below = u.bws < cfg.slow_bw_ratio * ref if ref else np.zeros(len(u.bws), bool)
+            seqs = u.ops["seq"][below] if below.sum() >= 2 else u.ops["seq"]
+            counts, n_ops, seen_cr = pace_setters(c, seqs)
             seen_g = {blame.link_of(int(c.grank[a]), int(c.grank[b])) for a, b in seen_cr}
             ring = blame.shape(u.key, u.members, u.links | seen_g, node_of)
             if n_ops >= 2:
@@ -646,7 +656,12 @@ class SlowJudge:
         now = {s.key for s in units}
         later = tuple(x for key, x in self.unit_shapes.items() if key not in now)
         past = self.evidence.past(u.key)
-        v = blame.decide(cands, units, cfg.likelihoods(), named, later, past)
+        # a culprit named from this unit's own evidence is a candidate like the others, not part
+        # of every hypothesis: a window that contradicts it (an onset window's noise named a
+        # node, its next windows show one link) revises it
+        again = tuple(h for h in named if u.key in self.named_from.get(h, ()))
+        others = tuple(h for h in named if h not in again)
+        v = blame.decide(cands, units, cfg.likelihoods(), others, later, past, again)
         self.evidence.add(u.key, v, past)
         if v.contradicted:
             d["ruled_out"] = [h.name() for h in v.contradicted][:16]
