@@ -226,7 +226,7 @@ def columns(dump: dict[str, Any], limit: int | None = None, name: str = "dump") 
     first = ents[0].get("record_id", 0) if n else 0
     top = [dump.get("version", ""), dump.get("comm_lib_version", ""), dump.get("pg_config")]
     hashed = [c for c in (state, pname, pg_names, dts) if not _strings(c)]
-    check_walk([top, *hashed], limit, name)
+    check_walk([top[:2], _pg_read(top[2]), *hashed], limit, name)
     pg_codes, pg_uni = _factorize(pg_names)
     first_of: Any = np.unique(pg_codes, return_index=True)[1] if n else []
     descs = {str(pg_names[i]): _text(pgs[i][1]) if len(pgs[i]) > 1 else "" for i in first_of}
@@ -262,6 +262,14 @@ def columns(dump: dict[str, Any], limit: int | None = None, name: str = "dump") 
         "comm_lib_version": _text(top[1] or ""),
         "pg_config": _pg_config(top[2]),
     }
+
+
+def _pg_read(cfg: Any) -> list[Any]:
+    """What ``_pg_config`` reads of each group: its key, name and ranks, not the rest (a damaged
+    dump's group may hold the dump itself; torch's reader, and the native one, pass it by)."""
+    if not isinstance(cfg, dict):
+        return []
+    return [(k, v.get("name"), v.get("ranks")) for k, v in cfg.items() if isinstance(v, dict)]
 
 
 def _pg_config(cfg: Any) -> dict[str, list[int]]:
