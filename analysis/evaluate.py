@@ -237,6 +237,12 @@ def _final_exact(r: JobResult, i: int) -> bool:
     return bool(last) and (r.labels[last[-1]][1] or r.on_node[last[-1]])
 
 
+def _final_equivalent(r: JobResult, i: int) -> bool:
+    """Does the last diagnosis about fault ``i`` list it among the equivalents of what it names?"""
+    last = [k for k, lab in enumerate(r.labels) if lab[0] == i]
+    return bool(last) and r.faults[i].expect.among_equivalents(r.diagnoses[last[-1]])
+
+
 def _med_max(vals: list[float]) -> str:
     return f"{statistics.median(vals):.2f} / {max(vals):.2f}" if vals else "-"
 
@@ -281,6 +287,17 @@ def report(results: list[JobResult], con: Console, title: str) -> dict:
                                       localization_node=loc_node, final_exact=fin,
                                       incidents_per_fault=per)  # fmt: skip
     con.print(t)
+    # the final verdicts again, counting one that lists the fault among the hypotheses nothing
+    # observable tells from the one it names (the verdict says so: refine "equivalent")
+    eq = []
+    for kind in KINDS:
+        fin = [(r, i) for r in results for i, f in enumerate(r.faults) if f.found and f.expect.kind == kind]
+        ok = sum(_final_exact(r, i) or _final_equivalent(r, i) for r, i in fin)
+        summary["kinds"][kind]["final_exact_or_equivalent"] = ok / len(fin) if fin else math.nan
+        if fin:
+            eq.append(f"{kind} {ok}/{len(fin)}")
+    con.print("final verdict exact, or the fault listed among what nothing observable tells from it: "
+              + "; ".join(eq))  # fmt: skip
     rows = []
     for kind in ("RankNonCommSlow", "RankCommSlow"):
         for lo, hi in ((1.5, 2.0), (2.0, 4.0), (4.0, math.inf)):

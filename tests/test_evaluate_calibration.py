@@ -81,3 +81,22 @@ def test_a_node_fault_named_by_some_of_its_ranks_is_on_its_node_and_not_beyond_i
     assert not e.on_its_node({**said, "ranks": [1, 4]}, 4)  # a rank of another node with it
     link = sc.expect("comm-hang@link=1-2,step=3")  # a fault on one rank or link: the node rule only
     assert not link.on_its_node({"kind": "RankCommHang", "ranks": [1], "localization": {"target": "rank"}}, 4)
+
+
+def test_a_hung_rank_named_as_its_pair_link_is_among_the_equivalents_only_when_the_verdict_lists_it():
+    """The benchmark's second final-verdict count: a rank whose first stuck op is a pipeline pair
+    is named as that pair's link, the rank among what nothing observable tells from it."""
+    from c4d.sim.scenarios import Scenario
+
+    sc = Scenario(ranks=8, ranks_per_node=1, tp=1, pp=2, fault="comm-hang@rank=0,step=34")
+    e = sc.expect(sc.fault)
+    said = {"kind": "RankCommHang", "ranks": [0, 4],
+            "localization": {"target": "link", "basis": "RankCommHang:p2p-pair/link/equivalent",
+                             "alternatives": ["rank 0", "rank 4", "node node-0", "node node-4"]}}  # fmt: skip
+    assert not e.exact(said) and e.among_equivalents(said)
+    told = {**said, "localization": {**said["localization"], "basis": "RankCommHang:p2p-pair/link"}}
+    assert not e.among_equivalents(told)  # told apart: the rank is not named, so not right
+    other = {**said, "localization": {**said["localization"], "alternatives": ["rank 4"]}}
+    assert not e.among_equivalents(other)
+    link = sc.expect("comm-hang@link=0-4,step=3")
+    assert link.exact(said) and link.among_equivalents(said)
