@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shutil
 import statistics
 import subprocess
 import sys
@@ -166,20 +167,29 @@ def _diag(d: dict) -> Diagnosis:
 
 
 def run_jobs(
-    jobs: list[scenarios.Scenario], con: Console, out: Path | None, agents: list[dict] | None = None
+    jobs: list[scenarios.Scenario],
+    con: Console,
+    out: Path | None,
+    agents: list[dict] | None = None,
+    keep: Path | None = None,
 ) -> list[JobResult]:
-    """``agents``: a list to append each job's agents-vs-direct comparison to (c4d.agent.replay)."""
+    """``agents``: a list to append each job's agents-vs-direct comparison to (c4d.agent.replay);
+    ``keep``: a folder to keep the trace of each job with a diagnosis about no injected fault in
+    (``c4d analyze`` replays it: another engine's verdicts on the same records)."""
     results = []
     for i, sc in enumerate(jobs):
         up = _uptime()
-        with tempfile.TemporaryDirectory(prefix="c4d-eval-") as wd:  # traces are not kept
+        with tempfile.TemporaryDirectory(prefix="c4d-eval-") as wd:  # traces kept with --keep-traces only
             o = scenarios.run(sc, Path(wd), timeout=400)
             if agents is not None and o.trace_path and Path(o.trace_path).exists():
                 from c4d.agent import replay  # (the agents' check: --agents)
 
                 agents.append(replay.compare(Path(o.trace_path)))
                 con.print(replay.job_line(agents[-1]), markup=False, highlight=False)
-        r = score(o)
+            r = score(o)
+            if keep is not None and o.trace_path and any(i2 < 0 for i2, _ in r.labels):
+                keep.mkdir(parents=True, exist_ok=True)
+                shutil.copy(o.trace_path, keep / f"{i + 1:03d}-{sc.name.replace(':', '_')[:120]}.c4d")
         r.uptime = up
         results.append(r)
         right = sum(1 for i2, ex in r.labels if i2 >= 0 and ex)
@@ -436,6 +446,12 @@ def main() -> int:
                     help="also replay each job's trace through an agent per node and compare the "
                     "incidents' final culprits with the direct replay's "
                     "(with --check: a job where they differ fails)")  # fmt: skip
+    ap.add_argument(
+        "--keep-traces",
+        type=Path,
+        metavar="DIR",
+        help="keep the trace of each job with a diagnosis about no injected fault here",
+    )
     ap.add_argument("--only", default="", help="matrix: run only scenarios whose name contains this")
     args = ap.parse_args()
     con = Console(width=max(Console().width, 140))
@@ -459,7 +475,7 @@ def main() -> int:
         jobs = [sc for sc in scenarios.matrix(full=True) if args.only in sc.name]
         title = f"c4d engine on the scenario matrix ({len(jobs)} jobs)"
     agents: list[dict] | None = [] if args.agents else None
-    results = run_jobs(jobs, con, args.results, agents)
+    results = run_jobs(jobs, con, args.results, agents, args.keep_traces)
     summary = report(results, con, f"{title} ({time.time() - t0:.0f} s)")
     con.print(f"uptime before: {up0}")
     con.print(f"uptime after:  {_uptime()}")
