@@ -7,6 +7,7 @@ here: a shared CI box can't time them."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -38,7 +39,11 @@ def test_bench_shim_quick(libc4d, simtrain):
         for key in ("ns_per_call_added", "ns_per_call_added_with_events", "ns_per_call_added_no_events"):
             assert isinstance(fig[key + shape], float), (key + shape, fig)
         assert fig["ns_per_call_added_with_events" + shape] > 0  # the shim costs something, measurably
-        assert fig["event_records_ns" + shape] > 0
+        # the two event records' cost is a difference of two medians: a quick run on a loaded host
+        # measured -1.5 ns (CI); it must be a number, its sign needs the full run's repeats
+        assert isinstance(fig["event_records_ns" + shape], float) and math.isfinite(
+            fig["event_records_ns" + shape]
+        )
 
 
 @pytest.mark.slow
