@@ -240,17 +240,19 @@ def _loc(d: dict) -> dict:
     return d.get("localization") or {}
 
 
-def _final_exact(r: JobResult, i: int) -> bool:
+def _final_exact(r: JobResult, i: int, equivalents: bool = False) -> bool:
     """Is the last diagnosis about fault ``i`` exact (its incident's final verdict), or the node
-    it is on where nothing tells that node's ranks apart?"""
+    it is on where nothing tells that node's ranks apart (``equivalents``: or does it list the
+    fault among what nothing observable tells from the one it names)?"""
     last = [k for k, lab in enumerate(r.labels) if lab[0] == i]
-    return bool(last) and (r.labels[last[-1]][1] or r.on_node[last[-1]])
-
-
-def _final_equivalent(r: JobResult, i: int) -> bool:
-    """Does the last diagnosis about fault ``i`` list it among the equivalents of what it names?"""
-    last = [k for k, lab in enumerate(r.labels) if lab[0] == i]
-    return bool(last) and r.faults[i].expect.among_equivalents(r.diagnoses[last[-1]])
+    if not last:
+        return False
+    k = last[-1]
+    return (
+        r.labels[k][1]
+        or r.on_node[k]
+        or (equivalents and r.faults[i].expect.among_equivalents(r.diagnoses[k]))
+    )
 
 
 def _med_max(vals: list[float]) -> str:
@@ -264,6 +266,7 @@ def report(results: list[JobResult], con: Console, title: str) -> dict:
     for c in cols:
         t.add_column(c, justify="left" if c == "kind" else "right")
     summary: dict = {"kinds": {}}
+    eq: list[str] = []
     for kind in KINDS:
         frs = [f for r in results for f in r.faults if f.expect.kind == kind]
         obs = [f for f in frs if f.observable]
@@ -285,6 +288,13 @@ def report(results: list[JobResult], con: Console, title: str) -> dict:
         final = [_final_exact(r, i) for r in results for i, f in enumerate(r.faults)
                  if f.found and f.expect.kind == kind]  # fmt: skip
         fin = sum(final) / len(final) if final else math.nan
+        # the same, counting one that lists the fault among the hypotheses nothing observable
+        # tells from the one it names (its basis says so: "/equivalent")
+        equiv = [_final_exact(r, i, True) for r in results for i, f in enumerate(r.faults)
+                 if f.found and f.expect.kind == kind]  # fmt: skip
+        fin_eq = sum(equiv) / len(equiv) if equiv else math.nan
+        if equiv:
+            eq.append(f"{kind} {sum(equiv)}/{len(equiv)}")
         found = [f for f in frs if f.found]
         per = sum(f.incidents for f in found) / len(found) if found else math.nan
         t.add_row(kind, str(len(frs)), str(len(obs)), _pct(recall), str(len(said)), _pct(precision),
@@ -295,17 +305,9 @@ def report(results: list[JobResult], con: Console, title: str) -> dict:
         summary["kinds"][kind] = dict(faults=len(frs), observable=len(obs), recall=recall,
                                       diagnoses=len(said), precision=precision, localization=loc,
                                       localization_node=loc_node, final_exact=fin,
-                                      incidents_per_fault=per)  # fmt: skip
+                                      incidents_per_fault=per,
+                                      final_exact_or_equivalent=fin_eq)  # fmt: skip
     con.print(t)
-    # the final verdicts again, counting one that lists the fault among the hypotheses nothing
-    # observable tells from the one it names (the verdict says so: refine "equivalent")
-    eq = []
-    for kind in KINDS:
-        fin = [(r, i) for r in results for i, f in enumerate(r.faults) if f.found and f.expect.kind == kind]
-        ok = sum(_final_exact(r, i) or _final_equivalent(r, i) for r, i in fin)
-        summary["kinds"][kind]["final_exact_or_equivalent"] = ok / len(fin) if fin else math.nan
-        if fin:
-            eq.append(f"{kind} {ok}/{len(fin)}")
     con.print("final verdict exact, or the fault listed among what nothing observable tells from it: "
               + "; ".join(eq))  # fmt: skip
     rows = []

@@ -621,8 +621,7 @@ class SlowJudge:
         if u.ops is not None and len(u.members) > 2:
             # the ops below the line: an onset window's earlier ops are set by whichever link
             # the jitter of the moment made slowest, not by the fault
-            ref = u.reference()
-            below = u.bws < cfg.slow_bw_ratio * ref if ref else np.zeros(len(u.bws), bool)
+            below = u.below(cfg.slow_bw_ratio)
             seqs = u.ops["seq"][below] if below.sum() >= 2 else u.ops["seq"]
             counts, n_ops, seen_cr = pace_setters(c, seqs)
             seen_g = {blame.link_of(int(c.grank[a]), int(c.grank[b])) for a, b in seen_cr}
@@ -984,10 +983,14 @@ class _Unit:
             return self.expected
         return self.sib_ref or (self.own_ref * self.shared if self.own_ref else None)
 
+    def below(self, bw_ratio: float) -> np.ndarray:
+        """Which of its ops are below ``bw_ratio`` x its reference (none without one)."""
+        ref = self.reference()
+        return self.bws < bw_ratio * ref if ref else np.zeros(len(self.bws), bool)
+
     def slow_share(self, bw_ratio: float) -> float:
         """Share of its ops below ``bw_ratio`` x its reference."""
-        ref = self.reference()
-        return _share(self.bws < bw_ratio * ref) if ref else 0.0
+        return _share(self.below(bw_ratio)) if self.reference() else 0.0
 
     def clear(self, bw_ratio: float, max_slow_share: float) -> bool:
         """Not slow, and at most ``max_slow_share`` of its ops below ``bw_ratio`` x the reference."""

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from c4d.engine.blame import Hyp
 from c4d.record import schema, trace
 from c4d.sim import faults
 from c4d.sim.sim import QUICK_ENV
@@ -76,17 +77,19 @@ class Expect:
 
     def among_equivalents(self, d: dict) -> bool:
         """It names the culprit, or lists it among what nothing observable tells from the one it
-        names (its basis ends in ``/equivalent``: a hung rank whose first stuck op is a two-rank unit looks
-        the same as that unit's link until the job ends)."""
+        names (its basis ends in ``/equivalent``: a hung rank whose first stuck op is a two-rank
+        unit looks the same as that unit's link until the job ends)."""
         if self.exact(d):
             return True
         loc = d.get("localization") or {}
         equivalent = str(loc.get("basis", "")).endswith("/equivalent")
         if not self.matches(d) or not equivalent or self.fault.node is not None:
             return False
-        a, *rest = sorted(self.ranks)
-        name = f"link {a}-{rest[0]}" if self.is_link and rest else f"rank {a}" if not rest else ""
-        return bool(name) and name in loc.get("alternatives", ())
+        ends = sorted(self.ranks)
+        if len(ends) != (2 if self.is_link else 1):
+            return False
+        h = Hyp(link=(ends[0], ends[1])) if self.is_link else Hyp(rank=ends[0])
+        return h.name() in loc.get("alternatives", ())
 
     def on_its_node(self, d: dict, rpn: int) -> bool:
         """It names the node the culprit (a rank, or a link inside one node) is on: exact where
