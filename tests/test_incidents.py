@@ -109,6 +109,30 @@ def test_resolved_superseded_and_slow_folding():
     assert slow_inc.end is End.resolved
 
 
+def test_a_hang_whose_reports_came_late_is_resumed_not_counted_twice():
+    """CI run on a loaded host (T = 0.2 s, the master's ticks 0.3-0.4 s apart): one hang's
+    re-counts, its count going on (4, 6, ...), were folded into three incidents, each gap over
+    1.5 T taken for the hang's end. A report of the same stall (it began when the incident's
+    did) resumes the incident; a new stall of the same rank is a new one."""
+    inc = Incidents()
+    events = []
+    for d in (hang(1, 1), hang(2, 2)):
+        events += inc.observe(d)
+    events += inc.expire(int(3.6 * S))  # the tick came late: taken for the end
+    events += inc.observe(hang(4.1, 4))  # the count went on: the same stall
+    assert [e.change.value for e in events] == ["opened", "ended", "resumed"]
+    assert len(inc.all) == 1 and inc.all[0].end is None and inc.all[0].count == 4
+    for t in (5, 6):
+        inc.observe(hang(t, t))
+    inc.expire(int(9 * S))  # really over
+    events = inc.observe(hang(12, 1))  # a new stall of the same rank
+    assert [e.change.value for e in events] == ["opened"] and len(inc.all) == 2
+    assert inc.all[0].end is End.resolved and inc.all[0].count == 6
+    # offline the same: the trace's diagnoses fold into one incident per stall
+    late = [hang(1, 1), hang(2, 2), hang(4.1, 4), hang(5, 5), hang(12, 1), hang(13, 2)]
+    assert [i.count for i in Incidents.fold(late, end_ns=int(13.5 * S))] == [5, 2]
+
+
 def test_a_charge_that_moves_between_ops_stays_one_incident():
     """A culprit missing from two ops is charged to the one waited on longest; with clock
     estimates that can flip between evaluations (seen in `c4d demo`: Send #8, AllGather #16,

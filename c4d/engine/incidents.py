@@ -72,6 +72,9 @@ class Change(enum.Enum):
     revised = "revised"
     """Its culprit moved as more evidence was judged (link -> rank -> node, suspects -> rank)."""
     ended = "ended"
+    resumed = "resumed"
+    """A hang ended by time reported again, the same stall (it began when the incident's did):
+    the reports were late (a master too busy to tick on time), not the hang over."""
 
 
 @dataclass
@@ -283,6 +286,12 @@ def _gap_s(d: Diagnosis) -> float:
     return RESOLVE_AFTER_T * float(t) if isinstance(t, int | float) and t > 0 else DEFAULT_GAP_S
 
 
+def _stall_start(d: Diagnosis) -> float | None:
+    """When a hang report's stall began (None: the report does not say how long it waited)."""
+    w = d.detail.get("waited_s")
+    return d.time - float(w) if isinstance(w, int | float) else None
+
+
 def _due_s(d: Diagnosis) -> float:
     """When the incident's next report is due after ``d`` (T for hangs, a period for slow kinds)."""
     per = RESOLVE_AFTER_PERIODS if d.kind.value in SLOW_KINDS else RESOLVE_AFTER_T
@@ -335,6 +344,7 @@ class Incidents:
         # offline every one, sorted (``heard_stamps``); neither: every end found by time is resolved
         self._heard = heard_ns
         self._last_heard: int | None = None
+        self._ended: dict[tuple, Incident] = {}  # per key, the latest hang ended by time (_resumed_by)
 
     def heard(self, stamp_ns: int) -> None:
         """Records of the job were fed at master time ``stamp_ns``: it is still sending."""
@@ -359,6 +369,10 @@ class Incidents:
         out = self.expire(d.time_ns)
         key = incident_key(d)
         inc = self.open.get(key) or self._revised_by(d)
+        if inc is None and (inc := self._resumed_by(d)) is not None:
+            inc.end = inc.end_s = None
+            self.open[inc.key] = inc
+            out.append(Event(Change.resumed, inc, d))
         if inc is not None and _who(inc.current or inc.first) != _who(d):
             del self.open[inc.key]
             was = _who(inc.current or inc.first)
@@ -382,8 +396,23 @@ class Incidents:
             out.append(Event(Change.ended, old, d))
         self.all.append(inc)
         self.open[key] = inc
+        self._ended.pop(key, None)
         out.append(Event(Change.opened, inc, d))
         return out
+
+    def _resumed_by(self, d: Diagnosis) -> Incident | None:
+        """The hang of ``d``'s kind and culprits ended by time whose stall ``d`` still reports: the
+        two began within a hang timeout of each other (a stall's start is its report's time less
+        what it waited)."""
+        old = self._ended.get(incident_key(d))
+        if old is None or old.superseded_by is not None:
+            return None
+        a, b = _stall_start(old.last), _stall_start(d)
+        t = old.last.detail.get("timeout_s")
+        if a is None or b is None or not isinstance(t, int | float) or abs(a - b) > t:
+            return None
+        del self._ended[incident_key(d)]
+        return old
 
     def _revised_by(self, d: Diagnosis) -> Incident | None:
         """The open incident of the same kind whose culprits overlap ``d``'s: the same fault, its
@@ -408,6 +437,8 @@ class Incidents:
             if now - inc.last.time > _gap_s(inc.last):
                 del self.open[key]
                 inc.end, inc.end_s = self._ended_by_time(inc, now_ns), inc.last.time
+                if not inc.is_slow:
+                    self._ended[key] = inc
                 out.append(Event(Change.ended, inc))
         return out
 

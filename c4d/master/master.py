@@ -295,6 +295,11 @@ class Master:
                 continue
             d = ev.diagnosis
             level = getattr(logging, d.level.name, logging.WARNING)
+            if ev.change is Change.resumed:
+                log.log(
+                    level, "#%d resumed (its reports were late): %s", inc.id, d.summary().split(" ", 1)[-1]
+                )
+                continue
             if ev.change is Change.revised:
                 log.log(
                     level, "#%d revised (%s): %s", inc.id, inc.revisions[-1], d.summary().split(" ", 1)[-1]
