@@ -454,7 +454,7 @@ def main() -> int:
         metavar="DIR",
         help="keep the trace of each job with a diagnosis about no injected fault here",
     )
-    ap.add_argument("--only", default="", help="matrix: run only scenarios whose name contains this")
+    ap.add_argument("--only", default="", help="only the jobs (matrix or random) whose name contains this")
     args = ap.parse_args()
     con = Console(width=max(Console().width, 140))
     if args.rescore:
@@ -471,8 +471,11 @@ def main() -> int:
     if args.quick:
         args.random, args.max_ranks, args.check = 6, 16, True
     if args.random:
-        jobs = scenarios.random_jobs(args.random, args.seed, args.max_ranks)
+        drawn = scenarios.random_jobs(args.random, args.seed, args.max_ranks)
+        jobs = [sc for sc in drawn if args.only in sc.name]
         title = f"c4d engine on {len(jobs)} random jobs, seed {args.seed}"
+        if args.only:
+            title += f" (of {len(drawn)}: '{args.only}')"
     else:
         jobs = [sc for sc in scenarios.matrix(full=True) if args.only in sc.name]
         title = f"c4d engine on the scenario matrix ({len(jobs)} jobs)"
