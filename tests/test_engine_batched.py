@@ -1,5 +1,6 @@
 """The batched collective path (reduce.reduce_comms: every communicator's complete ops of a chunk
-in a few vectorized passes) gives exactly what reducing one communicator at a time gives
+in a few vectorized passes, the clock refinement in Jacobi order) gives exactly what reducing
+one communicator at a time gives with every clock step deferred to the chunk's end
 (Comm.add_collectives, Comm.add_heartbeats: tests/one_comm_at_a_time.py, the reference this
 compares with): the same COMPLETED rows, OP_SPLIT rows, clock offsets, communicator state and
 diagnoses, bit for bit."""
@@ -19,8 +20,9 @@ from c4d.engine.comm import Comm
 from c4d.engine.pool import Pool
 from c4d.record import schema
 
-# tp groups on one node, dp groups across nodes (one node in several of them: the waves),
-# pipeline stages on other nodes, ±50 ms node clocks, faults that the diagnoses must name
+# tp groups on one node, dp groups across nodes (one node in several of them: their steps'
+# scaled mean moves it), pipeline stages on other nodes, ±50 ms node clocks, faults that the
+# diagnoses must name
 SLOW = Job(
     tp=2, pp=2, dp=4, ranks_per_node=4, steps=60, skew_ms=50.0,
     faults=[Fault("noncomm-slow", rank=3, step=20, factor=3), Fault("comm-slow", rank=6, step=20, factor=3)],
@@ -30,8 +32,8 @@ CUT = Job(
     tp=2, pp=2, dp=4, ranks_per_node=4, steps=40, skew_ms=50.0, tick_ms=20.0,
     faults=[Fault("comm-slow", rank=5, step=15, factor=3)],
 )  # fmt: skip
-# data-parallel groups of 18 members on 18 nodes, two through each node (reduce.reduce_comms
-# orders groups this wide with numpy, the few-domain ones one by one)
+# data-parallel groups of 18 members on 18 nodes, two through each node (reduce.apply_steps moves
+# each node by the scaled mean of both groups' steps)
 WIDE = Job(
     tp=2, pp=1, dp=18, ranks_per_node=2, steps=30, skew_ms=50.0,
     faults=[Fault("comm-slow", rank=5, step=10, factor=3)],
@@ -99,7 +101,8 @@ def test_batched_reduction_equals_one_communicator_at_a_time(job, drop, monkeypa
 
 
 def test_the_load_exercises_clock_refinement_across_nodes(monkeypatch):
-    """Guard for the test above: the refinement (what orders the waves) really moves offsets."""
+    """Guard for the test above: the refinement (the steps deferred to a chunk's end) really
+    moves offsets."""
     _, made, _, clk = _run(SLOW, True, monkeypatch)
     assert any(o["aligned"].any() for v in made.values() for o in v)
     rel = clk["rel_node"]
@@ -175,11 +178,11 @@ def test_a_chunk_with_more_ops_than_ring_slots_matches_one_at_a_time(monkeypatch
     assert got[True][0] == [2_600, 2_600]
 
 
-def test_communicators_on_one_host_clock_share_a_wave(monkeypatch):
+def test_communicators_on_one_host_clock_share_a_reduce_group(monkeypatch):
     """A job on one node (or an import whose hosts are unknown: every rank on "?") has nothing
-    to refine: each communicator's step is zero, so none orders against another and a chunk
-    takes one reduce_group per communicator size. Before, every communicator wrote node 0 and
-    took a wave of its own (113 waves per chunk replaying 256 ranks' Flight Recorder dumps)."""
+    to refine: each communicator's step is zero. A chunk takes one reduce_group per
+    communicator size (once, under the clock refinement's Gauss-Seidel order, every
+    communicator wrote node 0 and took a reduce_group of its own)."""
     from c4d.engine import reduce as reduce_mod
 
     calls: list[int] = []

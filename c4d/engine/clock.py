@@ -14,8 +14,12 @@
    after layer 1 each member's median residual ``end_r - median_end`` over the ops
    completed in a batch is its remaining error; ``clock_gain`` of it is applied per batch,
    averaged per node and centred per communicator so the common clock does not drift.
-   Communicator after communicator, in comm-id order: a later one reads the offsets the
-   earlier ones refined (``reduce.reduce_comms`` batches them in waves that keep this order).
+   Jacobi order (``reduce.reduce_comms``): every communicator of a chunk reads the offsets as
+   the chunk found them, and at the chunk's end a domain that k communicators refine moves by
+   the mean of their steps times (1 - (1 - gain)^k) / gain (their sum would overshoot: each
+   measured the same error; so scaled, the mean contracts it as the k steps one after the
+   other would), so a communicator's reduction needs no other's result (an engine sharded by
+   communicator: docs/engine-shards.md).
 
 Offset = ``rel`` + the anchor of its island. A clock domain (a node, or a rank whose node
 is unknown) follows its receipt bound until the consensus refines it; from then on only

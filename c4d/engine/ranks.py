@@ -90,14 +90,13 @@ class RankTable:
         node_ok = self.rel_node_ok[np.maximum(nd, 0)] if len(self.rel_node_ok) else np.zeros(len(nd), bool)
         return np.where(nd >= 0, node_ok, self.rel_rank_ok[g])
 
-    def add_residuals(self, g: np.ndarray, res: np.ndarray, join: bool = True) -> None:
+    def add_residuals(self, g: np.ndarray, res: np.ndarray) -> None:
         """End-time consensus step: per-rank residuals, averaged per node (a host moves as one).
-        The domains of ``g`` become (or stay) one island; ``join=False``: they are already
-        (reduce.reduce_comms applies the steps of many communicators at once that way)."""
+        The domains of ``g`` become (or stay) one island. (One communicator's step at once:
+        Comm._reduce; a chunk's steps together are reduce.apply_steps's.)"""
         nd = self.node[g]
         has = nd >= 0
-        if join:
-            self._merge(nd[has], g[~has])
+        self._merge(nd[has], g[~has])
         if has.any():
             k = len(self.node_names)
             s = np.bincount(nd[has], weights=res[has], minlength=k)
@@ -107,6 +106,12 @@ class RankTable:
         if (~has).any():
             np.add.at(self.rel_rank, g[~has], res[~has])
             self.rel_rank_refined[g[~has]] = True
+
+    def join_islands(self, g: np.ndarray) -> None:
+        """The clock domains of ranks ``g`` become (or stay) one island (``add_residuals`` does
+        it before its step; reduce.apply_steps before a chunk's steps)."""
+        nd = self.node[g]
+        self._merge(nd[nd >= 0], g[nd < 0])
 
     def mark_refined(self, node: int | np.ndarray) -> None:
         """What a communicator on one host clock gives the refinement: a zero step for ``node``

@@ -3,10 +3,12 @@ busbw, who arrived last and by how much; each member's compute before the op; on
 per-rank ``OP_SPLIT`` rows; and the clock refinement their end times give.
 
 ``reduce_group`` reduces all complete ops of all communicators of one size at once;
-``reduce_comms`` orders the groups so the clock refinement gives what one communicator after
-the other gives (``Comm._reduce``, c4d/engine/comm.py). Apart because it is the arithmetic
-of the reduction only: it reads a communicator's members and hands it rows through what
-``Reducible`` names, and keeps no state of its own.
+``reduce_comms`` reduces a chunk's communicators with the offsets as the chunk found them
+(``reduce_each``) and applies their clock refinement steps together at its end, each clock
+domain moved by the mean of the steps that refine it, scaled to the contraction applying them
+one after the other would give (``apply_steps``: Jacobi order). Apart
+because it is the arithmetic of the reduction only: it reads a communicator's members and
+hands it rows through what ``Reducible`` names, and keeps no state of its own.
 """
 
 from __future__ import annotations
@@ -91,7 +93,7 @@ def reduce_group(
     """One COMPLETED row per complete op of communicators of one size n, all at once (each row
     depends only on its op and its communicator's members), with the offsets as they are now.
     Applies nothing to ``ranks``: the caller applies ``res`` where ``writer``, in communicator
-    order (``Comm._reduce`` one at a time, ``reduce_comms`` in waves)."""
+    order (``Comm._reduce`` at once, ``reduce_comms`` at the chunk's end)."""
     n = comms[0].n
     C = len(comms)
     cnt = [len(p.seq) for p in parts]
@@ -178,8 +180,8 @@ def reduce_group(
             med = _seg_col_median(E[w] - endmed[w, None], seg[w], C)[writer]
             res[writer] = gain * np.clip(med - med.mean(axis=1, keepdims=True), -1e9, 1e9)
             # members that share one host clock: the zero-mean step moves nothing (add_residuals
-            # averages per node), so it is exactly zero and the op only marks the node refined;
-            # reduce_comms relies on it (such a communicator orders against no other)
+            # averages per node), so it is exactly zero and the op only marks the node refined
+            # (apply_steps relies on it)
             res[one_clock] = 0.0
     # each member's compute before the op (see add_collectives): what a slow rank's peers
     # wait for
@@ -187,113 +189,126 @@ def reduce_group(
     return Reduced(comms, out, gaps, sp, bounds, writer, res)
 
 
-def reduce_comms(done: Sequence[tuple[Reducible, Complete]], ranks: RankTable, gain: float) -> None:
-    """Reduce the complete ops of many communicators (``(comm, its ops)`` in the order the
-    per-communicator path, ``Comm._reduce`` one after the other, would take them) with exactly
-    its results, in a few ``reduce_group`` calls instead of one per communicator.
+class Step(NamedTuple):
+    """One communicator's clock refinement step (``reduce_group``'s ``res`` where ``writer``):
+    its members' global ranks and each one's residual (ns), as ``RankTable.add_residuals``
+    takes them."""
 
-    What orders them is the clock refinement: communicator i's residuals move the offsets
-    that a later communicator j reads when it shares a clock domain (a node, or a rank whose
-    node is unknown) with i. So they run in waves: all communicators of a wave read the
-    offsets as they are at its start, then its refinements are applied in communicator
-    order. A communicator goes to the first wave after every earlier one that refines a
-    domain of it, and one that refines goes no earlier than any earlier one that reads its
-    domains; a refinement that would join clock islands (``RankTable._merge``, which moves
-    whole islands) ends its wave and starts the next. Communicators on disjoint domains (all
-    tensor-parallel groups of a job) share a wave; the data-parallel groups through one node
-    take one wave each."""
+    grank: np.ndarray
+    res: np.ndarray
+
+
+def reduce_comms(done: Sequence[tuple[Reducible, Complete]], ranks: RankTable, gain: float) -> None:
+    """Reduce the complete ops of a chunk's communicators (``(comm, its ops)``, in
+    communicator order) and apply the clock refinement their end times give, in Jacobi
+    order: every communicator reads the offsets as the chunk found them (``reduce_each``),
+    then their steps are applied together, a domain moved by their scaled mean (``apply_steps``).
+    What ``Comm._reduce`` gives one communicator at a time with every step deferred to the
+    chunk's end (tests/one_comm_at_a_time.py), in one ``reduce_group`` call per communicator
+    size.
+
+    The two halves are apart for an engine sharded by communicator (docs/engine-shards.md):
+    a shard reduces its communicators with the offsets the join published for the chunk, the
+    join applies every shard's steps, in communicator order."""
+    apply_steps(reduce_each(done, ranks, gain), ranks, gain)
+
+
+def reduce_each(done: Sequence[tuple[Reducible, Complete]], ranks: RankTable, gain: float) -> list[Step]:
+    """Every communicator's complete ops (``(comm, its ops)``, in communicator order) reduced
+    with the offsets ``ranks`` holds now, one ``reduce_group`` per communicator size, and its
+    rows kept (``Reduced.keep``, in communicator order); returns the clock refinement steps of
+    those that have one, in communicator order. Changes nothing in ``ranks``."""
     if not done:
+        return []
+    by_n: dict[int, list[int]] = {}
+    for i, (c, _) in enumerate(done):
+        by_n.setdefault(c.n, []).append(i)
+    results: list[tuple[Reduced, int]] = [None] * len(done)  # type: ignore[list-item]
+    for _n, idx in sorted(by_n.items()):
+        red = reduce_group([done[i][0] for i in idx], [done[i][1] for i in idx], ranks, gain)
+        for j, i in enumerate(idx):
+            results[i] = (red, j)
+    steps = []
+    for (c, _), (red, j) in zip(done, results, strict=True):
+        red.keep(j)
+        if red.writer[j]:
+            steps.append(Step(c.grank, red.res[j]))
+    return steps
+
+
+def apply_steps(steps: Sequence[Step], ranks: RankTable, gain: float) -> None:
+    """Apply a chunk's clock refinement steps (``reduce_each``'s, in communicator order) at
+    once: the clock islands a step's domains (a node, or a rank whose node is unknown) span are
+    joined (``RankTable.join_islands``, in step order), then every domain refined by k steps
+    moves by the mean, over them, of each step's move for it (``RankTable.add_residuals``'s:
+    the mean of its members' residuals on the node), times ``contraction(k, gain)``.
+
+    Each step measured the same offset error e from the same starting offsets and moves the
+    domain by ``gain`` x e. Their sum would move a node in k data-parallel groups by k x gain
+    x e, past the truth for k x gain > 1 (further from it each chunk for k x gain > 2: 16
+    groups through a node at gain 0.25 diverged to seconds). Their mean alone moves it by gain
+    x e a chunk whatever k, where applying the k steps one after the other (each reading the
+    offsets the previous left: Gauss-Seidel order, the engine's before the steps could be
+    deferred) leaves (1 - gain)^k of it (on a 256-rank job with 8 groups through each node,
+    the plain mean left 8.2 ms of largest offset error at 0.6 s of job time, against 3.6 ms).
+    Scaled, the mean moves it by e x (1 - (1 - gain)^k): the same contraction as one after
+    the other, and never past e (docs/engine-shards.md: the measured table, and where the
+    steps disagree).
+    A step whose members share one host clock is zero (``reduce_group``): it only marks its
+    node refined, and is not one of the k."""
+    if not steps:
         return
-    comms = [c for c, _ in done]
-    parts = [p for _, p in done]
-    n_of = np.array([c.n for c in comms])
-    cnt = np.array([len(p.seq) for p in parts])
-    gr = np.concatenate([c.grank for c in comms])
-    heads = np.r_[0, np.cumsum(n_of)[:-1]]
-    nd = ranks.node[np.maximum(gr, 0)]
-    dom = np.where(nd >= 0, nd, -1 - gr)
-    dom = np.where(gr >= 0, dom, np.iinfo(np.int64).min)  # an unknown member reads no offset
-    lab = np.where(nd >= 0, ranks.isl_node[np.maximum(nd, 0)], ranks.isl_rank[np.maximum(gr, 0)])
-    # may refine: every member known and aligned, some op an end-synchronized one (reduce_group
-    # decides, with the ends known too; this only has to be true wherever it will)
-    sync_ops = END_SYNC[np.concatenate([p.op for p in parts])]
-    syn = np.bincount(np.repeat(np.arange(len(comms)), cnt), weights=sync_ops, minlength=len(comms)) > 0
-    known = np.minimum.reduceat((gr >= 0) & ranks.aligned(np.maximum(gr, 0)), heads)
-    # one host clock for every member: its step is zero (reduce_group), so it writes no offset
-    # and needs no order against the others (all ranks of an import whose hosts are unknown)
-    one_clock = (np.minimum.reduceat(dom, heads) == np.maximum.reduceat(dom, heads)) & (
-        np.minimum.reduceat(nd, heads) >= 0
-    )
-    may = (gain > 0) & (n_of >= 2) & known & syn & (cnt > 0) & ~one_clock
-    lab_lo, lab_hi = np.minimum.reduceat(lab, heads), np.maximum.reduceat(lab, heads)
-    merges = may & (lab_lo != lab_hi)
-    # each domain as a dense index (the unknown member's none): its latest refining wave (-1:
-    # none) and the latest wave that read it, in arrays (a large job's data-parallel group
-    # spans hundreds of nodes: no loop over their sets)
-    uniq, dense = np.unique(dom, return_inverse=True)
-    dense = np.where(dom != np.iinfo(np.int64).min, dense.ravel(), -1)
-    last_w = np.full(len(uniq), -1, np.int64)  # domain -> wave of its latest refinement
-    last_r = np.zeros(len(uniq), np.int64)  # domain -> latest wave that read it
-    bounds = np.r_[heads, len(gr)].tolist()
-    may_l, merges_l, dl = may.tolist(), merges.tolist(), dense.tolist()
-    wave_of: list[int] = []
-    floor = 0
-    for i in range(len(comms)):
-        a, b = bounds[i], bounds[i + 1]
-        if b - a > 16:  # many domains: numpy over them
-            ds = dense[a:b]
-            ds = ds[ds >= 0]
-            w = max(floor, int(last_w[ds].max()) + 1) if len(ds) else floor
-            if may_l[i] and len(ds):
-                w = max(w, int(last_r[ds].max()))
-            last_r[ds] = np.maximum(last_r[ds], w)
-            if may_l[i]:
-                last_w[ds] = w
-        else:  # a few (a node's tensor-parallel group: one): one by one
-            dset = set(dl[a:b])
-            dset.discard(-1)
-            w = max([floor] + [int(last_w[d]) + 1 for d in dset])
-            if may_l[i]:
-                w = max([w] + [int(last_r[d]) for d in dset])
-            for d in dset:
-                last_r[d] = max(int(last_r[d]), w)
-                if may_l[i]:
-                    last_w[d] = w
-        if merges_l[i]:
-            floor = w + 1
-        wave_of.append(w)
-    for w in range(max(wave_of) + 1):
-        members = [i for i in range(len(comms)) if wave_of[i] == w]
-        by_n: dict[int, list[int]] = {}
-        for i in members:
-            by_n.setdefault(comms[i].n, []).append(i)
-        results: dict[int, tuple[Reduced, int]] = {}
-        for _n, idx in sorted(by_n.items()):
-            red = reduce_group([comms[i] for i in idx], [parts[i] for i in idx], ranks, gain)
-            for j, i in enumerate(idx):
-                results[i] = (red, j)
-        # refinements in communicator order: those that join no islands touch disjoint
-        # domains, so one update does them all; one that joins islands comes last in its wave
-        plain_g: list[np.ndarray] = []
-        plain_r: list[np.ndarray] = []
-        for i in members:
-            red, j = results[i]
-            red.keep(j)
-            if not red.writer[j]:
-                continue
-            if one_clock[i]:  # a zero step (add_residuals would average it into the node's)
-                ranks.mark_refined(int(ranks.node[comms[i].grank[0]]))
-                continue
-            if merges[i]:
-                if plain_g:
-                    ranks.add_residuals(np.concatenate(plain_g), np.concatenate(plain_r), join=False)
-                    plain_g, plain_r = [], []
-                ranks.add_residuals(comms[i].grank, red.res[j])
-            else:
-                plain_g.append(comms[i].grank)
-                plain_r.append(red.res[j])
-        if plain_g:
-            ranks.add_residuals(np.concatenate(plain_g), np.concatenate(plain_r), join=False)
+    lens = [len(s.grank) for s in steps]
+    g = np.concatenate([s.grank for s in steps])
+    res = np.concatenate([s.res for s in steps])
+    step = np.repeat(np.arange(len(steps), dtype=np.int64), lens)
+    heads = np.r_[0, np.cumsum(lens)[:-1]]
+    nd = ranks.node[g]
+    lab = np.where(nd >= 0, ranks.isl_node[np.maximum(nd, 0)], ranks.isl_rank[g])
+    # islands only join (never split), so a step whose domains are one island at the start
+    # stays within one: it joins nothing
+    for i in np.flatnonzero(np.minimum.reduceat(lab, heads) != np.maximum.reduceat(lab, heads)).tolist():
+        ranks.join_islands(steps[i].grank)
+    lo = np.minimum.reduceat(nd, heads)
+    one = (lo >= 0) & (lo == np.maximum.reduceat(nd, heads))
+    if one.any():
+        ranks.mark_refined(lo[one])
+        keep = ~one[step]
+        g, res, step, nd = g[keep], res[keep], step[keep], nd[keep]
+    has = nd >= 0
+    if has.any():
+        k = len(ranks.node_names)
+        # one bin per (step, node), ordered by step, then node: each step's move of each node
+        # (its members' residuals summed in member order, as add_residuals sums them)
+        key, inv = np.unique(step[has] * k + nd[has], return_inverse=True)
+        move = np.bincount(inv, weights=res[has], minlength=len(key)) / np.bincount(inv, minlength=len(key))
+        node = key % k
+        tot = np.bincount(node, weights=move, minlength=k)  # summed in step order
+        cnt = np.bincount(node, minlength=k)
+        ranks.rel_node += np.where(cnt > 0, tot / np.maximum(cnt, 1) * _contractions(cnt, gain), 0.0)
+        ranks.rel_node_refined |= cnt > 0
+    if (~has).any():
+        gr, rr = g[~has], res[~has]  # in step order
+        ur, inv = np.unique(gr, return_inverse=True)
+        cnt = np.bincount(inv)
+        ranks.rel_rank[ur] += np.bincount(inv, weights=rr) / cnt * _contractions(cnt, gain)
+        ranks.rel_rank_refined[ur] = True
+
+
+def contraction(k: int, gain: float) -> float:
+    """What ``apply_steps`` scales the mean of k steps by, each ``gain`` of a domain's offset
+    error: (1 - (1 - gain)^k) / gain, so that the domain moves by that share of its error, as
+    k steps applied one after the other would move it (exactly 1 for k = 1: one step as is)."""
+    if k <= 1 or not 0 < gain < 1:
+        return 1.0
+    return (1.0 - (1.0 - gain) ** k) / gain
+
+
+def _contractions(k: np.ndarray, gain: float) -> np.ndarray:
+    """``contraction`` of each of ``k`` (one Python float power per distinct k, as the
+    reference computes it one by one: numpy's vectorised power may round otherwise)."""
+    u, inv = np.unique(k, return_inverse=True)
+    return np.array([contraction(int(x), gain) for x in u.tolist()])[inv]
 
 
 def _seg_col_median(R: np.ndarray, seg: np.ndarray, C: int) -> np.ndarray:
