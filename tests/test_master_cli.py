@@ -80,3 +80,38 @@ def test_ctrl_c_stops_the_master_between_two_steps(tmp_path):
     assert master.returncode == 0, err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
     assert trace.load(tpath).raw.truncated_bytes == 0
+
+
+def test_a_stopping_master_takes_what_already_arrived(tmp_path):
+    """Records the job sent before its master was told to stop, queued in the master's socket
+    and not polled yet, reach the trace before it closes (``Master.drain``, which ``c4d master``
+    calls on SIGTERM or Ctrl-C): a deployment test on a loaded CI host stopped its master right
+    after its two ranks had flushed and exited, and found no REGISTER in the trace."""
+    import time
+
+    import numpy as np
+
+    from c4d.master.master import Master, MasterConfig
+    from c4d.record import schema, wire
+    from tests import factories as F
+
+    m = Master(MasterConfig(bind="tcp://127.0.0.1:0", trace=str(tmp_path / "m.c4d")))
+    ctx = zmq.Context()
+    push = ctx.socket(zmq.PUSH)
+    try:
+        _, batches = F.build_cached(F.Job(tp=2, pp=1, dp=2, steps=2))
+        raw = schema.join_records([b for _, b in batches[:8]], schema.HEADER)
+        raw["time_ns"] += time.time_ns() - F.T0  # sent now, by the master's clock
+        assert (raw["kind"] == schema.Kind.REGISTER).sum() == 4
+        push.connect(m.endpoint)
+        push.send(wire.encode(raw))
+        wait_for(lambda: m.collector.sock.poll(0, zmq.POLLIN), timeout=30, what="the batch at the master")
+        m.drain()
+        assert m.collector.records == len(raw)
+    finally:
+        push.close(0)
+        ctx.term()
+        m.close()
+    tr = trace.load(tmp_path / "m.c4d")
+    assert sorted(tr.nodes) == [0, 1, 2, 3]
+    assert np.array_equal(np.sort(tr.raw.kinds[schema.Kind.REGISTER]["rank"]), np.arange(4))

@@ -4,6 +4,7 @@ and ``keygen`` (the master's CURVE keys)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -191,6 +192,8 @@ def cmd_master(args) -> int:
     except KeyboardInterrupt:
         pass
     finally:
+        with contextlib.suppress(KeyboardInterrupt):  # a second Ctrl-C: stop now
+            m.drain()  # what the job sent before the stop
         m.finish()
         if view is not None:
             view.close()

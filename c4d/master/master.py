@@ -307,6 +307,17 @@ class Master:
                 continue
             log.log(level, "#%d %s", inc.id, d.summary().split(" ", 1)[-1])  # the logger prints the level
 
+    def drain(self, budget_s: float = 1.0) -> None:
+        """Before stopping: take what already arrived (polls that wait for nothing, until one
+        finds nothing or ``budget_s`` passed), so that records the job sent before its master
+        was told to stop reach the trace and the engine."""
+        end = time.monotonic() + budget_s
+        while time.monotonic() < end:
+            n = self.collector.messages
+            self.step(timeout_s=0)
+            if self.collector.messages == n:
+                return
+
     def finish(self) -> None:
         """The run is over: say which incidents were still open (once)."""
         self._log_events(self.incidents.close(time.time_ns()))
