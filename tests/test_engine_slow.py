@@ -428,20 +428,6 @@ def test_medians_of_the_others_equal_numpys_one_by_one():
         assert np.array_equal(_others_median(w), want, equal_nan=True), w
 
 
-def test_quantiles_of_the_others_equal_numpys_one_by_one():
-    """The siblings' noise (each unit against a quantile of the others' shares of slow ops) from
-    one sort, what np.quantile of each unit's others gives (ties included: shares of a few ops)."""
-    from c4d.engine.slow import _quantiles_of_others
-
-    rng = np.random.default_rng(11)
-    for trial in range(500):
-        k = int(rng.integers(2, 70))
-        v = rng.integers(0, 19, k) / 18 if trial % 2 else rng.random(k)
-        q = float(rng.choice([0.0, 0.25, 0.5, 0.75, 1.0, rng.random()]))
-        want = [float(np.quantile(np.delete(v, j), q)) for j in range(k)]
-        assert np.allclose(_quantiles_of_others(v, q), want, rtol=0, atol=1e-12), (v, q)
-
-
 def _p2p_links_one_by_one(p: np.ndarray, min_ops: int):
     """The per-link reference p2p_links stands in for (a mask, np.unique and np.median per link)."""
     out = []

@@ -925,34 +925,19 @@ def _col_nanmedian(a: np.ndarray) -> np.ndarray:
 
 def _sibling_noise(groups, bw_ratio: float, q: float) -> None:
     """Each unit judged against three or more siblings: ``q``-quantile of the share of ops below
-    the line that those siblings show (``_Unit.noise``)."""
+    the line that those siblings show (``_Unit.noise``); a large group's own quantile."""
     for group in groups:
         judged = [x for x in group if x.compared == "siblings"]
         if len(judged) < 4:
             continue
         shares = np.array([x.slow_share(bw_ratio) for x in judged])
-        for x, noise in zip(judged, _quantiles_of_others(shares, q).tolist(), strict=True):
-            x.noise = noise
-
-
-def _quantiles_of_others(v: np.ndarray, q: float) -> np.ndarray:
-    """For each of ``v`` (two or more finite values), ``np.quantile`` of all the others at ``q``
-    (linear interpolation), from one sort: removing the j-th smallest shifts the ranks above it
-    down by one (as ``_medians_of_others``)."""
-    k = len(v)
-    order = np.argsort(v, kind="stable")
-    s = v[order]
-    pos = np.empty(k, np.int64)
-    pos[order] = np.arange(k)
-    at = q * (k - 2)  # position among the k - 1 others
-    lo = int(np.floor(at))
-    hi = min(lo + 1, k - 2)
-
-    def nth(i: int) -> np.ndarray:  # the others' i-th smallest, for every removed rank at once
-        return np.where(pos > i, s[i], s[min(i + 1, k - 1)])
-
-    a, b = nth(lo), nth(hi)
-    return a + (at - lo) * (b - a)
+        if len(judged) > 64:  # one value of many barely moves a quantile
+            noise = float(np.quantile(shares, q))
+            for x in judged:
+                x.noise = noise
+            continue
+        for j, x in enumerate(judged):
+            x.noise = float(np.quantile(np.delete(shares, j), q))
 
 
 def _others_median(med: np.ndarray) -> np.ndarray:
