@@ -67,13 +67,7 @@ class EngineConfig:
     """C4D_SLOW_OPS_SHARE: a slow unit has at least this share of its ops below slow_bw_ratio x its
     reference (not a median a few stretched transfers pulled down)."""
     slow_clear_ops_share: float = 0.2
-    """C4D_SLOW_CLEAR_OPS_SHARE: a unit with more of its ops that slow is not clear evidence,
-    unless its siblings show as many (slow_clear_sibling_quantile)."""
-    slow_clear_sibling_quantile: float = 0.75
-    """C4D_SLOW_CLEAR_SIBLING_QUANTILE: a unit judged against siblings (at least three others) may
-    have as many ops below the line as this quantile of the others have and still be clear: small
-    transfers inside a node are noisy in every unit of their shape, and a unit like its healthy
-    siblings is evidence against a fault that would have to slow it."""
+    """C4D_SLOW_CLEAR_OPS_SHARE: a unit with more of its ops that slow is not clear evidence."""
     slow_p2p_min_ops_factor: int = 2
     """C4D_SLOW_P2P_MIN_OPS_FACTOR: a p2p link needs this many times slow_min_ops transfers (its
     rates are noisier than a collective's)."""

@@ -485,7 +485,6 @@ class SlowJudge:
                 for x in (u, *also.get(id(u), ())):
                     q = self.baseline.setdefault(x.base_key, deque(maxlen=cfg.slow_baseline_windows))
                     q.append(x.bw)
-        _sibling_noise(sib.values(), cfg.slow_bw_ratio, cfg.slow_clear_sibling_quantile)
         now_units: dict[tuple, _Unit] = {}  # per key, the worse direction of a p2p link
         for u in units:
             x = now_units.get(u.key)
@@ -923,23 +922,6 @@ def _col_nanmedian(a: np.ndarray) -> np.ndarray:
     return row_nanmedian(np.ascontiguousarray(a.T))
 
 
-def _sibling_noise(groups, bw_ratio: float, q: float) -> None:
-    """Each unit judged against three or more siblings: ``q``-quantile of the share of ops below
-    the line that those siblings show (``_Unit.noise``); a large group's own quantile."""
-    for group in groups:
-        judged = [x for x in group if x.compared == "siblings"]
-        if len(judged) < 4:
-            continue
-        shares = np.array([x.slow_share(bw_ratio) for x in judged])
-        if len(judged) > 64:  # one value of many barely moves a quantile
-            noise = float(np.quantile(shares, q))
-            for x in judged:
-                x.noise = noise
-            continue
-        for j, x in enumerate(judged):
-            x.noise = float(np.quantile(np.delete(shares, j), q))
-
-
 def _others_median(med: np.ndarray) -> np.ndarray:
     """For each entry, the median of the other entries (NaN ignored)."""
     n = len(med)
@@ -995,7 +977,6 @@ class _Unit:
     compared: str = ""
     shared: float = 1.0
     expected: float | None = None  # busbw its link class reaches at its size (expected.py)
-    noise: float = 0.0  # share of ops below the line its siblings show (_sibling_noise)
 
     def reference(self) -> float | None:
         if self.compared == "expected":
@@ -1012,12 +993,11 @@ class _Unit:
         return _share(self.below(bw_ratio)) if self.reference() else 0.0
 
     def clear(self, bw_ratio: float, max_slow_share: float) -> bool:
-        """Not slow, and at most ``max_slow_share`` of its ops below ``bw_ratio`` x the reference
-        (or as many as its siblings show: ``noise``)."""
+        """Not slow, and at most ``max_slow_share`` of its ops below ``bw_ratio`` x the reference."""
         if self.ratio is not None and self.ratio < bw_ratio:
             return False
         ref = self.reference()
-        return ref is None or _share(self.bws < bw_ratio * ref) <= max(max_slow_share, self.noise)
+        return ref is None or _share(self.bws < bw_ratio * ref) <= max_slow_share
 
 
 __all__ = ["COMPLETED", "SlowFinding", "SlowJudge"]

@@ -52,13 +52,6 @@ CASES: dict[str, scenarios.Scenario] = {
     # the most frequent alone flipped to the one without a baseline in the first slowed window,
     # which then became its baseline (c4d/engine/slow.py: _main)
     "comm-slow-two-sizes": Sc(4, 1, 4, 1, "comm-slow@rank=2,step=120,factor=4", steps=350),
-    # job 92 of `evaluate.py --random 200 --seed 310`: the TP pairs' small transfers inside the
-    # nodes are noisy (a quarter of every pair's ops below the line), so under a fixed share no
-    # pair was clear and the slow link's ends stayed suspects; as noisy as their siblings, the
-    # pairs are clear and the link is named (slow.py, _sibling_noise)
-    "comm-slow-link-noisy-tp": Sc(
-        32, 4, 2, 1, "comm-slow@link=27-29,step=28,factor=5.08", steps=103, clock_skew=0.087, seed=310092
-    ),
 }
 
 
