@@ -285,13 +285,12 @@ def report(results: list[JobResult], con: Console, title: str) -> dict:
         loc = len(exact) / len(about) if about else math.nan
         loc_node = len(node) / len(about) if about else math.nan
         # per fault found: is the last diagnosis about it exact (its incident's final verdict)
-        final = [_final_exact(r, i) for r in results for i, f in enumerate(r.faults)
-                 if f.found and f.expect.kind == kind]  # fmt: skip
+        ends = [(r, i) for r in results for i, f in enumerate(r.faults) if f.found and f.expect.kind == kind]
+        final = [_final_exact(r, i) for r, i in ends]
         fin = sum(final) / len(final) if final else math.nan
         # the same, counting one that lists the fault among the hypotheses nothing observable
         # tells from the one it names (its basis says so: "/equivalent")
-        equiv = [_final_exact(r, i, True) for r in results for i, f in enumerate(r.faults)
-                 if f.found and f.expect.kind == kind]  # fmt: skip
+        equiv = [_final_exact(r, i, True) for r, i in ends]
         fin_eq = sum(equiv) / len(equiv) if equiv else math.nan
         if equiv:
             eq.append(f"{kind} {sum(equiv)}/{len(equiv)}")

@@ -181,8 +181,7 @@ def test_a_chunk_with_more_ops_than_ring_slots_matches_one_at_a_time(monkeypatch
 def test_communicators_on_one_host_clock_share_a_reduce_group(monkeypatch):
     """A job on one node (or an import whose hosts are unknown: every rank on "?") has nothing
     to refine: each communicator's step is zero. A chunk takes one reduce_group per
-    communicator size (once, under the clock refinement's Gauss-Seidel order, every
-    communicator wrote node 0 and took a reduce_group of its own)."""
+    communicator size."""
     from c4d.engine import reduce as reduce_mod
 
     calls: list[int] = []

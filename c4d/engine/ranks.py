@@ -94,9 +94,9 @@ class RankTable:
         """End-time consensus step: per-rank residuals, averaged per node (a host moves as one).
         The domains of ``g`` become (or stay) one island. (One communicator's step at once:
         Comm._reduce; a chunk's steps together are reduce.apply_steps's.)"""
+        self.join_islands(g)
         nd = self.node[g]
         has = nd >= 0
-        self._merge(nd[has], g[~has])
         if has.any():
             k = len(self.node_names)
             s = np.bincount(nd[has], weights=res[has], minlength=k)

@@ -245,15 +245,12 @@ def apply_steps(steps: Sequence[Step], ranks: RankTable, gain: float) -> None:
 
     Each step measured the same offset error e from the same starting offsets and moves the
     domain by ``gain`` x e. Their sum would move a node in k data-parallel groups by k x gain
-    x e, past the truth for k x gain > 1 (further from it each chunk for k x gain > 2: 16
-    groups through a node at gain 0.25 diverged to seconds). Their mean alone moves it by gain
-    x e a chunk whatever k, where applying the k steps one after the other (each reading the
-    offsets the previous left: Gauss-Seidel order, the engine's before the steps could be
-    deferred) leaves (1 - gain)^k of it (on a 256-rank job with 8 groups through each node,
-    the plain mean left 8.2 ms of largest offset error at 0.6 s of job time, against 3.6 ms).
-    Scaled, the mean moves it by e x (1 - (1 - gain)^k): the same contraction as one after
-    the other, and never past e (docs/engine-shards.md: the measured table, and where the
-    steps disagree).
+    x e, past the truth for k x gain > 1 (further from it each chunk for k x gain > 2). Their
+    mean alone moves it by gain x e a chunk whatever k, where applying the k steps one after the
+    other (each reading the offsets the previous left: Gauss-Seidel order) leaves (1 - gain)^k
+    of it. Scaled, the mean moves it by e x (1 - (1 - gain)^k): the same contraction as one
+    after the other, and never past e (docs/engine-shards.md: the measured errors, and where
+    the steps disagree).
     A step whose members share one host clock is zero (``reduce_group``): it only marks its
     node refined, and is not one of the k."""
     if not steps:

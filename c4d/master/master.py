@@ -295,17 +295,12 @@ class Master:
                 continue
             d = ev.diagnosis
             level = getattr(logging, d.level.name, logging.WARNING)
+            what = ""  # opened or escalated: the report itself (the logger adds the level)
             if ev.change is Change.resumed:
-                log.log(
-                    level, "#%d resumed (its reports were late): %s", inc.id, d.summary().split(" ", 1)[-1]
-                )
-                continue
-            if ev.change is Change.revised:
-                log.log(
-                    level, "#%d revised (%s): %s", inc.id, inc.revisions[-1], d.summary().split(" ", 1)[-1]
-                )
-                continue
-            log.log(level, "#%d %s", inc.id, d.summary().split(" ", 1)[-1])  # the logger prints the level
+                what = " resumed (its reports were late):"
+            elif ev.change is Change.revised:
+                what = f" revised ({inc.revisions[-1]}):"
+            log.log(level, "#%d%s %s", inc.id, what, d.summary().split(" ", 1)[-1])
 
     def drain(self, budget_s: float = 1.0) -> None:
         """Before stopping: take what already arrived (polls that wait for nothing, until one
