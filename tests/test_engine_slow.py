@@ -388,45 +388,6 @@ def test_a_culprit_named_from_the_same_unit_is_revised_when_its_next_window_cont
     assert node0 in v.contradicted
 
 
-def test_a_link_whose_ends_tp_pairs_are_fair_is_the_link_not_suspects_forever():
-    """Seed 310 job 92 (32 ranks, 4 a node, TP pairs inside nodes, link 27-29 slowed 5x), in
-    small: ring (1, 3, 5, 7) is slow, PEER says 3 -> 5 set its pace. Rank 3, rank 5 and link 3-5
-    explain it alike; the ends' TP pairs would tell, but their small transfers inside a node put
-    a quarter of their ops below the line in every window, so they were never clear and the
-    verdict stayed suspects. Their medians at the reference (``fair``) are evidence the ranks'
-    transfers are not slowed all window long: the link is named. A TP pair slow too names its rank."""
-    from c4d.engine import blame
-
-    node_of = {r: r // 4 for r in range(8)}
-    ring = _unit(("c", 0), (1, 3, 5, 7), "slow", node_of)
-    other = _unit(("c", 1), (0, 2, 4, 6), "clear", node_of)
-    peers = [blame.UnitShape(("peer", 0, a, b), frozenset({blame.link_of(a, b)}),
-                             frozenset({blame.link_of(a, b)}), frozenset({blame.link_of(a, b)}),
-                             "slow" if a == 3 else "clear", 0.0, "peer")
-             for a, b in ((3, 5), (7, 1))]  # fmt: skip
-    cands = [blame.Hyp(rank=r) for r in (1, 3, 5, 7)] + [blame.Hyp(link=(3, 5)), blame.Hyp(link=(1, 7))]
-    cands += [blame.Hyp(node=0, node_ranks=(0, 1, 2, 3)), blame.Hyp(node=1, node_ranks=(4, 5, 6, 7))]
-    lik = _lik()
-
-    def verdict(pair_states):
-        pairs = []
-        for (a, b), st in zip(((0, 1), (2, 3), (4, 5), (6, 7)), pair_states, strict=True):
-            u = _unit(("c", 2 + a), (a, b), st, node_of)
-            u.can_be_fair = True
-            pairs.append(u)
-        for u in (ring, other):
-            u.can_be_fair = True
-        return blame.decide(cands, [ring, other, *peers, *pairs], lik)
-
-    unknown = verdict(("clear", "unknown", "unknown", "clear"))
-    assert unknown.hyp is None and unknown.refine == "undecided"
-    fair = verdict(("clear", "fair", "fair", "clear"))
-    assert fair.hyp == blame.Hyp(link=(3, 5)) and fair.refine == "", fair
-    assert {blame.Hyp(rank=3), blame.Hyp(rank=5)} <= set(fair.scores)
-    slow_end = verdict(("clear", "fair", "slow", "clear"))
-    assert slow_end.hyp == blame.Hyp(rank=5), slow_end
-
-
 def test_a_rank_and_one_of_its_links_named_in_the_same_window_are_one_finding():
     """CI flake (8 ranks, tp 2, comm-slow at rank 7): in one window the dp ring's unit was
     judged link 1-7 before the tp unit named rank 7, and the link became a second finding."""

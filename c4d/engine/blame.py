@@ -17,17 +17,12 @@ otherwise). A hypothesis *predicts* each unit:
 * ``hidden`` — it slows only links that do not set the unit's pace: the unit may or may not;
 * ``clear`` — it touches none of the unit's links.
 
-A unit's judged state is ``slow`` (or stalled), ``degraded``, ``clear``, ``fair`` or unknown;
-an unknown unit (not judged in this window, or a transfer inside a node, which NCCL does not
-report) is not evidence either way. ``fair`` is weak evidence of clear: the unit's median is
-at its reference, but more of its ops fall below the slow line than a clear unit's (small
-transfers inside a node jitter so, window after window); a fault that slows the unit for the
-whole window cannot leave its median there.
-
-The score of a hypothesis is the log-likelihood of the judged states under its predictions
-(``Likelihoods``: the chance of each state given each prediction, one documented table in
-``EngineConfig``), the posterior its share of the candidates' likelihoods (uniform prior per
-fault). Culprits named in the last windows are part of every hypothesis
+A unit's judged state is ``slow`` (or stalled), ``degraded``, ``clear`` or unknown; an unknown
+unit (not judged in this window, or a transfer inside a node, which NCCL does not report) is
+not evidence either way. The score of a hypothesis is the log-likelihood of the judged states
+under its predictions (``Likelihoods``: the chance of each state given each prediction, one
+documented table in ``EngineConfig``), the posterior its share of the candidates' likelihoods
+(uniform prior per fault). Culprits named in the last windows are part of every hypothesis
 (explaining away): a unit such a culprit affects is predicted affected whatever the candidate,
 and a candidate that is not one of them, nor includes one, pays the prior of a second fault.
 
@@ -53,9 +48,7 @@ from dataclasses import dataclass, field
 Link = tuple[int, int]
 
 AFFECTED, HIDDEN, CLEAR = "affected", "hidden", "clear"
-_PREDS = (AFFECTED, HIDDEN, CLEAR)
-STATES = ("slow", "degraded", "clear", "fair")
-CLEAN = ("clear", "fair")  # states that are evidence of no fault
+STATES = ("slow", "degraded", "clear")
 
 
 @dataclass(frozen=True, order=True)
@@ -111,7 +104,6 @@ class UnitShape:
     state: str = "unknown"  # slow | degraded | clear | unknown
     ratio: float = 1.0  # bandwidth / reference (slow units); progress (PEER links)
     source: str = "unit"  # what measured it: unit | peer | p2p (the verdict's ``how``)
-    can_be_fair: bool = False  # judged by its ops' share below a line (the slow judge's units)
     sib_pacing: tuple[frozenset[Link], ...] = ()
     """Judged against siblings (units of its shape in the same window): the pacing links of
     its sibling group, its own ``sib_self`` entries among them (one tuple the group shares: a
@@ -167,17 +159,10 @@ class Likelihoods:
     fault_prior: float
     """log prior odds of one more fault: a hypothesis that needs a fault beside the culprits
     already named pays it once per fault that none of the others includes."""
-    fair: tuple[float, float, float] = (0.0, 0.0, 0.0)
-    """P(fair | affected, hidden, clear) of a unit that can be judged fair (``UnitShape.can_be_fair``);
-    the other states' chances are then the triples above times 1 - that."""
 
-    def log(self, pred: str, state: str, can_be_fair: bool = False) -> float:
-        k = _PREDS.index(pred)
-        row = (self.affected, self.hidden, self.clear)[k]
-        if state == "fair":
-            return math.log(self.fair[k])
-        p = row[STATES.index(state)]
-        return math.log(p * (1.0 - self.fair[k]) if can_be_fair else p)
+    def log(self, pred: str, state: str) -> float:
+        row = {AFFECTED: self.affected, HIDDEN: self.hidden, CLEAR: self.clear}[pred]
+        return math.log(row[STATES.index(state)])
 
 
 @dataclass
@@ -208,10 +193,10 @@ def score(
         if u.state not in STATES:
             continue
         pred = predict(with_named, u)
-        total += lik.log(pred, u.state, u.can_be_fair)
+        total += lik.log(pred, u.state)
         if u.state == "clear" and predict((h,), u) == AFFECTED:
             bad = True
-        if u.state not in CLEAN and predict((h,), u) != CLEAR:
+        if u.state != "clear" and predict((h,), u) != CLEAR:
             support += 1
     return total, bad, support
 
@@ -261,7 +246,7 @@ def decide(
     if any(_tells(a, b, u, named) for u in unjudged for a, b in pairs):
         return Verdict(None, ranks, 0.0, top[0], "undecided", tuple(top), (), contradicted, 0, sc)
     # a judged unit that would tell them apart but for a named culprit that slows it too
-    masked = any(_tells(a, b, u, ()) for u in judged if u.state not in CLEAN for a, b in pairs)
+    masked = any(_tells(a, b, u, ()) for u in judged if u.state != "clear" for a, b in pairs)
     small = [h for h in top if all(_within(h, o) for o in top)]
     if small:
         h = small[0]

@@ -109,11 +109,6 @@ class EngineConfig:
     """The same for a unit it touches only through links that do not set its pace."""
     model_clear: tuple[float, float, float] = (0.03, 0.10, 0.87)
     """The same for a unit it does not touch (another fault, or noise, slows it)."""
-    model_fair: tuple[float, float, float] = (0.03, 0.20, 0.15)
-    """P(fair) of a slow-judge unit (its median at the reference, more than
-    slow_clear_ops_share of its ops below the slow line) the hypothesis must slow, touches
-    only through links that do not set its pace, does not touch: a fault that slows the unit
-    all window long leaves its median below the line; a noisy healthy unit is fair often."""
     model_tie: float = 0.7
     """Hypotheses within this log-likelihood of the best are not told apart."""
     model_memory: float = 0.5
@@ -132,12 +127,7 @@ class EngineConfig:
 
     def likelihoods(self) -> Likelihoods:
         return Likelihoods(
-            self.model_affected,
-            self.model_hidden,
-            self.model_clear,
-            self.model_tie,
-            self.model_fault_prior,
-            self.model_fair,
+            self.model_affected, self.model_hidden, self.model_clear, self.model_tie, self.model_fault_prior
         )
 
     def resolve(self, job: dict[str, int]) -> ResolvedThresholds:

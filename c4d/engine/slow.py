@@ -500,10 +500,9 @@ class SlowJudge:
             if u.ratio is not None:
                 if u.ratio < cfg.slow_degraded_ratio:
                     st = "degraded"
-                elif u.ratio >= cfg.slow_clear_ratio:
-                    st = "clear" if u.clear(cfg.slow_bw_ratio, cfg.slow_clear_ops_share) else "fair"
+                elif u.ratio >= cfg.slow_clear_ratio and u.clear(cfg.slow_bw_ratio, cfg.slow_clear_ops_share):
+                    st = "clear"
             sh = blame.shape(key, u.members, u.links, node_of)
-            sh.can_be_fair = True
             sh.state = "slow" if key in slow else st
             sh.ratio = u.ratio if u.ratio is not None else 1.0
             shapes[key] = sh
@@ -520,8 +519,7 @@ class SlowJudge:
         for key, w0 in self.slow_units.items():
             if w0 == w - 1 and key not in shapes and key in self.unit_shapes:
                 prev = self.unit_shapes[key]
-                shapes[key] = blame.UnitShape(key, prev.members, prev.links, prev.pacing, "slow", prev.ratio,
-                                              can_be_fair=prev.can_be_fair)  # fmt: skip
+                shapes[key] = blame.UnitShape(key, prev.members, prev.links, prev.pacing, "slow", prev.ratio)
         for key in slow:
             self.slow_units[key] = w
         self.unit_shapes.update(shapes)
