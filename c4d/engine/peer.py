@@ -195,6 +195,28 @@ def pace_setters(c: Comm, seqs: np.ndarray) -> tuple[dict[tuple[int, int], int],
     return counts, len(useq), seen
 
 
+def link_wire(c: Comm, seqs: np.ndarray) -> dict[tuple[int, int], tuple[float, int]]:
+    """Per directed link (comm ranks) over the finished ops ``seqs``: the median time its sender
+    took per step on the wire (``wire_ns`` / steps: SendWait -> step stop, the link's own pace,
+    not the ring's) and the number of ops it was measured in; links whose sender reported no
+    wire time are left out."""
+    tab = c.peer_table()
+    if not len(tab) or not len(seqs):
+        return {}
+    rows = tab[np.isin(tab["seq"].astype(np.int64), seqs) & (tab["done"] > 0) & (tab["steps_done"] > 0)]
+    rows = rows[(rows["direction"] == 0) & (rows["wire_ns"] > 0)]
+    if not len(rows):
+        return {}
+    rows = _latest_per_op(rows)
+    per_step = rows["wire_ns"].astype(np.float64) / rows["steps_done"]
+    key = rows["comm_rank"].astype(np.int64) * (1 << 32) + rows["peer"].astype(np.int64)
+    out: dict[tuple[int, int], tuple[float, int]] = {}
+    for k in np.unique(key).tolist():
+        m = key == k
+        out[(k >> 32, k & 0xFFFFFFFF)] = (float(np.median(per_step[m])), int(m.sum()))
+    return out
+
+
 def _latest_per_op(rows: np.ndarray) -> np.ndarray:
     order = np.lexsort((rows["time_ns"], rows["direction"], rows["peer"], rows["comm_rank"], rows["seq"]))
     r = rows[order]

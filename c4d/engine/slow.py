@@ -34,7 +34,7 @@ from c4d.engine.comm import Comm
 from c4d.engine.config import EngineConfig, ResolvedThresholds
 from c4d.engine.expected import link_class
 from c4d.engine.own_pace import OwnPace
-from c4d.engine.peer import pace_setters
+from c4d.engine.peer import link_wire, pace_setters
 from c4d.engine.pool import Pool
 from c4d.engine.ranks import RankTable
 from c4d.engine.rows import COMPLETED, cat, row_nanmedian, take
@@ -411,6 +411,23 @@ class SlowJudge:
             )  # fmt: skip
         return units
 
+    def _links_ratio(self, c: Comm, u: _Unit, ranks: RankTable) -> float | None:
+        """A collective unit's network links against each other in this window: the median of
+        the others' per-step wire times over the slowest one's (below 1: that link is slower);
+        None without two network links measured in ``slow_min_ops`` ops each."""
+        if u.ops is None or u.link is not None:
+            return None
+        node = ranks.node
+        net = []
+        for (a, b), (t, n) in link_wire(c, u.ops["seq"]).items():
+            ga, gb = int(c.grank[a]), int(c.grank[b])
+            if n >= self.cfg.slow_min_ops and ga >= 0 and gb >= 0 and node[ga] != node[gb]:
+                net.append(t)
+        if len(net) < 2 or max(net) <= 0:
+            return None
+        net.sort()
+        return float(_median(net[:-1])) / net[-1]
+
     def _expected_at(self, span: int, op: int, nbytes: int, n: int) -> float | None:
         if self.expected is None:
             return None
@@ -466,6 +483,11 @@ class SlowJudge:
                 # no clean past of its own (slow from the first step, or too new): the busbw
                 # healthy communicators of its link class reach at its size
                 u.ratio, u.compared = u.bw / u.expected, "expected"
+            elif (lk := self._links_ratio(comms[u.comm], u, ranks)) is not None and lk < cfg.slow_bw_ratio:
+                # no siblings, no expected busbw: a ring one of whose network links moves its
+                # steps far slower than its other network links goes at that link's pace (its
+                # own past is no reference when the fault was there from its first step)
+                u.ratio, u.compared, u.link_ref = lk, "network links", u.bw / lk
             elif u.own_ref:
                 u.ratio, u.compared = u.bw / u.own_ref / max(shared, 1e-9), "own baseline"
             if u.ratio is not None and u.ratio < cfg.slow_degraded_ratio:
@@ -977,10 +999,13 @@ class _Unit:
     compared: str = ""
     shared: float = 1.0
     expected: float | None = None  # busbw its link class reaches at its size (expected.py)
+    link_ref: float | None = None  # busbw at its other network links' pace (SlowJudge._links_ratio)
 
     def reference(self) -> float | None:
         if self.compared == "expected":
             return self.expected
+        if self.compared == "network links":
+            return self.link_ref
         return self.sib_ref or (self.own_ref * self.shared if self.own_ref else None)
 
     def below(self, bw_ratio: float) -> np.ndarray:
