@@ -414,8 +414,9 @@ class SlowJudge:
     def _links_ratio(self, c: Comm, u: _Unit, ranks: RankTable) -> float | None:
         """A collective unit's network links against each other in this window: the median of
         the others' per-step wire times over the slowest one's (below 1: that link is slower);
-        None without two network links measured in ``slow_min_ops`` ops each."""
-        if u.ops is None or u.link is not None:
+        None without two network links measured in ``slow_min_ops`` ops each, or for a unit that
+        has siblings (siblings that are no reference leave it to its own past, as before)."""
+        if u.ops is None or u.link is not None or not u.alone:
             return None
         node = ranks.node
         net = []
@@ -464,6 +465,7 @@ class SlowJudge:
                 refs = [float(_median(np.delete(bw, j))) for j in range(len(bw))]
             for member, ref in zip(group, refs, strict=True):
                 member.sib_ref = ref if len(group) > 1 else None
+                member.alone = len(group) == 1
         for u in units:
             q = self.baseline.get(u.base_key)
             u.own_ref = float(_median(q)) if q else None
@@ -1000,6 +1002,7 @@ class _Unit:
     shared: float = 1.0
     expected: float | None = None  # busbw its link class reaches at its size (expected.py)
     link_ref: float | None = None  # busbw at its other network links' pace (SlowJudge._links_ratio)
+    alone: bool = False  # no unit of its shape in the window (not: its siblings were no reference)
 
     def reference(self) -> float | None:
         if self.compared == "expected":
