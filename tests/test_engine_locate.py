@@ -137,7 +137,7 @@ def test_a_ring_slow_from_the_first_step_with_no_siblings_is_judged_against_its_
     """One DP ring of 8 (tp=1), rank 4 slowed from step 0: its network link 3 -> 4 sets the
     ring's pace. No communicator of its shape to compare with, and its own past is the fault's;
     but its other network link, 7 -> 0, moves its steps at the network's pace (PEER wire times):
-    against that the ring is slow (seed 313 job 4 was found by nothing). Rank 4's other link,
+    against that the ring is slow. Rank 4's other link,
     inside node 1, is not observed: the link and its ends are named, not told apart."""
     run = run_cached(_job(tp=1, dp=8, faults=[Fault("comm-slow", rank=4, step=0, factor=3.0)]))
     ds = run.diagnoses

@@ -163,10 +163,8 @@ def pace_setters(c: Comm, seqs: np.ndarray) -> tuple[dict[tuple[int, int], int],
     numbers in it. Returns the counts, the number of ops that had PEER rows and every
     directed link seen in them.
     """
-    tab = c.peer_table()
-    if not len(tab) or not len(seqs):
-        return {}, 0, set()
-    rows = tab[np.isin(tab["seq"].astype(np.int64), seqs) & (tab["done"] > 0) & (tab["steps_total"] > 0)]
+    rows = _finished(c, seqs)
+    rows = rows[rows["steps_total"] > 0]
     if len(rows) < 2:
         return {}, 0, set()
     rows = _latest_per_op(rows)
@@ -200,11 +198,8 @@ def link_wire(c: Comm, seqs: np.ndarray) -> dict[tuple[int, int], tuple[float, i
     took per step on the wire (``wire_ns`` / steps: SendWait -> step stop, the link's own pace,
     not the ring's) and the number of ops it was measured in; links whose sender reported no
     wire time are left out."""
-    tab = c.peer_table()
-    if not len(tab) or not len(seqs):
-        return {}
-    rows = tab[np.isin(tab["seq"].astype(np.int64), seqs) & (tab["done"] > 0) & (tab["steps_done"] > 0)]
-    rows = rows[(rows["direction"] == 0) & (rows["wire_ns"] > 0)]
+    rows = _finished(c, seqs)
+    rows = rows[(rows["steps_done"] > 0) & (rows["direction"] == 0) & (rows["wire_ns"] > 0)]
     if not len(rows):
         return {}
     rows = _latest_per_op(rows)
@@ -215,6 +210,14 @@ def link_wire(c: Comm, seqs: np.ndarray) -> dict[tuple[int, int], tuple[float, i
         m = key == k
         out[(k >> 32, k & 0xFFFFFFFF)] = (float(np.median(per_step[m])), int(m.sum()))
     return out
+
+
+def _finished(c: Comm, seqs: np.ndarray) -> np.ndarray:
+    """The PEER rows of ``c`` that finished a transfer of one of the ops ``seqs``."""
+    tab = c.peer_table()
+    if not len(tab) or not len(seqs):
+        return tab[:0]
+    return tab[np.isin(tab["seq"].astype(np.int64), seqs) & (tab["done"] > 0)]
 
 
 def _latest_per_op(rows: np.ndarray) -> np.ndarray:

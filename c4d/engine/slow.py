@@ -424,7 +424,7 @@ class SlowJudge:
             ga, gb = int(c.grank[a]), int(c.grank[b])
             if n >= self.cfg.slow_min_ops and ga >= 0 and gb >= 0 and node[ga] != node[gb]:
                 net.append(t)
-        if len(net) < 2 or max(net) <= 0:
+        if len(net) < 2:  # each a median of positive wire times (link_wire)
             return None
         net.sort()
         return float(_median(net[:-1])) / net[-1]
@@ -1024,8 +1024,7 @@ class _Unit:
         """Not slow, and at most ``max_slow_share`` of its ops below ``bw_ratio`` x the reference."""
         if self.ratio is not None and self.ratio < bw_ratio:
             return False
-        ref = self.reference()
-        return ref is None or _share(self.bws < bw_ratio * ref) <= max_slow_share
+        return self.slow_share(bw_ratio) <= max_slow_share  # 0 without a reference
 
 
 __all__ = ["COMPLETED", "SlowFinding", "SlowJudge"]
