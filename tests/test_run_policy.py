@@ -303,7 +303,11 @@ buf = (ctypes.c_float * 16)()
 assert g.ncclAllReduce(buf, buf, 16, 7, 0, comm, s) == 0 and g.cudaStreamSynchronize(s) == 0
 print("rank", os.environ["RANK"], "trained", flush=True)
 if os.environ["RANK"] == "1":
+    open("rank1.trained", "w").close()
     time.sleep(600)  # never follows rank 0 out
+deadline = time.monotonic() + 60  # rank 0 leaves only once rank 1 is past its collective too:
+while not os.path.exists("rank1.trained") and time.monotonic() < deadline:  # a slow start of
+    time.sleep(0.01)  # rank 1 on a busy host must not end the attempt before it trained
 assert g.ncclCommDestroy(comm) == 0
 """
 
