@@ -154,6 +154,20 @@ def test_the_network_links_find_nothing_on_a_healthy_ring():
     assert not run.diagnoses, _said(run)
 
 
+def test_rings_whose_siblings_fell_alike_are_judged_against_their_own_past_not_their_network_links():
+    """Both DP rings slowed on one network link each (2 -> 4, 3 -> 5) from step 40: each ring's
+    sibling fell as far, so each is judged against its own clean past. Their other network links
+    (6 -> 0, 7 -> 1) would say the same, but only a ring with no sibling at all is compared with
+    them (a broader rule named noise in the random benchmark): the reference stays its past."""
+    faults = [Fault("comm-slow", link=lk, step=40, factor=3.0) for lk in ((2, 4), (3, 5))]
+    run = run_cached(_job(faults=faults))
+    ds = run.diagnoses
+    assert ds and {d.kind for d in ds} == {DiagKind.RankCommSlow}, _said(run)
+    assert {d.detail["compared_with"] for d in ds} == {"own baseline"}, _said(run)
+    last = {tuple(sorted(d.localization.link or ())) for d in ds[-2:]}
+    assert last == {(2, 4), (3, 5)}, _said(run)
+
+
 def test_a_ring_slow_from_the_first_step_with_no_siblings_is_judged_against_the_expected_busbw():
     """The same ring against the busbw healthy rings reach (C4D_EXPECTED_BUSBW), which comes
     first when given."""

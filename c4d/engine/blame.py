@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 Link = tuple[int, int]
 
 AFFECTED, HIDDEN, CLEAR = "affected", "hidden", "clear"
-STATES = ("slow", "degraded", "clear")
+STATES = ("slow", "degraded", "clear", "dim")  # dim: between the degraded and the clear lines
 
 
 @dataclass(frozen=True, order=True)
@@ -159,10 +159,16 @@ class Likelihoods:
     fault_prior: float
     """log prior odds of one more fault: a hypothesis that needs a fault beside the culprits
     already named pays it once per fault that none of the others includes."""
+    dim: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    """P(dim) per prediction (affected, hidden, clear); the rows above are given not dim (the
+    hang judge's units are never dim)."""
 
     def log(self, pred: str, state: str) -> float:
-        row = {AFFECTED: self.affected, HIDDEN: self.hidden, CLEAR: self.clear}[pred]
-        return math.log(row[STATES.index(state)])
+        i = (AFFECTED, HIDDEN, CLEAR).index(pred)
+        if state == "dim":
+            return math.log(self.dim[i])
+        row = (self.affected, self.hidden, self.clear)[i]
+        return math.log((1.0 - self.dim[i]) * row[STATES.index(state)])
 
 
 @dataclass
@@ -196,7 +202,7 @@ def score(
         total += lik.log(pred, u.state)
         if u.state == "clear" and predict((h,), u) == AFFECTED:
             bad = True
-        if u.state != "clear" and predict((h,), u) != CLEAR:
+        if u.state in ("slow", "degraded") and predict((h,), u) != CLEAR:
             support += 1
     return total, bad, support
 

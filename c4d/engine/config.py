@@ -109,6 +109,13 @@ class EngineConfig:
     """The same for a unit it touches only through links that do not set its pace."""
     model_clear: tuple[float, float, float] = (0.03, 0.10, 0.87)
     """The same for a unit it does not touch (another fault, or noise, slows it)."""
+    model_dim: tuple[float, float, float] = (0.08, 0.15, 0.08)
+    """P(dim) of a unit per prediction (affected, hidden, clear): below the clear line but above
+    the degraded one (between slow_degraded_ratio and slow_clear_ratio); the rows above are the
+    chances of the other states given that it is not dim. A fault worth finding puts the units
+    whose pace it sets below the degraded line, so a dim unit is noise as often under it as
+    under none (affected = clear: their odds on the other states stay as they were); a fault
+    on links that do not set a unit's pace slows it a little (hidden)."""
     model_tie: float = 0.7
     """Hypotheses within this log-likelihood of the best are not told apart."""
     model_memory: float = 0.5
@@ -127,7 +134,12 @@ class EngineConfig:
 
     def likelihoods(self) -> Likelihoods:
         return Likelihoods(
-            self.model_affected, self.model_hidden, self.model_clear, self.model_tie, self.model_fault_prior
+            self.model_affected,
+            self.model_hidden,
+            self.model_clear,
+            self.model_tie,
+            self.model_fault_prior,
+            self.model_dim,
         )
 
     def resolve(self, job: dict[str, int]) -> ResolvedThresholds:

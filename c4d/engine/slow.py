@@ -524,7 +524,9 @@ class SlowJudge:
             if u.ratio is not None:
                 if u.ratio < cfg.slow_degraded_ratio:
                     st = "degraded"
-                elif u.ratio >= cfg.slow_clear_ratio and u.clear(cfg.slow_bw_ratio, cfg.slow_clear_ops_share):
+                elif u.ratio < cfg.slow_clear_ratio:
+                    st = "dim"  # measured between the lines: weak evidence, not a unit to wait for
+                elif u.clear(cfg.slow_bw_ratio, cfg.slow_clear_ops_share):
                     st = "clear"
             sh = blame.shape(key, u.members, u.links, node_of)
             sh.state = "slow" if key in slow else st

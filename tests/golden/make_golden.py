@@ -52,6 +52,13 @@ CASES: dict[str, scenarios.Scenario] = {
     # the most frequent alone flipped to the one without a baseline in the first slowed window,
     # which then became its baseline (c4d/engine/slow.py: _main)
     "comm-slow-two-sizes": Sc(4, 1, 4, 1, "comm-slow@rank=2,step=120,factor=4", steps=350),
+    # the random benchmark's seed 313, job 74: rank 10 slowed from step 0, a 2-stage pipeline;
+    # its p2p link to rank 4 is slow, its data-parallel ring (its links to 9 and 11 inside
+    # node 3) only between the degraded and clear lines: that "dim" ring tells rank 10 from
+    # link 4-10 (before it, the verdict waited for it as "undecided" to the job's end)
+    "comm-slow-rank-dim-ring": Sc(
+        12, 3, 1, 2, "comm-slow@rank=10,step=0,factor=4.76", steps=200, seed=313074
+    ),
 }
 
 
