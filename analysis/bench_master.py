@@ -179,11 +179,21 @@ def _rss_mib(pid: int | str = "self") -> tuple[float, float]:
 
 def _master_rss_mib(m) -> tuple[float, float]:
     """The master's memory: its process's and its engine process's together (peaks summed)."""
-    cur, peak = _rss_mib()
+    parts = _rss_parts(m)
+    return sum(c for c, _ in parts.values()), sum(p for _, p in parts.values())
+
+
+def _rss_parts(m) -> dict[str, tuple[float, float]]:
+    """(current, peak) RSS of the master's loop and, if it has one, of its engine's process."""
+    out = {"loop": _rss_mib()}
     if (pid := _engine_pid(m)) is not None:
-        c2, p2 = _rss_mib(pid)
-        cur, peak = cur + c2, peak + p2
-    return cur, peak
+        out["engine"] = _rss_mib(pid)
+    return out
+
+
+def _peaks(m) -> dict[str, float]:
+    """Each process's peak RSS apart: which one holds the memory."""
+    return {f"{k}_peak_rss_mib": round(p, 1) for k, (_, p) in _rss_parts(m).items()}
 
 
 def _cpu(m=None) -> float:
@@ -260,6 +270,7 @@ def capacity(
         "sender_nice": prio.value,
         "master_rss_mib": round(rss, 1),
         "master_peak_rss_mib": round(peak, 1),
+        **_peaks(m),
         "dropped": m.edge.dropped,
         "failures": dict(m.ingest.failures),
     }
@@ -362,6 +373,7 @@ def paced(shape: Shape, agents: bool, seconds: float, hang_at_s: float, engine_p
         "master_cpu_share": round(cpu / seconds, 2),
         "master_rss_mib": round(rss, 1),
         "master_peak_rss_mib": round(peak, 1),
+        **_peaks(m),
         "hang_timeout_s": T,
         "hang_latency_s": round(lat, 3) if lat is not None else None,
         "hang_latency_beyond_T_s": round(lat - T, 3) if lat is not None else None,

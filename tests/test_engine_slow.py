@@ -322,7 +322,7 @@ def test_p2p_transfer_is_measured_only_where_the_lone_side_provably_arrived_last
 def _lik():
     from c4d.engine.config import EngineConfig
 
-    return EngineConfig().likelihoods()
+    return EngineConfig().likelihoods(dim=True)
 
 
 def _unit(key, members, state, node_of, links=None):

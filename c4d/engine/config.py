@@ -132,14 +132,16 @@ class EngineConfig:
     clock_gain: float = 0.25
     """C4D_CLOCK_GAIN: share of the per-rank median end-time residual applied per batch."""
 
-    def likelihoods(self) -> Likelihoods:
+    def likelihoods(self, dim: bool = False) -> Likelihoods:
+        """The model's error rates; ``dim`` for the slow judge, whose units can be dim (the hang
+        judge's are stalled or clear: no chance of dim to condition on)."""
         return Likelihoods(
             self.model_affected,
             self.model_hidden,
             self.model_clear,
             self.model_tie,
             self.model_fault_prior,
-            self.model_dim,
+            self.model_dim if dim else (0.0, 0.0, 0.0),
         )
 
     def resolve(self, job: dict[str, int]) -> ResolvedThresholds:

@@ -686,7 +686,7 @@ class SlowJudge:
         # node, its next windows show one link) revises it
         again = tuple(h for h in named if u.key in self.named_from.get(h, ()))
         others = tuple(h for h in named if h not in again)
-        v = blame.decide(cands, units, cfg.likelihoods(), others, later, past, again)
+        v = blame.decide(cands, units, cfg.likelihoods(dim=True), others, later, past, again)
         self.evidence.add(u.key, v, past)
         if v.contradicted:
             d["ruled_out"] = [h.name() for h in v.contradicted][:16]
