@@ -732,7 +732,7 @@ class SlowJudge:
             How.cross_comm: f"explains {v.support} slow or degraded units",
             How.p2p_pair: "is the slow p2p link",
             How.two_rank: "is the slow two-rank communicator",
-            How.exclusion: "is left when clear units rule out the others",
+            How.exclusion: f"is left when {_telling(v)} units rule out the others",
         }[how]
         text = f"{h.name()} {why}" + (f"; nothing visible tells it from {', '.join(alts)}" if alts else "")
         refine = "equivalent" if v.refine == "masked" else v.refine
@@ -889,6 +889,13 @@ def _how(h: blame.Hyp, v: blame.Verdict, u: _Unit) -> How:
             return How.p2p_pair
         return How.two_rank if len(u.members) == 2 else How.peer_progress
     return How.exclusion
+
+
+def _telling(v: blame.Verdict) -> str:
+    """The states of the units that told the named hypothesis from its runner-up: clear ones, or
+    dim ones (a ring slowed a little through links that do not set its pace)."""
+    states = [s for s in ("clear", "dim") if any(x.state == s for x in v.decisive)]
+    return " and ".join(states) or "clear"
 
 
 def _hyp_of(loc: Localization, ranks: RankTable) -> blame.Hyp | None:
