@@ -177,23 +177,17 @@ def _rss_mib(pid: int | str = "self") -> tuple[float, float]:
     return cur, peak
 
 
-def _master_rss_mib(m) -> tuple[float, float]:
-    """The master's memory: its process's and its engine process's together (peaks summed)."""
-    parts = _rss_parts(m)
-    return sum(c for c, _ in parts.values()), sum(p for _, p in parts.values())
-
-
-def _rss_parts(m) -> dict[str, tuple[float, float]]:
-    """(current, peak) RSS of the master's loop and, if it has one, of its engine's process."""
-    out = {"loop": _rss_mib()}
+def _rss(m) -> dict[str, float]:
+    """The master's memory, read once: its loop's process and its engine's process (if any)
+    together (peaks summed), and each one's peak apart (which one holds the memory)."""
+    parts = {"loop": _rss_mib()}
     if (pid := _engine_pid(m)) is not None:
-        out["engine"] = _rss_mib(pid)
-    return out
-
-
-def _peaks(m) -> dict[str, float]:
-    """Each process's peak RSS apart: which one holds the memory."""
-    return {f"{k}_peak_rss_mib": round(p, 1) for k, (_, p) in _rss_parts(m).items()}
+        parts["engine"] = _rss_mib(pid)
+    out = {
+        "master_rss_mib": round(sum(c for c, _ in parts.values()), 1),
+        "master_peak_rss_mib": round(sum(p for _, p in parts.values()), 1),
+    }
+    return out | {f"{k}_peak_rss_mib": round(p, 1) for k, (_, p) in parts.items()}
 
 
 def _cpu(m=None) -> float:
@@ -255,7 +249,6 @@ def capacity(
     n = m.collector.records
     job_rate = sent.value * shape.rate / rounds
     p.join(10)
-    rss, peak = _master_rss_mib(m)  # this process is the master alone (_fresh), its sender forked off
     out = {
         "ranks": shape.world,
         "agents": agents,
@@ -268,9 +261,7 @@ def capacity(
         "job_records_per_s": round(job_rate),  # what the job (its agents) sent
         **_cores(cpu, e0, e1, n, job_rate),
         "sender_nice": prio.value,
-        "master_rss_mib": round(rss, 1),
-        "master_peak_rss_mib": round(peak, 1),
-        **_peaks(m),
+        **_rss(m),  # this process is the master alone (_fresh), its sender forked off
         "dropped": m.edge.dropped,
         "failures": dict(m.ingest.failures),
     }
@@ -353,7 +344,6 @@ def paced(shape: Shape, agents: bool, seconds: float, hang_at_s: float, engine_p
     drain = time.perf_counter() - done
     cpu, e1 = _cpu(m) - c0, _engine_cpu(m)
     job_rate = sent.value * shape.rate / rounds
-    rss, peak = _master_rss_mib(m)
     hang_ns = t0 + k_h * shape.period_ns
     T = shape.hang_timeout_us / 1e6
     lat = (seen_ms - hang_ns) / 1e9 if seen_ms else None
@@ -371,9 +361,7 @@ def paced(shape: Shape, agents: bool, seconds: float, hang_at_s: float, engine_p
         "backlog_max_records": int(max(backlog)) if backlog else 0,
         "kept_up": drain < 1.0 and lag.value < 0.5,
         "master_cpu_share": round(cpu / seconds, 2),
-        "master_rss_mib": round(rss, 1),
-        "master_peak_rss_mib": round(peak, 1),
-        **_peaks(m),
+        **_rss(m),
         "hang_timeout_s": T,
         "hang_latency_s": round(lat, 3) if lat is not None else None,
         "hang_latency_beyond_T_s": round(lat - T, 3) if lat is not None else None,

@@ -879,7 +879,7 @@ def _how(h: blame.Hyp, v: blame.Verdict, u: _Unit) -> How:
     """Which evidence told the named hypothesis from the others (``Localization.how``): PEER pace
     setters; two or more slow units of a rank or node; one link nothing tells from its ends
     (a p2p link, a two-rank communicator, or a ring link whose ends' other links are invisible);
-    else clear units that ruled the others out."""
+    else clear (or dim) units that ruled the others out."""
     if any(x.source == "peer" for x in v.decisive) and v.refine not in ("equivalent", "masked"):
         return How.peer_progress
     if not h.is_link and v.support >= 2:

@@ -71,8 +71,9 @@ class How(enum.Enum):
     cross_comm = "cross-comm"
     """The one rank (or link) that the affected communicators and links have in common."""
     exclusion = "exclusion"
-    """One link is affected and every other communicator of both its ranks is clear: the link,
-    not a rank."""
+    """What is left when the units that tell it from the others (clear ones, or dim ones: a unit
+    slowed a little through links that do not set its pace) rule them out: one link whose ranks'
+    other communicators are clear is the link, not a rank."""
     cycle = "cycle"
     """Ranks blocked in each other's ops (CollectiveMismatch)."""
     heartbeat = "heartbeat"
