@@ -347,3 +347,35 @@ def test_node_worker_that_crashes_is_named_with_its_status(tmp_path):
     v = {v["node"]: v for v in report["nodes"]}
     assert v["node-b"]["reason"] == f"worker died: worker exited with status {faults.CRASH_STATUS}"
     assert all(v[n]["status"] == "ok" for n in ("node-a", "node-c", "node-d"))
+
+
+def test_the_worker_of_the_torchrun_agent_that_hosts_the_rendezvous_knows_it(tmp_path):
+    """The rank that must leave last finds its agent through /proc: a parent started with
+    ``--rdzv-endpoint host:PORT`` (or PET_RDZV_ENDPOINT) that listens on PORT. A real parent
+    process and child here, standing in for torchrun's agent and its worker."""
+    child = (
+        "import os; from c4d.check import multihost as m; a = os.getppid(); p = m.rendezvous_port(a); "
+        "print(p, m.listens_on(a, p) if p else None)"
+    )
+    parent = (
+        "import socket, subprocess, sys; s = socket.socket(); s.bind(('127.0.0.1', int(sys.argv[2]))); "
+        "s.listen() if sys.argv[3] == 'listen' else None; "
+        f"r = subprocess.run([sys.executable, '-c', {child!r}], capture_output=True, text=True); "
+        "print(r.stdout, end='')"
+    )
+    port = free_port()
+
+    def run(*args: str, env: dict | None = None) -> str:
+        env = {**os.environ, **(env or {})}
+        out = subprocess.run(
+            [sys.executable, "-c", parent, *args], capture_output=True, text=True, timeout=60, env=env
+        )
+        assert out.returncode == 0, out.stderr
+        return out.stdout.strip()
+
+    assert run("-", str(port), "listen") == "None None"  # no endpoint: not torchrun's agent
+    assert run("--rdzv-endpoint", str(port), "listen") == "29400 False"  # a host name: the default port
+    assert run(f"--rdzv-endpoint=127.0.0.1:{port}", str(port), "listen") == f"{port} True"
+    assert run(f"--rdzv_endpoint=127.0.0.1:{port}", str(port), "bound") == f"{port} False"  # not listening
+    assert run("-", str(port), "listen", env={"PET_RDZV_ENDPOINT": f"localhost:{port}"}) == f"{port} True"
+    assert run("-", str(port), "listen", env={"PET_RDZV_ENDPOINT": "localhost"}) == "29400 False"

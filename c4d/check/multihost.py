@@ -16,7 +16,12 @@ rank that never comes can be named instead of failing everyone.
 * Keys, under one prefix per run: ``config`` (rank 0's settings, so every host runs the same
   check), ``join/R`` (rank R's node name, host and pid, or why its worker did not start),
   ``hb/R`` and ``hb/coord`` (heartbeat counters), ``cmd/R/K`` and ``ans/R/K`` (the K-th command
-  to rank R and its answer), ``ack/R`` (rank R got its ``stop``).
+  to rank R and its answer), ``ack/R`` (rank R got its ``stop``), ``exit`` (rank 0 lets the ranks
+  that took their stop go: their list) and ``bye/R`` (rank R is leaving).
+* Under torchrun the agent that hosts the rendezvous leaves last: the other agents poll it until they
+  see their own worker exit, and one that loses it first fails on a connection error and kills a
+  worker that was about to leave with the check's status. Its worker (found through /proc: the
+  parent that listens on its ``--rdzv-endpoint`` port) waits for the others' ``bye`` and lingers.
 * A rank whose heartbeat stands still for ``lost_after_s`` is lost: named, and the rounds go on
   without it. A relay whose coordinator's heartbeat stands still gives up with one line.
 * Groups form on the same store under keys of their own (a ``PrefixStore`` per group, as
@@ -50,6 +55,9 @@ PREFIX = "c4d-check-nodes"
 POLL_S = 0.05
 HEARTBEAT_S = 0.5
 STOP_ACK_S = 15.0
+LEAVE_LAST_S = 2.0
+"""How long the rank whose torchrun agent hosts the store outlives the others' ``bye``: their
+agents see their workers' exit within ``--monitor-interval`` (0.1 s by default)."""
 
 
 class LaunchError(ValueError):
@@ -481,8 +489,7 @@ class Coordinator:
     def finish(self, report: NodesReport | None, exit_code: int) -> list[int]:
         """Send every rank its stop (the exit status, its node's verdict), wait for the live ones
         to be ready to exit, then let them all go at once; the ranks that never said they were
-        ready. Leaving together matters under torchrun: the agent that hosts the rendezvous
-        exits with its worker, and an agent whose worker still runs then fails on its own."""
+        ready. Leaving together matters under torchrun (see ``_leave``)."""
         verdicts = {v.node: v.to_json() for v in report.localization.verdicts} if report else {}
         names = report.nodes if report else ()
         for r in range(self.launch.world):
@@ -499,7 +506,9 @@ class Coordinator:
         while waiting and time.monotonic() < deadline:
             waiting = [r for r in waiting if not self.store.check([f"ack/{r}"])]
             time.sleep(POLL_S)
-        self.store.set("exit", "1")
+        leaving = [0, *(r for r in live if r not in waiting and self.store.check([f"ack/{r}"]))]
+        self.store.set("exit", json.dumps(leaving))
+        _leave(self.store, self.launch, leaving)
         return waiting
 
     def close(self) -> None:
@@ -553,7 +562,64 @@ def serve(launch: Launch, name: str, join_timeout_s: float) -> dict:
         deadline = time.monotonic() + STOP_ACK_S + 5.0
         while not store.check(["exit"]) and time.monotonic() < deadline:
             time.sleep(POLL_S)
+        if store.check(["exit"]):
+            _leave(store, launch, json.loads(store.get("exit")))
     return stop
+
+
+def _leave(store, launch: Launch, leaving: list[int]) -> None:
+    """Say bye; the rank whose torchrun agent hosts the rendezvous waits for the others' and lingers."""
+    store.set(f"bye/{launch.rank}", "1")
+    agent = os.getppid()
+    port = rendezvous_port(agent) if launch.how == "torchrun" else None
+    if port is None or not listens_on(agent, port):
+        return
+    others = [r for r in leaving if r != launch.rank]
+    deadline = time.monotonic() + STOP_ACK_S
+    while others and time.monotonic() < deadline:
+        others = [r for r in others if not store.check([f"bye/{r}"])]
+        time.sleep(POLL_S)
+    time.sleep(LEAVE_LAST_S)
+
+
+def rendezvous_port(pid: int) -> int | None:
+    """The c10d rendezvous port of the torchrun agent ``pid`` (its ``--rdzv-endpoint`` or
+    ``PET_RDZV_ENDPOINT``; torchrun's default port 29400), None where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().decode(errors="replace").split("\0")
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = dict(v.split("=", 1) for v in f.read().decode(errors="replace").split("\0") if "=" in v)
+    except OSError:
+        return None
+    endpoint = env.get("PET_RDZV_ENDPOINT")
+    for i, a in enumerate(argv):
+        if a in ("--rdzv-endpoint", "--rdzv_endpoint") and i + 1 < len(argv):
+            endpoint = argv[i + 1]
+        elif a.startswith(("--rdzv-endpoint=", "--rdzv_endpoint=")):
+            endpoint = a.split("=", 1)[1]
+    if not endpoint:
+        return None
+    host, _, port = endpoint.rpartition(":")
+    return int(port) if host and port.isdigit() else 29400
+
+
+def listens_on(pid: int, port: int) -> bool:
+    """Whether process ``pid`` holds a TCP socket listening on ``port`` (Linux's /proc)."""
+    listening = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError), open(table) as f:
+            for line in f.readlines()[1:]:
+                cols = line.split()
+                if cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
+                    listening.add(f"socket:[{cols[9]}]")
+    fds = f"/proc/{pid}/fd"
+    with contextlib.suppress(OSError):
+        for fd in os.listdir(fds):
+            with contextlib.suppress(OSError):
+                if os.readlink(f"{fds}/{fd}") in listening:
+                    return True
+    return False
 
 
 def _one_line(e: BaseException) -> str:
