@@ -210,6 +210,7 @@ ENGINE_MEMORY = (
     "c4d.engine.rows",
     "c4d.engine.ranks",
     "c4d.engine.compute",
+    "c4d.engine.sampling",
     "c4d.engine.pool",
     "c4d.engine.reduce",
     "c4d.engine.comm",

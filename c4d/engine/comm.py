@@ -200,6 +200,9 @@ class Comm:
         gaps = np.concatenate(self.pending_gaps) if len(self.pending_gaps) > 1 else self.pending_gaps[0]
         win = ops["last_arrive"] // P
         (ops, gaps, win), rest = split_rows(win > closed, ops, gaps, win)
+        keep = self._pool.sampler.thin(self.idx, ops["seq"], win) if self._pool is not None else None
+        if keep is not None:  # each window through its final sample (sampling.py)
+            ops, gaps, win = take(ops, keep), gaps[keep], win[keep]
         self.took(ops[-RECENT_OPS:], p2p=False)
         self.pending, self.pending_gaps = ([rest[0]], [rest[1]]) if rest is not None else ([], [])
         self.pending_min_la = int(rest[0]["last_arrive"].min()) if rest is not None else NO_ROWS
@@ -464,6 +467,11 @@ class Comm:
         live view. ``la_min``: their earliest last arrival, when the caller has it."""
         if self._pool is not None and self.idx < len(self._pool.blocked) and self._pool.blocked[self.idx]:
             self._pool.settle_one(self)  # node summaries of it came before these rows
+        if self._pool is not None and len(out):
+            got = self._pool.sampler.select(out["last_arrive"], out["seq"], np.array([self.idx]),
+                                            np.zeros(1, np.int64), np.array([len(out)]))  # fmt: skip
+            if got is not None:
+                out, gaps, la_min = out[got[0]], gaps[got[0]], None
         if self._pool is not None and not self._pool.keep(out.nbytes + gaps.nbytes, len(out)):
             return
         self.pending.append(out)

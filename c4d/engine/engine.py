@@ -56,7 +56,8 @@ class Engine:
         self._epoch = [-1]
         self._slow = SlowJudge(self.cfg)
         self._pairs = P2PPairs()
-        self._pool = Pool()  # every communicator's membership and ring tags
+        self._pool = Pool(self.cfg.slow_window_ops)  # every communicator's membership and ring tags
+        self._pool.sampler.period_ns = self.thresholds().period_ns
         self.stages = Stages()  # the training code's staged hang timeouts (stage.py)
         # members of one collective that call it differently (consistency.py)
         self.consistency = Consistency(lambda i: self.comms[i].grank if i in self.comms else None)
@@ -175,6 +176,7 @@ class Engine:
         self._flush()
         clock.on_tick(self.ranks, now, self._epoch)
         th = self.thresholds()
+        self._pool.sampler.period_ns = th.period_ns
         ev = hang.evaluate(self.ranks, self.comms, th, now, self._pool, self.cfg.likelihoods())
         out = self._emission.hangs(ev.findings, th, now)
         for s in self._slow.judge(self.ranks, self.comms, th, now, ev.oldest_wait, self._pool):

@@ -24,6 +24,7 @@ from typing import Protocol
 import numpy as np
 
 from c4d.engine.rows import NO_ROWS, P2P, grow
+from c4d.engine.sampling import WindowSampler
 from c4d.util.ratelog import RateLimitedLog
 
 log = logging.getLogger("c4d.engine")
@@ -254,7 +255,9 @@ class Pool:
     )  # fmt: skip
     SLOT = (("tag", np.int64, -1), ("opk", np.uint8, 0), ("processed", np.bool_, False))
 
-    def __init__(self) -> None:
+    def __init__(self, window_ops: int = 0) -> None:
+        """``window_ops``: the most completed ops of a communicator kept per slow window
+        (sampling.py; 0: all)."""
         self.member: dict[str, np.ndarray] = {k: np.full(0, f, dt) for k, dt, f in self.MEMBER}
         self.slot = {k: np.full(0, f, dt) for k, dt, f in self.SLOT}
         self.m_used = self.s_used = 0
@@ -288,6 +291,7 @@ class Pool:
         # rows kept for the slow judge: counted as they come (an upper bound: the judge takes
         # them elsewhere), counted exactly (recount) when that passes the budget
         self.kept_budget = budget_from_env(*KEPT_BUDGET)
+        self.sampler = WindowSampler(window_ops)
         self.kept = 0
         self._refused = 0  # bytes refused since the last recount
         self._over = False  # the last recount found no room
@@ -295,7 +299,16 @@ class Pool:
     def keep_summaries(self, out: np.ndarray, gaps: np.ndarray, idx: np.ndarray, head: np.ndarray,
                        tail: np.ndarray, la_min: np.ndarray) -> None:  # fmt: skip
         """A chunk's summaries (COMPLETED rows and their members' compute, ``idx[k]``'s rows
-        ``head[k]:tail[k]``, earliest last arrival ``la_min[k]``; distinct communicators)."""
+        ``head[k]:tail[k]``, earliest last arrival ``la_min[k]``; distinct communicators), or
+        their sample (sampling.py)."""
+        got = self.sampler.select(out["last_arrive"], out["seq"], idx, head, tail)
+        if got is not None:
+            rows, counts = got
+            out, gaps = out[rows], gaps[rows]
+            some = counts > 0
+            idx, la_min, counts = idx[some], la_min[some], counts[some]
+            tail = np.cumsum(counts)
+            head = tail - counts
         if not self.keep(out.nbytes + gaps.nbytes, len(out)):
             return
         self.blocks.append(SummaryBlock(out, gaps, idx.copy(), head, tail))
@@ -456,6 +469,7 @@ class Pool:
             c.leave_pool()
             self.p2p.forget(c.idx)
             self.rate.forget(c.idx)
+            self.sampler.forget(c.idx)
             self.free.setdefault(c.n, []).append((c.mbase, c.sbase))
             self.let_go(c, "ring")
             self.let_go(c, "peer")
