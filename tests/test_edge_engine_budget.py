@@ -5,6 +5,8 @@ tracemalloc sees (Python objects and numpy buffers, resident or not)."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -186,10 +188,11 @@ def test_p2p_completion_counters_a_sender_names_stay_within_their_budget(monkeyp
 def test_completed_ops_kept_for_a_window_of_a_day_stay_within_the_kept_budget(monkeypatch):
     """The job's first REGISTER may set a slow-detection window of a day: every op completed
     was kept for the slow judge until it closed (108 bytes an op, without bound); now at most
-    C4D_MAX_KEPT_BYTES, the rest counted, and what the judge frees makes room again."""
+    C4D_MAX_KEPT_BYTES, the rest counted, and what the judge frees makes room again. The
+    per-window sample off (C4D_SLOW_WINDOW_OPS=0): the budget is what holds then."""
     monkeypatch.setenv("C4D_MAX_KEPT_BYTES", "4M")
     t = H.now_ns()
-    eng = Engine(EngineConfig())
+    eng = Engine(EngineConfig(slow_window_ops=0))
     ing = Ingest(eng, Edge())
     r = flood.register(0, 8, t)
     r["bw_check_period_s"] = 86400
@@ -214,6 +217,31 @@ def test_completed_ops_kept_for_a_window_of_a_day_stay_within_the_kept_budget(mo
     ing.feed(a.view(schema.HEADER), t)
     ing.tick(t)
     assert pool.dropped["kept bytes"] < before + flood.BIG * 64 and sum(len(p) for p in c.pending) > 0
+
+
+@pytest.mark.slow
+def test_completed_ops_of_a_window_of_a_day_are_a_bounded_sample_with_the_default_cap():
+    """The same flood with the per-window sample on (the default): a communicator's first
+    window keeps the cap and about half of it per doubling of its sample (c4d/engine/sampling.py),
+    a few times the cap for a hundred times as many ops, and the budget refuses none."""
+    t = H.now_ns()
+    eng = Engine(EngineConfig())
+    ing = Ingest(eng, Edge())
+    r = flood.register(0, 8, t)
+    r["bw_check_period_s"] = 86400
+    assert ing.feed(r.view(schema.HEADER), t)
+    ops = 200 * flood.BIG
+    for k in range(0, ops, flood.BIG):
+        a = flood.big_ops(0, t)
+        a["comm_rank"], a["comm_nranks"], a["seq"] = 0, 1, k + np.arange(flood.BIG)
+        ing.feed(a.view(schema.HEADER), t)
+        ing.tick(t)
+    c = eng.comms[eng._comm_index[0xBAD]]
+    cap = EngineConfig().slow_window_ops
+    kept = sum(len(p) for p in c.kept())
+    doublings = math.ceil(math.log2(ops / cap))
+    assert ops > 50 * cap and 0 < kept <= 1.1 * cap * (1 + doublings / 2), (ops, kept)
+    assert eng._pool.dropped["kept bytes"] == 0
 
 
 def test_what_the_engine_budgets_refuse_is_counted_with_the_edges_refusals(monkeypatch):
