@@ -52,11 +52,12 @@ def test_bench_master_sizes():
 
 def test_bench_master_engine_process_cores():
     """With --engine-process each process's cores at the job's rate: the engine's is one thread,
-    so its figure says whether more cores would help."""
+    so its figure says whether more cores would help. A 64-rank job's engine may spend less than
+    a clock tick (10 ms) in half a second: its figure is there, and may be 0.0."""
     out = _last_json("bench_master.py", "--ranks", "64", "--seconds", "0.5", "--engine-process")
     (run,) = out["capacity"]
-    assert run["engine_process"] is True
-    assert run["loop_cores_at_job_rate"] > 0 and run["engine_cores_at_job_rate"] > 0
+    assert run["engine_process"] is True and run["engine_peak_rss_mib"] > 0
+    assert run["loop_cores_at_job_rate"] > 0 and run["engine_cores_at_job_rate"] >= 0
 
 
 def test_bench_engine_quick():
