@@ -56,7 +56,7 @@ POLL_S = 0.05
 HEARTBEAT_S = 0.5
 STOP_ACK_S = 15.0
 LEAVE_LAST_S = 2.0
-"""How long the rank whose torchrun agent hosts the store outlives the others' ``bye``: their
+"""How long the rank whose torchrun agent hosts the rendezvous outlives the others' ``bye``: their
 agents see their workers' exit within ``--monitor-interval`` (0.1 s by default)."""
 
 

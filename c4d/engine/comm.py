@@ -457,6 +457,7 @@ class Comm:
         """One COMPLETED row per complete op (``reduce_group`` of this communicator alone), kept;
         then the clock refinement from their end times."""
         red = reduce_group([self], [self.complete_ops(slots)], ranks, gain)
+        red.sample(self._pool.sampler if self._pool is not None else None)
         red.keep(0)
         if red.writer[0]:
             ranks.add_residuals(self.grank, red.res[0])
@@ -467,11 +468,6 @@ class Comm:
         live view. ``la_min``: their earliest last arrival, when the caller has it."""
         if self._pool is not None and self.idx < len(self._pool.blocked) and self._pool.blocked[self.idx]:
             self._pool.settle_one(self)  # node summaries of it came before these rows
-        if self._pool is not None and len(out):
-            got = self._pool.sampler.select(out["last_arrive"], out["seq"], np.array([self.idx]),
-                                            np.zeros(1, np.int64), np.array([len(out)]))  # fmt: skip
-            if got is not None:
-                out, gaps, la_min = out[got[0]], gaps[got[0]], None
         if self._pool is not None and not self._pool.keep(out.nbytes + gaps.nbytes, len(out)):
             return
         self.pending.append(out)

@@ -191,7 +191,7 @@ class OpIngest:
                     parts.setdefault(k, []).append(c.complete_ops(slots))
         done = [(groups[k], Complete.join(parts[k])) for k in sorted(parts)]
         # what add_collectives one by one gives with the clock steps deferred to the chunk's end
-        reduce_comms(done, self.ranks, self.cfg.clock_gain)
+        reduce_comms(done, self.ranks, self.cfg.clock_gain, self.pool.sampler)
 
     def _gaps(self, ops: np.ndarray, cols: OpCols) -> tuple[np.ndarray, np.ndarray]:
         """Per op: its compute gap and the rank's compute so far (compute.compute_gaps). An agent's

@@ -20,7 +20,8 @@ from typing import NamedTuple, Protocol
 import numpy as np
 
 from c4d.engine.ranks import RankTable
-from c4d.engine.rows import COMPLETED, END_SYNC, OP_SPLIT, row_median
+from c4d.engine.rows import COMPLETED, END_SYNC, OP_SPLIT, row_median, take
+from c4d.engine.sampling import WindowSampler
 from c4d.record.opstats import busbw_factor, total_bytes
 
 
@@ -30,6 +31,9 @@ class Reducible(Protocol):
 
     @property
     def id(self) -> int: ...
+
+    @property
+    def idx(self) -> int: ...  # its index (the sampler's key)
 
     @property
     def n(self) -> int: ...  # members
@@ -79,12 +83,33 @@ class Reduced:
     writer: np.ndarray
     res: np.ndarray
 
+    kept: tuple[np.ndarray, np.ndarray, list[int]] | None = None
+    """The rows and compute the slow window's sample keeps, and their bounds (``sample``)."""
+
+    def sample(self, sampler: WindowSampler | None) -> None:
+        """Keep for the slow judge only the rows each communicator's window sample keeps
+        (c4d/engine/sampling.py), every communicator at once; OP_SPLIT rows stay whole."""
+        if sampler is None or not len(self.out):
+            return
+        b = np.asarray(self.bounds)
+        some = b[1:] > b[:-1]
+        idx = np.array([c.idx for c in self.comms], np.int64)[some]
+        got = sampler.select(self.out["last_arrive"], self.out["seq"], idx, b[:-1][some], b[1:][some])
+        if got is None:
+            return
+        rows, counts = got
+        per = np.zeros(len(self.comms), np.int64)
+        per[some] = counts
+        self.kept = take(self.out, rows), self.gaps[rows], np.r_[0, np.cumsum(per)].tolist()
+
     def keep(self, i: int) -> None:
-        """Communicator i keeps its rows (Comm.keep_completed, and its OP_SPLIT rows)."""
+        """Communicator i keeps its rows (Comm.keep_completed: the sample's, after ``sample``)
+        and its OP_SPLIT rows."""
         c, a, b = self.comms[i], self.bounds[i], self.bounds[i + 1]
         if c.split is not None and self.split is not None:
             c.split.append(self.split[a:b].ravel())
-        c.keep_completed(self.out[a:b], self.gaps[a:b])
+        out, gaps, bounds = self.kept if self.kept is not None else (self.out, self.gaps, self.bounds)
+        c.keep_completed(out[bounds[i] : bounds[i + 1]], gaps[bounds[i] : bounds[i + 1]])
 
 
 def reduce_group(
@@ -198,7 +223,12 @@ class Step(NamedTuple):
     res: np.ndarray
 
 
-def reduce_comms(done: Sequence[tuple[Reducible, Complete]], ranks: RankTable, gain: float) -> None:
+def reduce_comms(
+    done: Sequence[tuple[Reducible, Complete]],
+    ranks: RankTable,
+    gain: float,
+    sampler: WindowSampler | None = None,
+) -> None:
     """Reduce the complete ops of a chunk's communicators (``(comm, its ops)``, in
     communicator order) and apply the clock refinement their end times give, in Jacobi
     order: every communicator reads the offsets as the chunk found them (``reduce_each``),
@@ -209,11 +239,17 @@ def reduce_comms(done: Sequence[tuple[Reducible, Complete]], ranks: RankTable, g
 
     The two halves are apart for an engine sharded by communicator (docs/engine-shards.md):
     a shard reduces its communicators with the offsets the join published for the chunk, the
-    join applies every shard's steps, in communicator order."""
-    apply_steps(reduce_each(done, ranks, gain), ranks, gain)
+    join applies every shard's steps, in communicator order. ``sampler``: the slow windows'
+    sample of the rows kept (``Reduced.sample``)."""
+    apply_steps(reduce_each(done, ranks, gain, sampler), ranks, gain)
 
 
-def reduce_each(done: Sequence[tuple[Reducible, Complete]], ranks: RankTable, gain: float) -> list[Step]:
+def reduce_each(
+    done: Sequence[tuple[Reducible, Complete]],
+    ranks: RankTable,
+    gain: float,
+    sampler: WindowSampler | None = None,
+) -> list[Step]:
     """Every communicator's complete ops (``(comm, its ops)``, in communicator order) reduced
     with the offsets ``ranks`` holds now, one ``reduce_group`` per communicator size, and its
     rows kept (``Reduced.keep``, in communicator order); returns the clock refinement steps of
@@ -226,6 +262,7 @@ def reduce_each(done: Sequence[tuple[Reducible, Complete]], ranks: RankTable, ga
     results: list[tuple[Reduced, int]] = [None] * len(done)  # type: ignore[list-item]
     for _n, idx in sorted(by_n.items()):
         red = reduce_group([done[i][0] for i in idx], [done[i][1] for i in idx], ranks, gain)
+        red.sample(sampler)
         for j, i in enumerate(idx):
             results[i] = (red, j)
     steps = []
