@@ -459,6 +459,10 @@ def main() -> int:
                     help="a pipeline send/recv every ROUNDS tensor-parallel rounds (default %(default)s; "
                          "156 is Megatron's 1F1B at the issue's arithmetic: 4 p2p ops per micro-batch, "
                          "8 micro-batches per 5 s step)")  # fmt: skip
+    ap.add_argument("--agent-window-ops", type=int, nargs="+", default=[Shape.window_ops], metavar="N",
+                    help="with --ranks: the agents' window sample of each tensor-parallel group's "
+                         "all-reduces (C4D_SLOW_WINDOW_OPS, default %(default)s; 0: every one sent, as "
+                         "before agents sampled); several: each in turn, side by side")  # fmt: skip
     args = ap.parse_args()
     if args.profile and not (args.ranks and args.engine_process):
         ap.error("--profile profiles the engine's process of --ranks runs: give --ranks and --engine-process")
@@ -549,14 +553,16 @@ def _sizes(sizes: list[int], cap_s: float, T: int, args) -> int:
     a master of its own."""
     out: list[dict] = []
     paced_out: list[dict] = []
-    for n in sizes:
+    for n, ops in ((n, ops) for n in sizes for ops in args.agent_window_ops):
         shape = Shape(tp=8, pp=min(4, max(1, n // 8)), dp=max(1, n // 32), hang_timeout_us=T,
-                      window_s=args.window_s, pp_every=args.pp_every)  # fmt: skip
+                      window_s=args.window_s, pp_every=args.pp_every, window_ops=ops)  # fmt: skip
         prof = f"{args.profile}.{n}" if args.profile else None
         c = _fresh(capacity, shape, True, cap_s, args.engine_process, prof)
+        c["agent_window_ops"] = ops
         out.append(c)
         verdict = "real time" if c["records_per_s"] >= c["job_records_per_s"] else "falls behind"
-        print(f"agents {n:>6} ranks, {cap_s:g} s of the job: master ingests {c['records_per_s']:,} records/s "
+        print(f"agents (window sample {ops or 'off'}) {n:>6} ranks, {cap_s:g} s of the job: master ingests "
+              f"{c['records_per_s']:,} records/s "
               f"({c['records_per_cpu_s'] or 0:,} per CPU s); the job makes {c['job_records_per_s']:,}/s: "
               f"{verdict}; master RSS {c['master_rss_mib']:,.0f} MiB (peak {c['master_peak_rss_mib']:,.0f})"
               f"{_cores_text(c)}", flush=True)  # fmt: skip
@@ -570,9 +576,10 @@ def _sizes(sizes: list[int], cap_s: float, T: int, args) -> int:
             # goes on (the windows a hang covers are not: docs/engine.md, Stalls)
             fast = replace(shape, rate=shape.rate * x)
             r = _fresh(paced, fast, True, cap_s, max(cap_s / 3, cap_s - 3.0), args.engine_process)
-            r["speed"] = x
+            r["speed"], r["agent_window_ops"] = x, ops
             paced_out.append(r)
-            print(f"agents {n:>6} ranks paced {cap_s:g} s at {x:g}x the job's rate: kept up {r['kept_up']} "
+            print(f"agents (window sample {ops or 'off'}) {n:>6} ranks paced {cap_s:g} s at {x:g}x the job's "
+                  f"rate: kept up {r['kept_up']} "
                   f"(drain {r['drain_s']} s, "
                   f"backlog at most {r['backlog_max_records']:,} records, "
                   f"sender late {r['sender_late_s']} s), "

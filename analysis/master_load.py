@@ -15,10 +15,12 @@ Layout as Megatron (and tests/factories.py): rank = t + tp * (p + pp * d), TP gr
 consecutive ranks on one node (``ranks_per_node = tp``), DP groups strided across nodes.
 
 ``agents=True`` gives what one node agent per node forwards (c4d/agent/summary.py): one OPSUM
-per TP all-reduce instead of ``tp`` OP records, the other OP records with the rank's compute
-attached, the heartbeats the agent's merge keeps (c4d/agent/heartbeats.py), everything else
-as the ranks sent it. ``hang`` (round, rank) stops that rank before
-round ``k``: its TP group waits there (heartbeats show the members arrived, the rank not).
+per TP all-reduce instead of ``tp`` OP records (those of the agents' window sample and each
+flush's last: c4d/agent/sample.py; ``Shape.window_ops`` 0 sends every one), the other OP
+records with the rank's compute attached, the heartbeats the agent's merge keeps
+(c4d/agent/heartbeats.py), everything else as the ranks sent it. ``hang`` (round, rank)
+stops that rank before round ``k``: its TP group waits there (heartbeats show the members
+arrived, the rank not).
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from c4d.agent.heartbeats import HeartbeatMerge
+from c4d.agent.sample import SummarySample
+from c4d.engine.config import EngineConfig
+from c4d.engine.sampling import sampled
 from c4d.record import schema
 from c4d.record.schema import Kind, Op, OpFlag
 
@@ -46,6 +51,9 @@ class Shape:
     hb_ms: int = 200
     hang_timeout_us: int = 1_000_000
     window_s: int = 1  # slow-detection window (C4D_CONN_BW_CHECK_PERIOD; the default is 10)
+    # the agents' sample of each TP group's all-reduces per window (C4D_SLOW_WINDOW_OPS; 0: all sent)
+    window_ops: int = EngineConfig.slow_window_ops
+    flush_s: float = 0.1  # the agents' flush (AgentConfig.flush_s): each one's last op goes
     hang_times: int = 3
 
     @property
@@ -73,6 +81,11 @@ class Load:
         self.pp_id = (3 << 40) | (self.d * s.tp + self.t)
         self.hb_every = max(1, int(s.hb_ms * 1e6 // s.period_ns))
         self.merge = HeartbeatMerge() if agents else None
+        # the agents' window sample (the product's rule, c4d/agent/sample.py): every TP group's
+        # all-reduces come at the same rounds, so one group's sample stands for all
+        self.sample = SummarySample(s.window_ops, s.window_s)
+        self.sample.period(None)
+        self.flush_rounds = max(1, round(s.flush_s * s.rate))
         # members' compute before a TP all-reduce jitters by up to 50 us an op (a healthy group:
         # kernels on 8 GPUs of one node), from a table so that making the job stays cheap
         self.jitter = np.random.default_rng(0).uniform(0, 50 * US, (4099, s.tp)).astype(np.float32)
@@ -162,7 +175,9 @@ class Load:
             arr = t + 10 * US + (g % s.tp) * 2 * US
             end = t + 10 * US + (s.tp - 1) * 2 * US + 100 * US
             if self.agents:
-                out.append(self._opsum(g[self.t[g] == s.tp - 1], k, t, end))
+                shift = self._sampled(k, t)
+                if shift is not None:
+                    out.append(self._opsum(g[self.t[g] == s.tp - 1], k, t, end, shift))
             else:
                 out.append(self._ops(g, self.tp_id[g], self.t[g], s.tp, k, Op.AllReduce, arr, end, -1, t))
         if k % s.pp_every == 0 and s.pp > 1:
@@ -209,7 +224,17 @@ class Load:
         a["flags"] = flags
         return a.view(schema.HEADER)
 
-    def _opsum(self, last: np.ndarray, k: int, t: int, end: int) -> np.ndarray:
+    def _sampled(self, k: int, t: int) -> int | None:
+        """Round k's all-reduces sent by the agents (their sample's shift), or None."""
+        sm = self.sample.sampler
+        one, seq = np.zeros(1, np.int64), np.array([k], np.int64)
+        sm.select(np.array([t], np.int64), seq, one, one, one + 1)
+        shift = int(sm.shift[0]) if len(sm.shift) else 0
+        if sampled(seq, shift)[0] or (k + 1) % self.flush_rounds == 0:
+            return shift
+        return None
+
+    def _opsum(self, last: np.ndarray, k: int, t: int, end: int, shift: int = 0) -> np.ndarray:
         """One OPSUM per TP group (``last``: each group's last arriver), as Summariser makes them."""
         s = self.s
         a = np.zeros(len(last), schema.OPSUM)
@@ -222,7 +247,7 @@ class Load:
         a["compute_ns"] = np.nan
         jitter = self.jitter[(k + last) % len(self.jitter)]
         a["compute_ns"][:, : s.tp] = float(s.period_ns - 150 * US) + jitter
-        a["op"], a["flags"] = Op.AllReduce, schema.OPSF_ENDS_KNOWN
+        a["op"], a["flags"], a["sample_shift"] = Op.AllReduce, schema.OPSF_ENDS_KNOWN, shift
         return a.view(schema.HEADER)
 
     def _heartbeats(self, g: np.ndarray, k: int, t: int, stuck_tp: np.ndarray) -> list[np.ndarray]:

@@ -736,18 +736,27 @@ def run(job: Job, **cfg) -> Run:
     return replay(job, lambda: Engine(EngineConfig(**cfg)))
 
 
-def as_master(job: Job, batches, agents: bool = False, early: bool = True) -> tuple[list, Any]:
+def as_master(
+    job: Job,
+    batches,
+    agents: bool = False,
+    early: bool = True,
+    summariser: dict | None = None,
+    flush_s: float = 0.0,
+    **cfg,
+) -> tuple[list, Any]:
     """The diagnoses of the stream fed as c4d.master.master feeds it: stamped with the latest tick's time,
     a tick every ``tick_ms``, and (``early``) one more when its pending watch
     (consistency.PendingWatch) says the batch just fed completed a disagreement, a quarter tick
     after the last tick at the earliest. ``agents``: each node's batches through its own node
-    agent's summariser first (c4d/agent/summary.py), forwarded at once (an agent's 0.1 s flush
-    not counted). (diagnoses, the pending watch)."""
+    agent's summariser first (c4d/agent/summary.py; ``summariser``: their options), forwarded at
+    once, or (``flush_s``) what came in each flush period together, as an agent flushes.
+    ``cfg``: the engine's. (diagnoses, the pending watch)."""
     from c4d.agent.summary import Summariser
     from c4d.engine import Engine, EngineConfig
     from c4d.engine.consistency import PendingWatch
 
-    eng, watch, summ, out = Engine(EngineConfig()), PendingWatch(), {}, []
+    eng, watch, summ, out = Engine(EngineConfig(**cfg)), PendingWatch(), {}, []
     tick = job.tick_ms * MS
     last, nxt = 0.0, tick  # master times relative to T0
     end = max(t for t, _ in batches) + 4 * tick
@@ -758,7 +767,10 @@ def as_master(job: Job, batches, agents: bool = False, early: bool = True) -> tu
         last = t
         watch.take()
 
-    for t, b in batches:
+    held: list[np.ndarray] = []
+    flush = flush_s * 1e3 * MS  # batches' times are in ns
+    flush_at = flush
+    for k, (t, b) in enumerate(batches):
         while True:  # the ticks due before this batch arrives
             due = min(nxt, last + tick / 4) if watch.due else nxt
             if due >= t:
@@ -767,10 +779,15 @@ def as_master(job: Job, batches, agents: bool = False, early: bool = True) -> tu
             if due == nxt:
                 nxt += tick
         rows = b.view(schema.HEADER)
+        if agents and flush_s > 0:
+            held.append(rows)
+            if t < flush_at and k + 1 < len(batches):
+                continue
+            rows, held, flush_at = schema.join_records(held, schema.HEADER), [], t + flush
         if agents:
             parts = []
             for node in np.unique(rows["rank"] // job.ranks_per_node).tolist():
-                s = summ.setdefault(node, Summariser())
+                s = summ.setdefault(node, Summariser(**(summariser or {})))
                 parts.append(s.feed(rows[rows["rank"] // job.ranks_per_node == node]))
             parts = [p for p in parts if len(p)]
             rows = schema.join_records(parts, schema.HEADER) if parts else rows[:0]

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from c4d.engine import Engine, EngineConfig
+from c4d.engine.sampling import sampled
 from c4d.intake.ingest import Ingest
 from c4d.intake.validate import Edge, Limits
 from c4d.record import schema
@@ -49,6 +50,21 @@ def test_a_valid_summary_completes_the_op_for_every_member():
     assert c.recent_ops()["last"][0] == 3 and c.recent_ops()["wait_max"][0] == 3000
 
 
+def test_a_summary_outside_its_agents_sample_is_progress_only():
+    """An agent that samples a busy communicator's ops (c4d/agent/sample.py) sends each flush's
+    last op for progress: it completes the op for every member, the slow judge does not keep it."""
+    t = H.now_ns()
+    shift = next(k for k in range(1, 8) if not sampled(np.array([5]), k)[0])
+    for k, kept in ((shift, 0), (0, 1)):
+        eng, ing = _job(t)
+        s = _opsum(t, seq=5)
+        s["sample_shift"] = k
+        assert ing.feed(H.as_header(s), t) == 1
+        ing.tick(t + 1)
+        c = eng.comms[eng._comm_index[TP]]
+        assert (c.done_eff() == 6).all() and len(c.recent_ops()) == kept
+
+
 @pytest.mark.parametrize(
     ("reason", "spoil"),
     [
@@ -62,6 +78,7 @@ def test_a_valid_summary_completes_the_op_for_every_member():
         ("bad summary", lambda s: s["compute_ns"].__setitem__((0, 1), 1e15)),  # longer than a record's age
         ("bad summary", lambda s: s["compute_ns"].__setitem__((0, 7), -np.inf)),  # beyond the members
         ("bad summary", lambda s: s["flags"].__setitem__(0, 0x80)),
+        ("bad summary", lambda s: s["sample_shift"].__setitem__(0, schema.OPSUM_MAX_SHIFT + 1)),
         ("bad time", lambda s: s["last_arrive_ns"].__setitem__(0, np.uint64(1 << 63))),
         ("bad comm rank", lambda s: s["comm_rank"].__setitem__(0, 4)),
     ],

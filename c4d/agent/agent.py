@@ -45,6 +45,7 @@ import zmq
 import zmq.utils.monitor
 
 from c4d.agent.summary import Summariser
+from c4d.engine.config import EngineConfig
 from c4d.intake.validate import Edge, Limits
 from c4d.master.collector import MAX_MESSAGE_BYTES, Collector, job_key
 from c4d.master.curve import server_key
@@ -137,7 +138,10 @@ class Agent:
             self.collector.close()
             raise OSError(f"cannot connect to the master at {cfg.master}: {e}") from None
         self.edge = Edge(limits or agent_limits(), who="c4d agent")
-        self.summary = Summariser(max_comm_bytes=_env_number("C4D_AGENT_COMM_BYTES", 128 << 20))
+        self.summary = Summariser(
+            max_comm_bytes=_env_number("C4D_AGENT_COMM_BYTES", 128 << 20),
+            window_ops=EngineConfig.from_env().slow_window_ops,  # the master's sample, taken here
+        )
         self.trace = (
             TraceWriter(cfg.trace, {"command": "agent", "endpoint": self.endpoint}) if cfg.trace else None
         )

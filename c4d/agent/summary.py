@@ -7,6 +7,8 @@
   record is in. The agent reduces it with the master's own code (``Comm._reduce`` on one
   host clock), so the master's engine gets the COMPLETED row it would have made itself
   (``ingest_summaries.SummaryIngest.feed``): same last arriver, wait, transfer, and every member's compute.
+  Of a busy communicator only the ops of the slow judge's window sample go, and each flush's
+  last op (c4d/agent/sample.py).
 * A collective whose members disagree (op, count, dtype, root, reduction op: the master's
   c4d/engine/consistency.py) is never summarised: every member's OP record of it goes to the
   master as it came (the agent holds the records of a node-local collective until every member's
@@ -37,8 +39,10 @@ import numpy as np
 
 from c4d.agent.heartbeats import HeartbeatMerge, PeerMerge
 from c4d.agent.peers import PeerSieve
+from c4d.agent.sample import SummarySample
 from c4d.engine.comm import Comm
 from c4d.engine.compute import compute_gaps
+from c4d.engine.config import EngineConfig
 from c4d.engine.consistency import signature
 from c4d.engine.ranks import RankTable
 from c4d.engine.rows import GONE_EVENTS, MAX_NRANKS, MAX_RANK
@@ -59,16 +63,21 @@ class Summariser:
         hb_every: int = 5,
         max_comm_bytes: int = 128 << 20,
         peer_every: int = 4,
+        window_ops: int = EngineConfig.slow_window_ops,
+        period_s: float | None = None,
     ) -> None:
         """``hb_every``: a progressing rank's heartbeats forwarded per communicator (1: all);
         ``peer_every``: one finished collective in that many forwards all its PEER rows (0: every
         finished transfer's PEER rows forwarded as they came);
         ``max_comm_bytes``: what the communicators being summarised may hold (C4D_AGENT_COMM_BYTES);
-        beyond it a new node-local communicator's ops are forwarded as they came."""
+        beyond it a new node-local communicator's ops are forwarded as they came;
+        ``window_ops``, ``period_s``: the slow judge's window sample (C4D_SLOW_WINDOW_OPS, 0: every
+        op sent; the window, default the job's C4D_CONN_BW_CHECK_PERIOD)."""
         self.max_members = min(max_members, schema.OPSUM_MAX_MEMBERS)
         self.heartbeats = HeartbeatMerge(hb_every)
         self.peers = PeerMerge()
         self.sieve = PeerSieve(peer_every) if peer_every > 0 else None
+        self.sample = SummarySample(window_ops, period_s)
         self.ranks = RankTable()  # node names (one host clock) of the ranks registered here
         self.last_end = np.zeros(0, np.int64)  # per global rank: compute_gaps' state
         self.compute = np.zeros(0, np.int64)
@@ -129,7 +138,12 @@ class Summariser:
                     sums.append(earlier.view(schema.HEADER))
                 keep[is_op[li]] = False
                 self.stats["ops summarised"] += len(li)
-                sums += self._summarise(ops[li], cum[li])
+                made = self._summarise(ops[li], cum[li])
+                if made:
+                    self.sample.period(self.ranks.job.get("bw_check_period_s"))
+                    picked = self.sample.pick(schema.join_records(made, schema.OPSUM))
+                    self.stats["summaries sent"] += len(picked)
+                    sums.append(picked.view(schema.HEADER))
         merges = (
             (Kind.HEARTBEAT, self.heartbeats, "heartbeats merged"),
             (Kind.PEER, self.peers, "peer reports merged"),
@@ -246,6 +260,7 @@ class Summariser:
             for d in (self.members, self.size, self.gone, self.raw_seq):
                 d.pop(cid, None)
         self.heartbeats.forget_many(gone)
+        self.sample.forget(gone)
         if self.sieve is not None:
             self.sieve.forget_many(gone)
 

@@ -13,6 +13,7 @@ from c4d.engine.config import EngineConfig
 from c4d.engine.pool import Pool
 from c4d.engine.ranks import RankTable
 from c4d.engine.rows import END_SYNC
+from c4d.engine.sampling import sampled
 from c4d.engine.summaries import Summaries
 from c4d.record import schema
 
@@ -106,6 +107,11 @@ class SummaryIngest:
         # agent's, so a later OP record of the communicator gets an unknown gap
         seq_max = np.maximum.reduceat(rows.seq.astype(np.int64), heads)
         um = np.repeat(use & has, lens)
+        # the OP records they stand for (the live view's rate): one per member and op since the
+        # communicator's last summary (an agent sends a sample of a busy one's: c4d/agent/sample.py)
+        before = np.zeros(C, np.int64)
+        before[has] = np.maximum.reduceat(M["op_done"][mem], at)
+        ops = np.maximum(tails - heads, np.where(before > 0, seq_max + 1 - before, 0))
         M["op_done"][mem[um]] = np.maximum(M["op_done"][mem[um]], np.repeat(seq_max + 1, lens)[um])
         M["last_cum"][mem[um]] = -1
         heard = um & (g >= 0)
@@ -119,13 +125,23 @@ class SummaryIngest:
         la_min = np.minimum.reduceat(out["last_arrive"], heads)
         comms = self.index.comms
         u = np.flatnonzero(use)
-        # the OP records they stand for (the live view's rate): one per member
-        self.pool.rate.note(chunk_recv, idx[u], (tails - heads)[u] * cn[u])
-        self.pool.keep_summaries(out, gaps, idx[u], heads[u], tails[u], la_min[u])
+        self.pool.rate.note(chunk_recv, idx[u], ops[u] * cn[u])
         for i in idx[u].tolist():
             c = comms[i]
             c.version += 1
             c.has_coll = True
+        if rows.shift.any():  # an agent's progress rows, outside its sample: not kept
+            ins = sampled(rows.seq, rows.shift)
+            per = np.add.reduceat(ins.astype(np.int64), heads)
+            u = u[per[u] > 0]
+            if not len(u):
+                return
+            out, gaps = out[ins], gaps[ins]
+            tails = np.cumsum(per)
+            heads = tails - per
+            la_min = np.full(C, np.iinfo(np.int64).max)
+            la_min[per > 0] = np.minimum.reduceat(out["last_arrive"], heads[per > 0])
+        self.pool.keep_summaries(out, gaps, idx[u], heads[u], tails[u], la_min[u])
 
 
 def comm_seq_order(cid: np.ndarray, seq: np.ndarray) -> np.ndarray:

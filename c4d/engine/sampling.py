@@ -18,9 +18,10 @@ from __future__ import annotations
 import numpy as np
 
 from c4d.engine.rows import grow
+from c4d.record import schema
 
 GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing's multiplier
-MAX_SHIFT = 20
+MAX_SHIFT = schema.OPSUM_MAX_SHIFT  # (node agents send theirs in OPSUM rows)
 NONE = np.iinfo(np.int64).min
 
 

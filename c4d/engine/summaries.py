@@ -25,7 +25,8 @@ OPSUM = int(schema.Kind.OPSUM)
 GAPS = np.dtype("<f4")
 # the fields the engine checks, groups by and counts: (attribute, OPSUM field), in OPSUM's types
 _IDS = (("cid", "comm_id"), ("seq", "seq"), ("rank", "rank"), ("comm_rank", "comm_rank"),
-        ("comm_nranks", "comm_nranks"), ("version", "version"), ("time", "time_ns"))  # fmt: skip
+        ("comm_nranks", "comm_nranks"), ("version", "version"), ("time", "time_ns"),
+        ("shift", "sample_shift"))  # fmt: skip
 # (attribute, dtype) of what travels between processes, in order (the compute after them)
 FIELDS: tuple[tuple[str, np.dtype], ...] = (
     ("pos", np.dtype("<i8")),
@@ -38,7 +39,8 @@ class Summaries:
     """A batch's OPSUM rows: the fields the engine checks and groups by, and each as a
     COMPLETED row (times on its node's clock) with its members' compute."""
 
-    __slots__ = ("cid", "comm_nranks", "comm_rank", "done", "gaps", "pos", "rank", "seq", "time", "version")
+    __slots__ = ("cid", "comm_nranks", "comm_rank", "done", "gaps", "pos", "rank", "seq", "shift", "time",
+                 "version")  # fmt: skip
     pos: np.ndarray  # int64: each summary's row in the rows it was read from
     cid: np.ndarray  # (_IDS: as the rows hold them)
     seq: np.ndarray
@@ -47,6 +49,7 @@ class Summaries:
     comm_nranks: np.ndarray
     version: np.ndarray
     time: np.ndarray
+    shift: np.ndarray  # uint8: the agent's window sample the row was sent from (c4d/agent/sample.py)
     done: np.ndarray  # COMPLETED; last_arrive, first_arrive on the sender's clock
     gaps: np.ndarray  # float32 (k, OPSUM_MAX_MEMBERS): the members' compute, NaN beyond
 

@@ -806,6 +806,7 @@ def _check_opsum(a: Columns, world: np.ndarray, lo: int, hi: int) -> np.ndarray:
     _flag(code, a["bytes"] > MAX_COUNT, "bad count")
     span = hi - lo
     bad = (a["flags"] & ~np.uint8(schema.OPSF_ENDS_KNOWN)) != 0
+    bad |= a["sample_shift"] > schema.OPSUM_MAX_SHIFT
     bad |= np.abs(a["transfer_ns"]) > span
     for f in ("margin_ns", "wait_med_ns", "wait_max_ns"):
         bad |= (a[f] < 0) | (a[f] > span)

@@ -287,6 +287,10 @@ STAGE = np.dtype(
 
 OPSUM_MAX_MEMBERS = 8
 OPSF_ENDS_KNOWN = 1  # OPSUM flags: every member's end time was known
+# OPSUM sample_shift: the agent sends the ops whose seq the slow window's sample keeps at this
+# shift (c4d/engine/sampling.py: one in 2^shift), and each flush's last op for progress; a row
+# outside its own sample counts for progress only (0: every op sent, as before it existed)
+OPSUM_MAX_SHIFT = 20
 
 # Written by a node agent (c4d/agent), never by a rank: see record.h, c4d_opsum_record
 OPSUM = np.dtype(
@@ -305,7 +309,8 @@ OPSUM = np.dtype(
         ("compute_ns", "<f4", (OPSUM_MAX_MEMBERS,)),
         ("op", "u1"),
         ("flags", "u1"),
-        ("reserved", "V6"),
+        ("sample_shift", "u1"),
+        ("reserved", "V5"),
     ]
 )
 

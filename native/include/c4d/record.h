@@ -249,7 +249,10 @@ typedef struct c4d_opsum_record {
                                               op of this communicator; NaN unknown or no member */
   uint8_t op;               /* enum c4d_op_kind (collectives only) */
   uint8_t flags;            /* enum c4d_opsum_flags */
-  uint8_t reserved[6];
+  uint8_t sample_shift;     /* the agent sends the ops its slow-window sample keeps (one in
+                               2^sample_shift, by a hash of seq: c4d/engine/sampling.py) and each
+                               flush's last op; a row outside its own sample is progress only */
+  uint8_t reserved[5];
 } c4d_opsum_record;
 
 /* c4d_opsum_record.flags */
