@@ -1,7 +1,7 @@
 """A bounded sample of each communicator's completed ops per slow window.
 
 The slow judge reads a window's ops through medians and shares (bus bandwidth, the members'
-compute), which a few thousand ops estimate as well as all of them; a tensor-parallel
+compute), which several hundred ops estimate as well as all of them; a tensor-parallel
 communicator of a large job completes 500 a second, 5,000 in a 10 s window, 2,048 of them
 at 16,384 ranks: the rows it keeps until the window closes were most of the master's memory.
 
