@@ -138,9 +138,7 @@ class SummaryIngest:
                 return
             out, gaps = out[ins], gaps[ins]
             tails = np.cumsum(per)
-            heads = tails - per
-            la_min = np.full(C, np.iinfo(np.int64).max)
-            la_min[per > 0] = np.minimum.reduceat(out["last_arrive"], heads[per > 0])
+            heads = tails - per  # (la_min stays a lower bound, as after Pool's own sample)
         self.pool.keep_summaries(out, gaps, idx[u], heads[u], tails[u], la_min[u])
 
 
