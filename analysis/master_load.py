@@ -16,11 +16,11 @@ consecutive ranks on one node (``ranks_per_node = tp``), DP groups strided acros
 
 ``agents=True`` gives what one node agent per node forwards (c4d/agent/summary.py): one OPSUM
 per TP all-reduce instead of ``tp`` OP records (those of the agents' window sample and each
-flush's last: c4d/agent/sample.py; ``Shape.window_ops`` 0 sends every one), the other OP
-records with the rank's compute attached, the heartbeats the agent's merge keeps
-(c4d/agent/heartbeats.py), everything else as the ranks sent it. ``hang`` (round, rank)
-stops that rank before round ``k``: its TP group waits there (heartbeats show the members
-arrived, the rank not).
+flush's last, a window of rounds being one flush: c4d/agent/sample.py; ``Shape.window_ops`` 0
+sends every one), the other OP records with the rank's compute attached, the heartbeats the
+agent's merge keeps (c4d/agent/heartbeats.py), everything else as the ranks sent it. ``hang``
+(round, rank) stops that rank before round ``k``: its TP group waits there (heartbeats show the
+members arrived, the rank not).
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ import numpy as np
 from c4d.agent.heartbeats import HeartbeatMerge
 from c4d.agent.sample import SummarySample
 from c4d.engine.config import EngineConfig
-from c4d.engine.sampling import sampled
 from c4d.record import schema
 from c4d.record.schema import Kind, Op, OpFlag
 
@@ -53,7 +52,6 @@ class Shape:
     window_s: int = 1  # slow-detection window (C4D_CONN_BW_CHECK_PERIOD; the default is 10)
     # the agents' sample of each TP group's all-reduces per window (C4D_SLOW_WINDOW_OPS; 0: all sent)
     window_ops: int = EngineConfig.slow_window_ops
-    flush_s: float = 0.1  # the agents' flush (AgentConfig.flush_s): each one's last op goes
     hang_times: int = 3
 
     @property
@@ -85,7 +83,7 @@ class Load:
         # all-reduces come at the same rounds, so one group's sample stands for all
         self.sample = SummarySample(s.window_ops, s.window_s)
         self.sample.period(None)
-        self.flush_rounds = max(1, round(s.flush_s * s.rate))
+        self.tp_sent: dict[int, int] = {}  # with agents: this window's rounds sent, their shift
         # members' compute before a TP all-reduce jitters by up to 50 us an op (a healthy group:
         # kernels on 8 GPUs of one node), from a table so that making the job stays cheap
         self.jitter = np.random.default_rng(0).uniform(0, 50 * US, (4099, s.tp)).astype(np.float32)
@@ -118,7 +116,10 @@ class Load:
 
     # -- rounds --------------------------------------------------------------------------
     def window(self, k0: int, k1: int) -> tuple[np.ndarray, np.ndarray]:
-        """Rounds [k0, k1): HEADER rows and each row's sender (its rank, or with agents its node)."""
+        """Rounds [k0, k1): HEADER rows and each row's sender (its rank, or with agents its node:
+        a window is one flush of theirs)."""
+        if self.agents:
+            self.tp_sent = self._tp_sample(k0, k1)
         rows: list[np.ndarray] = []
         who: list[np.ndarray] = []
         for k in range(k0, k1):
@@ -175,9 +176,8 @@ class Load:
             arr = t + 10 * US + (g % s.tp) * 2 * US
             end = t + 10 * US + (s.tp - 1) * 2 * US + 100 * US
             if self.agents:
-                shift = self._sampled(k, t)
-                if shift is not None:
-                    out.append(self._opsum(g[self.t[g] == s.tp - 1], k, t, end, shift))
+                if k in self.tp_sent:
+                    out.append(self._opsum(g[self.t[g] == s.tp - 1], k, t, end, self.tp_sent[k]))
             else:
                 out.append(self._ops(g, self.tp_id[g], self.t[g], s.tp, k, Op.AllReduce, arr, end, -1, t))
         if k % s.pp_every == 0 and s.pp > 1:
@@ -224,15 +224,14 @@ class Load:
         a["flags"] = flags
         return a.view(schema.HEADER)
 
-    def _sampled(self, k: int, t: int) -> int | None:
-        """Round k's all-reduces sent by the agents (their sample's shift), or None."""
-        sm = self.sample.sampler
-        one, seq = np.zeros(1, np.int64), np.array([k], np.int64)
-        sm.select(np.array([t], np.int64), seq, one, one, one + 1)
-        shift = int(sm.shift[0]) if len(sm.shift) else 0
-        if sampled(seq, shift)[0] or (k + 1) % self.flush_rounds == 0:
-            return shift
-        return None
+    def _tp_sample(self, k0: int, k1: int) -> dict[int, int]:
+        """The rounds of [k0, k1) whose TP all-reduces the agents send in this flush, and each
+        one's sample shift (SummarySample.pick of one group's summaries)."""
+        k = np.arange(k0, k1)
+        one = np.zeros(len(k), schema.OPSUM)
+        one["comm_id"], one["seq"], one["last_arrive_ns"] = 1, k, self.t0 + k * self.s.period_ns
+        sent = self.sample.pick(one)
+        return dict(zip(sent["seq"].tolist(), sent["sample_shift"].tolist(), strict=True))
 
     def _opsum(self, last: np.ndarray, k: int, t: int, end: int, shift: int = 0) -> np.ndarray:
         """One OPSUM per TP group (``last``: each group's last arriver), as Summariser makes them."""
