@@ -2,7 +2,8 @@
 tests/test_consistency.py): a chunk's OP and HEARTBEAT rows taken one communicator at a time,
 through Comm.add_collectives, Comm.add_p2p and Comm.add_heartbeats, every communicator's
 reduction reading the clock offsets as the chunk found them and the clock refinement steps
-applied at the chunk's end (Jacobi order: each domain moved by the scaled mean of its steps).
+applied at the chunk's end, after its node summaries (Jacobi order: each domain moved by the
+scaled mean of its steps).
 ``use(monkeypatch)`` puts it in place of the batched steps (OpIngest.by_comm,
 Ingest.heartbeats_by_comm); everything else of the chunk (header step, compute gaps, own pace,
 node summaries) is the engine's own."""
@@ -67,8 +68,9 @@ class ChunkStart:
                 ranks.rel_rank_refined[d] = True
 
 
-def ops_each(self: OpIngest, ops: np.ndarray, cols: OpCols, extra: np.ndarray, recv: int) -> None:
-    """OpIngest.by_comm, one communicator at a time (``cols`` unused: each part reads its own)."""
+def ops_each(self: OpIngest, ops: np.ndarray, cols: OpCols, extra: np.ndarray, recv: int) -> list:
+    """OpIngest.by_comm, one communicator at a time (``cols`` unused: each part reads its own);
+    returns the chunk's clock (``ChunkStart``) for its steps at the chunk's end."""
     gain = self.cfg.clock_gain
     clock = ChunkStart(self.ranks)
     p2p_rows, p2p_comm, p2p_shared = [], [], []
@@ -89,11 +91,17 @@ def ops_each(self: OpIngest, ops: np.ndarray, cols: OpCols, extra: np.ndarray, r
         if (~p2p).any():
             _consistent_each(self, c, part[~p2p], recv)
             c.add_collectives(part[~p2p], ex[~p2p, 1], clock, gain)  # type: ignore[arg-type]
-    clock.apply(self.ranks, gain)
     if p2p_rows:  # one pass over every communicator's sends and receives
         pc = OpCols.of(np.concatenate(p2p_rows))
         comm, shared = np.concatenate(p2p_comm), np.concatenate(p2p_shared)
         self.pairs.feed(pc, comm, shared, self.index.comms, self.ranks)
+    return [clock]
+
+
+def apply_each(self: Ingest, steps: list) -> None:
+    """Ingest.apply_steps of the chunk's clock ``ops_each`` returned (none: no OP rows)."""
+    for clock in steps:
+        clock.apply(self.ranks, self.cfg.clock_gain)
 
 
 def _consistent_each(self: OpIngest, c: Comm, rows: np.ndarray, recv: int) -> None:
@@ -118,3 +126,4 @@ def use(monkeypatch) -> None:
     """The engines made from now on (in this test) ingest one communicator at a time."""
     monkeypatch.setattr(OpIngest, "by_comm", ops_each)
     monkeypatch.setattr(Ingest, "heartbeats_by_comm", heartbeats_each)
+    monkeypatch.setattr(Ingest, "apply_steps", apply_each)

@@ -17,6 +17,7 @@ from c4d.engine.comm import Comm
 from c4d.engine.pool import MAX_COMMS_EVER, Pool, budget_from_env
 from c4d.engine.ranks import RankTable
 from c4d.engine.rows import MAX_NRANKS, OpCols, take
+from c4d.engine.summaries import Summaries
 from c4d.record import schema
 
 
@@ -37,25 +38,54 @@ class CommIndex:
         self.next_idx = 0
         self._max = budget_from_env("C4D_MAX_COMMS_EVER", MAX_COMMS_EVER)
         self._pool, self._ranks, self._split, self._invalid = pool, ranks, split, invalid
+        self.late = 0  # communicators made by a kind's rows, not by ``make`` at the chunk's start
 
     def comm(self, cid: int, n: int) -> Comm | None:
         i = self.index.get(cid)
         if i is None:
-            if not 1 <= n <= MAX_NRANKS:
+            if self._new(cid, n) is None:
                 return None
+            self.late += 1
+            i = self.index[cid]
+        c = self.comms[i]
+        return c if c.n == n else None
+
+    def _new(self, cid: int, n: int, idx: int | None = None) -> Comm | None:
+        if not 1 <= n <= MAX_NRANKS:
+            return None
+        if idx is None:
             if self.next_idx >= self._max:
                 # indices are never reused: what each ever admitted costs stays bounded
                 self._pool.refuse("communicator indices", "C4D_MAX_COMMS_EVER", 1, "new communicator(s)")
                 return None
-            i = self.index[cid] = self.next_idx
-            self._lk = None
-            self.next_idx += 1
-            c = Comm(i, cid, n, self._pool)
-            if self._split:
-                c.split = []
-            self.comms[i] = c
-        c = self.comms[i]
-        return c if c.n == n else None
+            idx = self.next_idx
+        i = self.index[cid] = idx
+        self._lk = None
+        self.next_idx = max(self.next_idx, i + 1)
+        c = Comm(i, cid, n, self._pool)
+        if self._split:
+            c.split = []
+        self.comms[i] = c
+        return c
+
+    def make(self, new: list[tuple[int, int]]) -> list[tuple[int, int, int]]:
+        """Make the communicators a chunk names first (``new_in``: (id, size), in the order the
+        chunk's kinds would make them), before any of its rows is ingested: each gets the index
+        it would have got, so an engine sharded by communicator, whose front names them for
+        every shard, numbers them as one engine does. Returns (id, index, size) of those made."""
+        out = []
+        for cid, n in new:
+            if cid not in self.index:
+                c = self._new(cid, n)
+                if c is not None:
+                    out.append((cid, c.idx, n))
+        return out
+
+    def adopt(self, made: list[tuple[int, int, int]]) -> None:
+        """Make communicators another index numbered (``make``'s (id, index, size))."""
+        for cid, i, n in made:
+            if cid not in self.index:
+                self._new(cid, n, i)
 
     def lookup(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Index and size of each known communicator id (-1, -1 unknown)."""
@@ -228,3 +258,44 @@ class CommIndex:
             for g in np.unique(c.grank[c.grank >= 0]).tolist():
                 self._ranks.comms_of[g] = [t for t in self._ranks.comms_of[g] if t[0] != i]
         return freed
+
+
+def new_in(
+    known: Callable[[int], bool],
+    comm: np.ndarray,
+    hb: np.ndarray,
+    ops: np.ndarray,
+    sums: Summaries,
+) -> list[tuple[int, int]]:
+    """The communicators a chunk's rows name that ``known`` does not know, as (id, size), in the
+    order its kinds' ingest would make them (COMM, HEARTBEAT, OP, node summaries; each kind's in
+    id order): the size of each one's first valid row (``CommIndex._slices``, ``groups``; a
+    node summary's first in seq order, as ``SummaryIngest`` sorts them). A size out of range
+    makes none (``CommIndex.comm``)."""
+    out: list[tuple[int, int]] = []
+    seen: set[int] = set()
+
+    def add(cid: np.ndarray, nr: np.ndarray, cr: np.ndarray, top: int) -> None:
+        ok = (cid != 0) & (cr >= 0) & (nr >= 1) & (nr <= top) & (cr < nr)
+        if not ok.any():
+            return
+        ids, first = np.unique(cid[ok], return_index=True)
+        for i, n in zip(ids.tolist(), nr[ok][first].tolist(), strict=True):
+            if i not in seen and not known(i):
+                seen.add(i)
+                if 1 <= n <= MAX_NRANKS:
+                    out.append((i, n))
+
+    for rows in (comm, hb, ops):
+        if len(rows):
+            add(
+                rows["comm_id"],
+                rows["comm_nranks"].astype(np.int64),
+                rows["comm_rank"].astype(np.int64),
+                MAX_NRANKS,
+            )
+    if len(sums):
+        o = np.lexsort((sums.seq, sums.cid))
+        add(sums.cid[o], sums.comm_nranks[o].astype(np.int64), sums.comm_rank[o].astype(np.int64),
+            schema.OPSUM_MAX_MEMBERS)  # fmt: skip
+    return out

@@ -7,12 +7,13 @@ paid once per chunk)."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 
 from c4d.engine import clock
 from c4d.engine.chunking import Chunk
-from c4d.engine.comm_index import CommIndex
+from c4d.engine.comm_index import CommIndex, new_in
 from c4d.engine.config import EngineConfig
 from c4d.engine.consistency import Consistency
 from c4d.engine.ingest_ops import OpIngest
@@ -21,7 +22,8 @@ from c4d.engine.own_pace import OwnPace
 from c4d.engine.p2p_pairs import P2PPairs
 from c4d.engine.pool import Pool
 from c4d.engine.ranks import RankTable
-from c4d.engine.rows import GONE_EVENTS, MAX_RANK, take
+from c4d.engine.reduce import Step, apply_steps
+from c4d.engine.rows import GONE_EVENTS, MAX_RANK, OpCols, take
 from c4d.engine.stage import Stages
 from c4d.engine.summaries import Summaries
 from c4d.record import schema
@@ -34,6 +36,22 @@ HB_FIELDS = (  # (Pool member array, HEARTBEAT field) copied as they are (Comm.a
     ("p2p_in_flight", "p2p_in_flight"),
     ("pend_count", "pend_count"), ("pend_dtype", "pend_dtype"), ("pend_redop", "pend_redop"),
 )  # fmt: skip
+
+
+class CommRows(NamedTuple):
+    """A chunk's rows of communicators after its rank-level half (``Ingest.front``): what a
+    shard of an engine sharded by communicator ingests (``Ingest.comms``)."""
+
+    comm: np.ndarray  # COMM rows
+    hb: np.ndarray  # HEARTBEAT rows of communicators
+    ops: np.ndarray  # OP rows of known op kinds
+    cols: OpCols | None  # their columns (None: read them again)
+    extra: np.ndarray | None  # per OP row: shares its group's events, the rank's compute so far
+    sums: Summaries  # node summaries read
+    sums_recv: np.ndarray  # master time of each
+    peer: np.ndarray  # PEER rows
+    recv: int  # master time stamped on the chunk
+    new: list[tuple[int, int]]  # communicators the chunk names first: (id, size), in order
 
 
 class Ingest:
@@ -51,16 +69,29 @@ class Ingest:
         stats: dict[str, int],
     ) -> None:
         """``invalid`` counts dropped rows; ``stats["records"]`` counts the rows ingested."""
-        self.ranks, self.index, self.pool, self.stages = ranks, index, pool, stages
+        self.cfg, self.ranks, self.index, self.pool, self.stages = cfg, ranks, index, pool, stages
         self._invalid, self._stats = invalid, stats
         self.ops = OpIngest(cfg, ranks, index, pool, pairs, consistency, own, invalid)
         self.summaries = SummaryIngest(cfg, ranks, index, pool, invalid)
         self.chunk_recv = 0  # master time stamped on the chunk being ingested
 
     def chunk(self, chunk: Chunk) -> None:
-        """One chunk: its node summaries read, at ``sums.pos``, and its other rows, at
-        ``rpos``; ``recv`` by position. The header checks and updates take the summaries'
-        header fields."""
+        """One chunk: its rank-level half (``front``), its communicators' half (``comms``),
+        then the clock refinement steps its collectives gave, together at its end: every part
+        of the chunk read the clock as the chunk found it (Jacobi order, clock.py)."""
+        rows = self.front(chunk)
+        if rows is not None:
+            self.index.make(rows.new)
+            self.apply_steps(self.comms(rows))
+
+    def front(self, chunk: Chunk) -> CommRows | None:
+        """The rank-level half of a chunk, which an engine sharded by communicator does once,
+        before any shard (docs/engine-shards.md): the header checks and updates (on its node
+        summaries' header fields too), REGISTER, STAGE, processes' final heartbeats, and each
+        OP row's compute gap and the ranks' own pace (per rank over every communicator); returns
+        the rows of communicators, with the communicators the chunk names first (``new_in``).
+        ``chunk``: its node summaries read, at ``sums.pos``, and its other rows, at ``rpos``;
+        ``recv`` by position."""
         rest, rpos, recv, sums = chunk
         self._stats["records"] += len(rest) + len(sums)
         kind = np.ascontiguousarray(rest["kind"])  # header fields read once (docs/engine.md)
@@ -76,7 +107,7 @@ class Ingest:
             rest, rpos, kind, rank = take(rest, ok), rpos[ok], kind[ok], rank[ok]
             sums, srank = sums.take(ok_s), srank[ok_s]
             if not len(rest) and not len(sums):
-                return
+                return None
         R = self.ranks
         g = _then(rank, srank)
         R.ensure(int(g.max()))
@@ -91,38 +122,50 @@ class Ingest:
         self.chunk_recv = int(
             recv[max(int(rpos[-1]) if len(rpos) else -1, int(sums.pos[-1]) if len(sums) else -1)]
         )
-        self._kinds(parts, kind, rank, recv_r, sums, recv_s)
-
-    def _kinds(
-        self,
-        parts: dict[Kind, np.ndarray],
-        kind: np.ndarray,
-        rank: np.ndarray,
-        recv: np.ndarray,
-        sums: Summaries,
-        sums_recv: np.ndarray,
-    ) -> None:
-        """A chunk's rows other than node summaries, split by kind (``kind``, ``rank``,
-        ``recv``: of the rows they were split from), and its node summaries read (``sums``,
-        received at ``sums_recv``), into the engine's state, kind after kind."""
-        R = self.ranks
         if len(parts[Kind.REGISTER]):
             R.register(parts[Kind.REGISTER])
-        if len(parts[Kind.COMM]):
-            self._comm_rows(parts[Kind.COMM])
-        if len(parts[Kind.HEARTBEAT]):
-            self._heartbeats(parts[Kind.HEARTBEAT])
-        if len(parts[Kind.OP]):
-            self.ops.feed(parts[Kind.OP], rank[kind == Kind.OP], self.chunk_recv)
-        if len(sums):
-            self.summaries.feed(sums, sums_recv, self.chunk_recv)
+        hb = parts[Kind.HEARTBEAT]
+        if len(hb):
+            proc = hb["comm_id"] == 0
+            if proc.any():
+                p = take(hb, proc)
+                fin = (p["hb_flags"] & schema.HBF_FINAL) != 0
+                R.final[p["rank"][fin]] = True
+                hb = take(hb, ~proc)
+        ops, cols, extra = parts[Kind.OP], None, None
+        if len(ops):
+            ops, cols, extra = self.ops.front(ops, rank[kind == Kind.OP])
         if len(parts[Kind.STAGE]):
-            self.stages.feed(parts[Kind.STAGE], recv[kind == Kind.STAGE])
-        if len(parts[Kind.PEER]):
-            for c, rows, _ in self.index.by_comm(parts[Kind.PEER], "PEER"):
+            self.stages.feed(parts[Kind.STAGE], recv_r[kind == Kind.STAGE])
+        new = new_in(self.index.index.__contains__, parts[Kind.COMM], hb, ops, sums)
+        return CommRows(
+            parts[Kind.COMM], hb, ops, cols, extra, sums, recv_s, parts[Kind.PEER], self.chunk_recv, new
+        )
+
+    def comms(self, r: CommRows) -> list[Step]:
+        """The communicators' half of a chunk (``front``'s rows), kind after kind: membership,
+        heartbeats, OP rows, node summaries, PEER. Returns the clock refinement steps of the
+        collectives it completed, in communicator order (``apply_steps`` at the chunk's end)."""
+        steps: list[Step] = []
+        if len(r.comm):
+            self._comm_rows(r.comm)
+        if len(r.hb):
+            self.heartbeats_by_comm(r.hb)
+        if len(r.ops):
+            steps = self.ops.by_comm(
+                r.ops, r.cols if r.cols is not None else OpCols.of(r.ops), r.extra, r.recv
+            )
+        if len(r.sums):
+            self.summaries.feed(r.sums, r.sums_recv, r.recv)
+        if len(r.peer):
+            for c, rows, _ in self.index.by_comm(r.peer, "PEER"):
                 ok = (rows["peer"] >= 0) & (rows["peer"] < c.n)
                 if len(rows[ok]):
                     c.add_peers(rows[ok])
+        return steps
+
+    def apply_steps(self, steps: list[Step]) -> None:
+        apply_steps(steps, self.ranks, self.cfg.clock_gain)
 
     def _comm_rows(self, rows: np.ndarray) -> None:
         for c, part, _ in self.index.by_comm(rows, "COMM"):
@@ -135,15 +178,6 @@ class Ingest:
             c.version += 1
             c.gone[cr[gone]] = True
             c.gone[cr[~gone]] = False
-
-    def _heartbeats(self, hb: np.ndarray) -> None:
-        proc = hb["comm_id"] == 0
-        if proc.any():
-            p = take(hb, proc)
-            fin = (p["hb_flags"] & schema.HBF_FINAL) != 0
-            self.ranks.final[p["rank"][fin]] = True
-            hb = take(hb, ~proc)
-        self.heartbeats_by_comm(hb)
 
     def heartbeats_by_comm(self, hb: np.ndarray) -> None:
         """A chunk's HEARTBEAT rows of communicators, every communicator at once: its members,

@@ -19,7 +19,7 @@ from c4d.engine.own_pace import OwnPace
 from c4d.engine.p2p_pairs import P2PPairs
 from c4d.engine.pool import P2PDone, Pool
 from c4d.engine.ranks import RankTable
-from c4d.engine.reduce import Complete, reduce_comms
+from c4d.engine.reduce import Complete, Step, reduce_each
 from c4d.engine.rows import IN_GROUP, P2P, OpCols, lexsort, take
 from c4d.record.schema import Op, OpFlag
 
@@ -41,22 +41,23 @@ class OpIngest:
         self.cfg, self.ranks, self.index, self.pool = cfg, ranks, index, pool
         self.pairs, self.consistency, self.own, self._invalid = pairs, consistency, own, invalid
 
-    def feed(self, ops: np.ndarray, rank: np.ndarray, recv: int) -> None:
-        """A chunk's OP rows; ``rank``: their rank field, as the chunk's header step read it;
-        ``recv``: the master time stamped on the chunk."""
+    def front(self, ops: np.ndarray, rank: np.ndarray) -> tuple[np.ndarray, OpCols, np.ndarray]:
+        """A chunk's OP rows' rank-level half (``rank``: their rank field, as the chunk's header
+        step read it): rows of an unknown op kind dropped, each rank's compute gaps and own
+        pace (over its ops of every communicator). Returns the rows kept, their columns and
+        ``by_comm``'s ``extra``."""
         cols = OpCols.of(ops, rank)
         ok = cols.op < len(Op)
         if not ok.all():
             self._invalid("an unknown op kind", int((~ok).sum()))
             ops, cols = take(ops, ok), cols.take(ok)
             if not len(ops):  # (an empty chunk of ops once crashed _gaps: issue 14)
-                return
+                return ops, cols, np.zeros((0, 2), np.int64)
         gaps, cum = self._gaps(ops, cols)
         self.own.feed(cols, gaps, cum, self.ranks, self.cfg.resolve(self.ranks.job).period_ns)
-        extra = np.stack([shares_events(ops, cols), cum], axis=1)
-        self.by_comm(ops, cols, extra, recv)
+        return ops, cols, np.stack([shares_events(ops, cols), cum], axis=1)
 
-    def by_comm(self, ops: np.ndarray, cols: OpCols, extra: np.ndarray, recv: int) -> None:
+    def by_comm(self, ops: np.ndarray, cols: OpCols, extra: np.ndarray, recv: int) -> list[Step]:
         """A chunk's OP rows (``cols`` their columns; ``extra``: per row whether it shares its
         group's events, and the rank's compute so far) of every communicator at once: their
         members, rates, collectives (``_collectives``) and p2p transfers (P2PPairs).
@@ -64,16 +65,19 @@ class OpIngest:
         communicator at a time.)"""
         rows, ex, ci, groups = self.index.groups(ops, "OP", extra, cols)
         if not groups:
-            return
+            return []
         if rows is not ops:  # rows dropped: the columns of those kept
             cols = OpCols.of(rows)  # (rare: a bad or unknown communicator)
         member = self.index.members(rows, ci, groups, cols)
         gidx = np.array([c.idx for c in groups], np.int64)
         self.pool.rate.note(recv, gidx, np.bincount(ci, minlength=len(groups)))
         p2p = (cols.flags & P2P) != 0
+        steps: list[Step] = []
         if not p2p.all():
             coll = np.flatnonzero(~p2p)
-            self._collectives(rows, coll, ci[coll], member[coll], ex[coll, 1], groups, cols.take(coll), recv)
+            steps = self._collectives(
+                rows, coll, ci[coll], member[coll], ex[coll, 1], groups, cols.take(coll), recv
+            )
         if p2p.any():
             pi = np.flatnonzero(p2p)
             nn = np.array([c.n for c in groups])
@@ -94,6 +98,7 @@ class OpIngest:
                 self.pool.p2p.update(P2PDone.key(idx, pp.comm_rank, pp.op, pp.peer), pp.seq)
                 # one pass over every communicator's sends and receives
                 self.pairs.feed(pp, idx, ex[pi, 0] != 0, self.index.comms, self.ranks)
+        return steps
 
     def _collectives(
         self,
@@ -105,7 +110,7 @@ class OpIngest:
         groups: list[Comm],
         cols: OpCols,
         recv: int,
-    ) -> None:
+    ) -> list[Step]:
         """Collective OP rows of every communicator of a chunk (``rows[coll]``, not copied: a
         whole-record copy of nearly every row of a chunk is a pass of its own; ``cols`` their
         columns, ``ci`` each one's group, rows in arrival order; ``recv``: the chunk's master
@@ -191,7 +196,7 @@ class OpIngest:
                     parts.setdefault(k, []).append(c.complete_ops(slots))
         done = [(groups[k], Complete.join(parts[k])) for k in sorted(parts)]
         # what add_collectives one by one gives with the clock steps deferred to the chunk's end
-        reduce_comms(done, self.ranks, self.cfg.clock_gain, self.pool.sampler)
+        return reduce_each(done, self.ranks, self.cfg.clock_gain, self.pool.sampler)
 
     def _gaps(self, ops: np.ndarray, cols: OpCols) -> tuple[np.ndarray, np.ndarray]:
         """Per op: its compute gap and the rank's compute so far (compute.compute_gaps). An agent's
