@@ -21,6 +21,47 @@ from c4d.engine.summaries import Summaries
 from c4d.record import schema
 
 
+class Numbering:
+    """Communicator ids -> indices: handed out in order, never reused, as many as
+    C4D_MAX_COMMS_EVER allows (what each ever admitted costs stays bounded). The one engine's
+    ``CommIndex`` numbers with it; an engine sharded by communicator numbers in its front, for
+    every shard (c4d/engine/shards.py)."""
+
+    def __init__(self, refuse: Callable[[], None]) -> None:
+        """``refuse``: counts a communicator refused for want of an index."""
+        self.index: dict[int, int] = {}  # comm id -> index
+        self.next_idx = 0
+        self._max = budget_from_env("C4D_MAX_COMMS_EVER", MAX_COMMS_EVER)
+        self._refuse = refuse
+
+    def number(self, cid: int, n: int, idx: int | None = None) -> int | None:
+        """Communicator ``cid`` of ``n`` members gets the next index (or ``idx``, handed out
+        elsewhere); None for a size out of range or no index left."""
+        if not 1 <= n <= MAX_NRANKS:
+            return None
+        if idx is None:
+            if self.next_idx >= self._max:
+                self._refuse()
+                return None
+            idx = self.next_idx
+        self.index[cid] = idx
+        self.next_idx = max(self.next_idx, idx + 1)
+        return idx
+
+    def make(self, new: list[tuple[int, int]]) -> list[tuple[int, int, int]]:
+        """Number the communicators a chunk names first (``new_in``: (id, size), in the order
+        the chunk's kinds would make them), before any of its rows is ingested, so that an
+        engine sharded by communicator numbers them as one engine does. Returns (id, index,
+        size) of those numbered."""
+        out = []
+        for cid, n in new:
+            if cid not in self.index:
+                i = self.number(cid, n)
+                if i is not None:
+                    out.append((cid, i, n))
+        return out
+
+
 class CommIndex:
     def __init__(
         self,
@@ -29,63 +70,58 @@ class CommIndex:
         ranks: RankTable,
         split: bool,
         invalid: Callable[[str, int], None],
+        numbers: bool = True,
     ) -> None:
         """``comms``: the engine's communicators by index (kept here, in creation order);
-        ``split``: each keeps its completed ops' OP_SPLIT rows; ``invalid``: counts dropped rows."""
+        ``split``: each keeps its completed ops' OP_SPLIT rows; ``invalid``: counts dropped rows;
+        ``numbers``: it numbers communicators a row names first (an engine shard's does not: its
+        front numbered every one the chunk names, ``adopt``)."""
         self.comms = comms
-        self.index: dict[int, int] = {}  # comm id -> index
+        refuse = lambda: pool.refuse("communicator indices", "C4D_MAX_COMMS_EVER", 1, "new communicator(s)")  # noqa: E731
+        self.numbering = Numbering(refuse)
+        self.index = self.numbering.index  # comm id -> index
         self._lk: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # the same, sorted arrays (lookup)
-        self.next_idx = 0
-        self._max = budget_from_env("C4D_MAX_COMMS_EVER", MAX_COMMS_EVER)
         self._pool, self._ranks, self._split, self._invalid = pool, ranks, split, invalid
-        self.late = 0  # communicators made by a kind's rows, not by ``make`` at the chunk's start
+        self._numbers = numbers
+        self.late = 0  # communicators a kind's rows made, not ``make`` at the chunk's start
+
+    @property
+    def next_idx(self) -> int:
+        return self.numbering.next_idx
 
     def comm(self, cid: int, n: int) -> Comm | None:
         i = self.index.get(cid)
         if i is None:
-            if self._new(cid, n) is None:
+            if not self._numbers or self._new(cid, n) is None:
                 return None
             self.late += 1
             i = self.index[cid]
         c = self.comms[i]
         return c if c.n == n else None
 
-    def _new(self, cid: int, n: int, idx: int | None = None) -> Comm | None:
-        if not 1 <= n <= MAX_NRANKS:
-            return None
-        if idx is None:
-            if self.next_idx >= self._max:
-                # indices are never reused: what each ever admitted costs stays bounded
-                self._pool.refuse("communicator indices", "C4D_MAX_COMMS_EVER", 1, "new communicator(s)")
-                return None
-            idx = self.next_idx
-        i = self.index[cid] = idx
-        self._lk = None
-        self.next_idx = max(self.next_idx, i + 1)
+    def _new(self, cid: int, n: int) -> Comm | None:
+        i = self.numbering.number(cid, n)
+        return None if i is None else self._at(cid, i, n)
+
+    def _at(self, cid: int, i: int, n: int) -> Comm:
         c = Comm(i, cid, n, self._pool)
         if self._split:
             c.split = []
         self.comms[i] = c
+        self._lk = None
         return c
 
-    def make(self, new: list[tuple[int, int]]) -> list[tuple[int, int, int]]:
-        """Make the communicators a chunk names first (``new_in``: (id, size), in the order the
-        chunk's kinds would make them), before any of its rows is ingested: each gets the index
-        it would have got, so an engine sharded by communicator, whose front names them for
-        every shard, numbers them as one engine does. Returns (id, index, size) of those made."""
-        out = []
-        for cid, n in new:
-            if cid not in self.index:
-                c = self._new(cid, n)
-                if c is not None:
-                    out.append((cid, c.idx, n))
-        return out
+    def make(self, new: list[tuple[int, int]]) -> None:
+        """Make the communicators a chunk names first (``Numbering.make``), before any of its
+        rows is ingested."""
+        for cid, i, n in self.numbering.make(new):
+            self._at(cid, i, n)
 
     def adopt(self, made: list[tuple[int, int, int]]) -> None:
-        """Make communicators another index numbered (``make``'s (id, index, size))."""
+        """Make communicators numbered elsewhere (``Numbering.make``'s (id, index, size))."""
         for cid, i, n in made:
-            if cid not in self.index:
-                self._new(cid, n, i)
+            if cid not in self.index and self.numbering.number(cid, n, i) is not None:
+                self._at(cid, i, n)
 
     def lookup(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Index and size of each known communicator id (-1, -1 unknown)."""
@@ -217,8 +253,7 @@ class CommIndex:
             c.version += 1
             for a, b in zip(cr[new].tolist(), g[new].tolist(), strict=True):
                 c.grank[a] = b
-                if (c.idx, a) not in self._ranks.comms_of[b]:
-                    self._ranks.comms_of[b].append((c.idx, a))
+                self._ranks.member_of(b, c.idx, a)
 
     def members(
         self, rows: np.ndarray, ci: np.ndarray, groups: list[Comm], cols: OpCols | None = None
@@ -237,8 +272,7 @@ class CommIndex:
                 c = groups[ci[i]]
                 a, b = int(cr[i]), int(g[i])
                 c.grank[a] = b
-                if (c.idx, a) not in self._ranks.comms_of[b]:
-                    self._ranks.comms_of[b].append((c.idx, a))
+                self._ranks.member_of(b, c.idx, a)
             for k in np.unique(ci[new]).tolist():
                 groups[k].version += 1
         return member

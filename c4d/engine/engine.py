@@ -28,7 +28,7 @@ from c4d.engine.pool import Pool
 from c4d.engine.ranks import RankTable
 from c4d.engine.rows import OP_SPLIT
 from c4d.engine.slow import SlowJudge
-from c4d.engine.snapshot import engine_snapshot
+from c4d.engine.snapshot import engine_snapshot, state_part
 from c4d.engine.stage import Stages
 from c4d.engine.summaries import Summaries
 from c4d.engine.types import Diagnosis, EngineSnapshot
@@ -185,7 +185,7 @@ class Engine:
 
     # -- live view ---------------------------------------------------------------------
     def state(self) -> EngineSnapshot:
+        part = state_part(self.comms, self._pool, self.ranks, self._now, self._index.next_idx)
         return engine_snapshot(
-            self.ranks, self.comms, self._pool, self._slow.slow_ranks, self._emission.active,
-            self.thresholds(), self._now, self._index.next_idx,
-        )  # fmt: skip
+            self.ranks, [part], self._slow.slow_ranks, self._emission.active, self.thresholds(), self._now
+        )

@@ -296,6 +296,14 @@ class Pool:
         self._refused = 0  # bytes refused since the last recount
         self._over = False  # the last recount found no room
 
+    def share(self, part: float) -> None:
+        """Hold ``part`` of each byte budget: an engine shard's pool (c4d/engine/shards.py), so
+        the shards together hold what one engine's would."""
+        if part < 1:
+            self.budget = {k: max(1, int(v * part)) for k, v in self.budget.items()}
+            self.kept_budget = max(1, int(self.kept_budget * part))
+            self.p2p.max_keys = max(1, int(self.p2p.max_keys * part))
+
     def keep_summaries(self, out: np.ndarray, gaps: np.ndarray, idx: np.ndarray, head: np.ndarray,
                        tail: np.ndarray, la_min: np.ndarray) -> None:  # fmt: skip
         """A chunk's summaries (COMPLETED rows and their members' compute, ``idx[k]``'s rows

@@ -53,6 +53,9 @@ class RankTable:
         self._names_ok = np.empty(0, bool)
         self._node_index: dict[str, int] = {}
         self.comms_of: list[list[tuple[int, int]]] = []  # rank -> [(comm idx, comm rank)]
+        # (rank, comm idx, comm rank) of memberships new since the caller last took them (an
+        # engine shard's, for the join: c4d/engine/shards.py); None: not kept
+        self.joined: list[tuple[int, int, int]] | None = None
         self.job: dict[str, int] = {}  # registered thresholds of the lowest rank seen
         self._job_rank = MAX_RANK
 
@@ -83,6 +86,32 @@ class RankTable:
         self.compute_ns = grow(self.compute_ns, n, 0)
         self.comms_of.extend([] for _ in range(n - self.n))
         self.n = n
+
+    def member_of(self, g: int, idx: int, cr: int) -> None:
+        """Rank ``g`` is comm rank ``cr`` of communicator ``idx`` (once)."""
+        if (idx, cr) not in self.comms_of[g]:
+            self.comms_of[g].append((idx, cr))
+            if self.joined is not None:
+                self.joined.append((g, idx, cr))
+
+    # what an engine shard reads of the ranks: the clock's offsets, nodes, who reported
+    SHARED = ("seen", "node", "rel_rank", "rel_rank_ok", "anc_rank", "rel_node", "rel_node_ok", "anc_node")
+
+    def shared(self) -> dict[str, np.ndarray]:
+        """The arrays an engine shard reads (``SHARED``), as they are now (c4d/engine/shards.py)."""
+        return {k: getattr(self, k) for k in self.SHARED}
+
+    def adopt(self, shared: dict[str, np.ndarray]) -> None:
+        """A shard's copy of the ranks: the join's ``shared()`` arrays, read only; the rest its
+        own, grown to as many ranks (``last_recv`` and ``rel_node_refined`` collect what the
+        shard's node summaries say of them, for the join)."""
+        n = len(shared["seen"])
+        if n > self.n:
+            self.ensure(n - 1)
+        for k, v in shared.items():
+            setattr(self, k, v)
+        if len(self.rel_node_refined) != len(self.rel_node):
+            self.rel_node_refined = np.zeros(len(self.rel_node), bool)
 
     def aligned(self, g: np.ndarray) -> np.ndarray:
         """Whether each rank's clock offset is established."""

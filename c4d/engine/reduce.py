@@ -217,10 +217,12 @@ def reduce_group(
 class Step(NamedTuple):
     """One communicator's clock refinement step (``reduce_group``'s ``res`` where ``writer``):
     its members' global ranks and each one's residual (ns), as ``RankTable.add_residuals``
-    takes them."""
+    takes them; ``comm``: its communicator's id (a chunk's steps are applied in id order, as
+    ``reduce_each`` gives them: shards' steps are put in that order by the join)."""
 
     grank: np.ndarray
     res: np.ndarray
+    comm: int = 0
 
 
 def reduce_comms(
@@ -269,7 +271,7 @@ def reduce_each(
     for (c, _), (red, j) in zip(done, results, strict=True):
         red.keep(j)
         if red.writer[j]:
-            steps.append(Step(c.grank, red.res[j]))
+            steps.append(Step(c.grank, red.res[j], c.id))
     return steps
 
 
