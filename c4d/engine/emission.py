@@ -18,7 +18,7 @@ from c4d.engine.config import EngineConfig, ResolvedThresholds
 from c4d.engine.consistency import Consistency, Mismatch
 from c4d.engine.pool import Pool
 from c4d.engine.ranks import RankTable
-from c4d.engine.slow import SlowFinding
+from c4d.engine.slow import CommMeta, SlowFinding
 from c4d.engine.stage import Stages
 from c4d.engine.types import DiagKind, Diagnosis, Level, Localization
 from c4d.record.schema import op_name
@@ -127,7 +127,7 @@ class Emission:
         now: int,
         level: Level,
         kind: DiagKind,
-        comm: Comm | None,
+        comm: CommMeta | None,
         op: int | None,
         seq: int | None,
         ranks: tuple[int, ...],

@@ -18,13 +18,20 @@ sides' ``steps_done / steps_total``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from c4d.engine.comm import Comm
 
 SEND_WAIT, RECV_WAIT = 9, 10
+
+
+class PeerTable(Protocol):
+    """What the slow judge's link evidence reads of a communicator: its PEER rows (a ``Comm``,
+    or the rows a shard took for the judge: slow.take_windows)."""
+
+    def peer_table(self) -> np.ndarray: ...
 
 
 def _links(rows: np.ndarray, value: np.ndarray) -> dict[tuple[int, int], float]:
@@ -150,7 +157,9 @@ def _latest(rows: np.ndarray) -> np.ndarray:
     return r[last]
 
 
-def pace_setters(c: Comm, seqs: np.ndarray) -> tuple[dict[tuple[int, int], int], int, set[tuple[int, int]]]:
+def pace_setters(
+    c: PeerTable, seqs: np.ndarray
+) -> tuple[dict[tuple[int, int], int], int, set[tuple[int, int]]]:
     """Per directed link, in how many of the finished ops ``seqs`` it set the ring's pace.
 
     The slowest link's own transfer is the slowest: where the sender reports it (``wire_ns``,
@@ -193,7 +202,7 @@ def pace_setters(c: Comm, seqs: np.ndarray) -> tuple[dict[tuple[int, int], int],
     return counts, len(useq), seen
 
 
-def link_wire(c: Comm, seqs: np.ndarray) -> dict[tuple[int, int], tuple[float, int]]:
+def link_wire(c: PeerTable, seqs: np.ndarray) -> dict[tuple[int, int], tuple[float, int]]:
     """Per directed link (comm ranks) over the finished ops ``seqs``: the median time its sender
     took per step on the wire (``wire_ns`` / steps: SendWait -> step stop, the link's own pace,
     not the ring's) and the number of ops it was measured in; links whose sender reported no
@@ -212,7 +221,7 @@ def link_wire(c: Comm, seqs: np.ndarray) -> dict[tuple[int, int], tuple[float, i
     return out
 
 
-def _finished(c: Comm, seqs: np.ndarray) -> np.ndarray:
+def _finished(c: PeerTable, seqs: np.ndarray) -> np.ndarray:
     """The PEER rows of ``c`` that finished a transfer of one of the ops ``seqs``."""
     tab = c.peer_table()
     if not len(tab) or not len(seqs):

@@ -18,13 +18,21 @@ to ``slow_baseline_windows`` earlier windows that were not slow. Slow when below
 ``slow_bw_ratio`` of that reference. A slowdown every sibling shares is not a rank's.
 Rank or link: hypotheses checked against every unit of the window (blame.py), narrowed by
 PEER pace setters (peer.localize_slow); docs/engine.md has the rules.
+
+A tick's judging comes in three parts, so that an engine sharded by communicator can take the
+rows where the communicators are and judge them where the judge's state is
+(docs/engine-shards.md): ``SlowJudge.plan`` (the windows that may be judged, the stalls),
+``take_windows`` (each communicator's rows of those windows and the PEER rows of its collectives
+taken: a ``Taken``), ``SlowJudge.judge_taken`` (the windows across communicators); ``judge`` is
+the three in one engine.
 """
 
 from __future__ import annotations
 
 from collections import Counter, deque
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -39,13 +47,14 @@ from c4d.engine.pool import Pool
 from c4d.engine.ranks import RankTable
 from c4d.engine.rows import COMPLETED, cat, row_nanmedian, take
 from c4d.engine.types import DiagKind, How, Localization, Target
+from c4d.record import schema
 from c4d.record.schema import Op
 
 
 @dataclass
 class SlowFinding:
     kind: DiagKind
-    comm: Comm
+    comm: CommMeta  # the communicator reported against (one engine's: a Comm)
     op: int
     seq: int
     ranks: tuple[int, ...]
@@ -57,6 +66,169 @@ def _subset(rows: np.ndarray, mask: np.ndarray) -> np.ndarray:
     """``take(rows, mask)``, no copy when every row is kept (the common case: a window's rows of
     a large job are large, and each copy of them would be held to the window's end)."""
     return rows if mask.all() else take(rows, mask)
+
+
+@dataclass(frozen=True)
+class WindowPlan:
+    """What taking a tick's closed-window rows needs of the judge (``SlowJudge.plan``): plain
+    values, so the taking can run where the communicators are (docs/engine-shards.md)."""
+
+    closed: int  # the last window that may be judged
+    P: int  # the window's length (ns)
+    stall_from: int | None  # first window of the stall in progress
+    stalled: tuple[tuple[int, int], ...]  # windows [a, b] of ended stalls, not judged
+    next_window: int | None  # the first window not judged yet (earlier ones' rows are late)
+
+
+@dataclass
+class Taken:
+    """The rows ``take_windows`` took from some communicators at one tick, by comm index in the
+    order taken: all the window judging reads of them (``SlowJudge.judge_taken``)."""
+
+    coll: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=dict)  # ops, gaps, win
+    p2p: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)  # ops, win
+    # PEER rows that finished a transfer of the collectives taken (pace_setters, link_wire)
+    peers: dict[int, np.ndarray] = field(default_factory=dict)
+    stalled_ops: int = 0  # rows dropped as a stall's
+    late_ops: int = 0  # rows whose window was judged already
+
+
+class CommMeta(Protocol):
+    """What the window judging reads of a communicator (a ``Comm`` has it): its index, id, size
+    and members' global ranks (-1: not known)."""
+
+    idx: int
+    id: int
+    n: int
+    grank: np.ndarray
+
+
+def take_windows(plan: WindowPlan, comms: Mapping[int, Comm], pool: Pool | None = None) -> Taken:
+    """The rows of windows ``plan`` lets be judged, taken from ``comms`` (the communicators kept
+    where this runs: a shard's), with no judge's state: what ``SlowJudge.judge`` does where the
+    communicators are. ``pool``: the one that holds ``comms`` (None: every one is looked at)."""
+    closed, P = plan.closed, plan.P
+    got = Taken()
+    # only the communicators keeping rows of a window that may now be judged (the pool knows
+    # every one's earliest), in index order
+    if pool is None:
+        due = list(comms.values())
+    else:
+        due = [comms[i] for i in pool.due((closed + 1) * P).tolist() if i in comms]
+    if pool is not None and due:  # a window closed: the node summaries to their communicators
+        pool.settle()
+    for c in due:
+        coll = _take_coll(c, plan, got)
+        if coll is not None:
+            got.coll[c.idx] = coll
+            peers = _finished_peers(c, coll[0]["seq"])
+            if peers is not None:
+                got.peers[c.idx] = peers
+        p2p = _take_p2p(c, plan, got)
+        if p2p is not None:
+            got.p2p[c.idx] = p2p
+    return got
+
+
+def after_judge(comms: Mapping[int, Comm], peers_read: Iterable[int]) -> None:
+    """What one engine's judge did to the communicators whose PEER rows it read
+    (``SlowJudge.peers_read``): ``Comm.peer_table`` joined their parts, which sets what
+    ``Comm.pop_peers`` lets go later. Run where they are, before their next rows."""
+    for i in peers_read:
+        c = comms.get(i)
+        if c is not None:
+            c.peer_table()
+
+
+def _finished_peers(c: Comm, seqs: np.ndarray) -> np.ndarray | None:
+    """``c``'s PEER rows that finished a transfer of an op in ``seqs``' range (a superset of what
+    ``peer._finished`` keeps of any subset of ``seqs``, in the same order); None when it has
+    none. Its parts joined into a copy, not in place (``after_judge``): one pass over the
+    joined rows, not one per part (dozens a window: five times slower)."""
+    if not c.peer_rows or not len(seqs):
+        return None
+    s = seqs.astype(np.int64)
+    lo, hi = int(s.min()), int(s.max())
+    tab = cat(c.peer_rows) if len(c.peer_rows) > 1 else c.peer_rows[0]
+    q = tab["seq"].astype(np.int64)
+    return tab[(q >= lo) & (q <= hi) & (tab["done"] > 0)]
+
+
+def _usable(ops: np.ndarray, win: np.ndarray, plan: WindowPlan, got: Taken) -> np.ndarray:
+    """Which taken rows a window may judge: not reduced before the members' clocks were known,
+    not of windows a stall covers, not late (their window was judged) (the stalled and late
+    ones counted in ``got``)."""
+    stalled = np.zeros(len(win), bool)
+    if plan.stall_from is not None:
+        stalled |= win >= plan.stall_from
+    for a, b in plan.stalled:
+        stalled |= (win >= a) & (win <= b)
+    got.stalled_ops += int(stalled.sum())
+    use = ops["aligned"] & ~stalled
+    if plan.next_window is not None:
+        late = use & (win < plan.next_window)
+        got.late_ops += int(late.sum())
+        use &= ~late
+    return use
+
+
+def _take_coll(c: Comm, plan: WindowPlan, got: Taken) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """Take c's COMPLETED rows (their members' gaps, their windows) of windows that may now be judged."""
+    rows = c.take_closed(plan.closed, plan.P)
+    if rows is None:
+        return None
+    ops, gaps, win = rows
+    use = _usable(ops, win, plan, got)
+    if not use.any():
+        return None
+    if use.all():
+        return ops, gaps, win
+    return take(ops, use), gaps[use], win[use]
+
+
+def _take_p2p(c: Comm, plan: WindowPlan, got: Taken) -> tuple[np.ndarray, np.ndarray] | None:
+    """Take c's P2P_DONE rows (and their windows) of windows that may now be judged."""
+    rows = c.take_closed_p2p(plan.closed, plan.P)
+    if rows is None:
+        return None
+    ops, win = rows
+    use = _usable(ops, win, plan, got)
+    if not use.any():
+        return None
+    return (ops, win) if use.all() else (take(ops, use), win[use])
+
+
+def _merge(into: dict[int, Any], part: dict[int, Any]) -> None:
+    """One take's rows into a tick's: a communicator is one shard's, its rows in one take."""
+    if not into.keys().isdisjoint(part):
+        raise ValueError("a communicator's rows in two takes")
+    into.update(part)
+
+
+class _PeerRows:
+    """A communicator's PEER rows as taken (``Taken.peers``), where ``peer.pace_setters`` and
+    ``peer.link_wire`` read ``Comm.peer_table``."""
+
+    __slots__ = ("rows",)
+
+    def __init__(self, rows: np.ndarray) -> None:
+        self.rows = rows
+
+    def peer_table(self) -> np.ndarray:
+        return self.rows
+
+
+class _Peers:
+    """The PEER rows of a tick's takes, per comm index; which ones the windows read (``after_judge``)."""
+
+    def __init__(self, rows: dict[int, np.ndarray]) -> None:
+        self.rows = rows
+        self.read: dict[int, None] = {}
+
+    def of(self, i: int) -> _PeerRows:
+        self.read[i] = None
+        got = self.rows.get(i)
+        return _PeerRows(got if got is not None else np.empty(0, schema.PEER))
 
 
 class SlowJudge:
@@ -88,6 +260,7 @@ class SlowJudge:
         self.stall_from: int | None = None  # first window of the stall in progress
         self.stalled: list[tuple[int, int]] = []  # windows [a, b] of ended stalls, not judged
         self.stalled_ops = 0
+        self.peers_read: tuple[int, ...] = ()  # comm indices whose PEER rows the last judging read
 
     def forget(self, comm_idx: list[int]) -> None:
         """Drop the state of freed communicators (unit keys carry the comm index second)."""
@@ -99,15 +272,11 @@ class SlowJudge:
             for key in [k for k in d if len(k) > 1 and k[1] in gone]:
                 del d[key]
 
-    def judge(
-        self,
-        ranks: RankTable,
-        comms: dict[int, Comm],
-        th: ResolvedThresholds,
-        now: int,
-        oldest_wait: int | None = None,
-        pool: Pool | None = None,
-    ) -> list[SlowFinding]:
+    def plan(
+        self, ranks: RankTable, th: ResolvedThresholds, now: int, oldest_wait: int | None = None
+    ) -> WindowPlan:
+        """The first half of ``judge``, before any communicator is looked at: the last window
+        that may be judged and the stall bookkeeping, as what ``take_windows`` needs."""
         P = th.period_ns
         grace = int(self.cfg.slow_grace_ms * 1e6)
         # last window that may be judged: records of its last ops must be in, later by the
@@ -125,21 +294,54 @@ class SlowJudge:
             self.stall_from = None
         if self.next_window is not None:
             self.stalled = [(a, b) for a, b in self.stalled if b >= self.next_window]
-        # per communicator its rows taken, (its members' compute,) each row's window
+        return self._plan_at(int(closed), int(P))
+
+    def _plan_at(self, closed: int, P: int) -> WindowPlan:
+        """The judge's stall state as plain values, for a take up to window ``closed``."""
+        return WindowPlan(
+            closed, P, None if self.stall_from is None else int(self.stall_from),
+            tuple((int(a), int(b)) for a, b in self.stalled),
+            None if self.next_window is None else int(self.next_window),
+        )  # fmt: skip
+
+    def judge(
+        self,
+        ranks: RankTable,
+        comms: dict[int, Comm],
+        th: ResolvedThresholds,
+        now: int,
+        oldest_wait: int | None = None,
+        pool: Pool | None = None,
+    ) -> list[SlowFinding]:
+        """The windows that closed by ``now``: ``plan``, ``take_windows`` of every communicator,
+        ``judge_taken`` (one engine: the communicators are here)."""
+        plan = self.plan(ranks, th, now, oldest_wait)
+        out = self.judge_taken(ranks, comms, plan, [take_windows(plan, comms, pool)])
+        after_judge(comms, self.peers_read)
+        return out
+
+    def judge_taken(
+        self, ranks: RankTable, metas: Mapping[int, CommMeta], plan: WindowPlan, takes: list[Taken]
+    ) -> list[SlowFinding]:
+        """The second half of ``judge``: the windows of the rows ``takes`` hold (one per shard,
+        each communicator in one), judged across communicators. ``metas``: each communicator's
+        index, id, size and members (``CommMeta``; the findings carry them); nothing else of a
+        communicator is read. ``peers_read`` says afterwards whose PEER rows were read."""
+        closed, P = plan.closed, plan.P
+        # per communicator its rows taken, (its members' compute,) each row's window, in index
+        # order (one engine's: Pool.due's)
         per_comm: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         per_p2p: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        # only the communicators keeping rows of a window that may now be judged (the pool
-        # knows every one's earliest), in index order
-        due = comms.values() if pool is None else [comms[i] for i in pool.due((closed + 1) * P).tolist()]
-        if pool is not None and due:  # a window closed: the node summaries to their communicators
-            pool.settle()
-        for c in due:
-            got = self._closed_coll(c, closed, P)
-            if got is not None:
-                per_comm[c.idx] = got
-            got_p2p = self._closed_p2p(c, closed, P)
-            if got_p2p is not None:
-                per_p2p[c.idx] = got_p2p
+        peer_rows: dict[int, np.ndarray] = {}
+        for t in takes:
+            _merge(per_comm, t.coll)
+            _merge(per_p2p, t.p2p)
+            _merge(peer_rows, t.peers)
+            self.stalled_ops += t.stalled_ops
+            self.late_ops += t.late_ops
+        if len(takes) > 1:
+            per_comm, per_p2p = dict(sorted(per_comm.items())), dict(sorted(per_p2p.items()))
+        peers = _Peers(peer_rows)
         out: list[SlowFinding] = []
         # the windows the taken rows are of (each communicator's span a window or two: a
         # np.unique of every row, 2.5 M at 16,384 ranks, was most of the judge's own time; the
@@ -162,72 +364,42 @@ class SlowJudge:
                     m = win == w
                     if m.any():
                         sel_p2p[i] = _subset(o, m)
-                out += self._window(ranks, comms, sel, gaps, sel_p2p, int(w), P)
+                out += self._window(ranks, metas, sel, gaps, sel_p2p, int(w), P, peers)
         if closed >= (self.next_window if self.next_window is not None else closed):
             self.next_window = int(closed) + 1
+        self.peers_read = tuple(peers.read)
         return out
 
     def _closed_coll(self, c: Comm, closed: int, P: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-        """Take c's COMPLETED rows (their members' gaps, their windows) of windows that may now be judged."""
-        got = c.take_closed(closed, P)
-        if got is None:
-            return None
-        ops, gaps, win = got
-        use = self._usable(ops, win)
-        if not use.any():
-            return None
-        if use.all():
-            return ops, gaps, win
-        return take(ops, use), gaps[use], win[use]
+        """``take_windows``' take of c's COMPLETED rows, with this judge's stall state (a test's
+        way in to the take of one communicator)."""
+        got = Taken()
+        out = _take_coll(c, self._plan_at(closed, P), got)
+        self.stalled_ops += got.stalled_ops
+        self.late_ops += got.late_ops
+        return out
 
     def _in_stall(self, w: int) -> bool:
         """Does a stall, ended or in progress, cover window ``w``?"""
         in_progress = self.stall_from is not None and w >= self.stall_from
         return in_progress or any(a <= w <= b for a, b in self.stalled)
 
-    def _usable(self, ops: np.ndarray, win: np.ndarray) -> np.ndarray:
-        """Which taken rows a window may judge: not reduced before the members' clocks were
-        known, not of windows a stall covers, not late (their window was judged) (the stalled
-        and late ones counted)."""
-        stalled = np.zeros(len(win), bool)
-        if self.stall_from is not None:
-            stalled |= win >= self.stall_from
-        for a, b in self.stalled:
-            stalled |= (win >= a) & (win <= b)
-        self.stalled_ops += int(stalled.sum())
-        use = ops["aligned"] & ~stalled
-        if self.next_window is not None:
-            late = use & (win < self.next_window)
-            self.late_ops += int(late.sum())
-            use &= ~late
-        return use
-
-    def _closed_p2p(self, c: Comm, closed: int, P: int) -> tuple[np.ndarray, np.ndarray] | None:
-        """Take c's P2P_DONE rows (and their windows) of windows that may now be judged."""
-        got = c.take_closed_p2p(closed, P)
-        if got is None:
-            return None
-        ops, win = got
-        use = self._usable(ops, win)
-        if not use.any():
-            return None
-        return (ops, win) if use.all() else (take(ops, use), win[use])
-
     # -- one window --------------------------------------------------------------------
     def _window(
         self,
         ranks: RankTable,
-        comms: dict[int, Comm],
+        comms: Mapping[int, CommMeta],
         sel: dict[int, np.ndarray],
         gaps: dict[int, np.ndarray],
         sel_p2p: dict[int, np.ndarray],
         w: int,
         P: int,
+        peers: _Peers,
     ) -> list[SlowFinding]:
         win = {"window_start_s": round(w * P / 1e9, 3), "window_s": round(P / 1e9, 3)}
         out = self._noncomm_slow(comms, sel, gaps, w, win)
         out += self._own_pace(comms, sel, sel_p2p, ranks, w, win)
-        out += self._comm_slow(ranks, comms, sel, sel_p2p, w, win)
+        out += self._comm_slow(ranks, comms, sel, sel_p2p, w, win, peers)
         self.evidence.close_window()
         return out
 
@@ -260,10 +432,10 @@ class SlowJudge:
         return out
 
     @staticmethod
-    def _busiest_comm(g: int, comms, sel, sel_p2p, ranks: RankTable) -> tuple[Comm, int, int] | None:
+    def _busiest_comm(g: int, comms, sel, sel_p2p, ranks: RankTable) -> tuple[CommMeta, int, int] | None:
         """The communicator, op and latest seq a rank's finding is reported against: the one
         where it had the most of the window's p2p transfers, else collectives."""
-        best: tuple[int, Comm, int, int] | None = None
+        best: tuple[int, CommMeta, int, int] | None = None
         for i, cr in ranks.comms_of[g] if g < len(ranks.comms_of) else ():
             c = comms.get(i)
             if c is None or c.n < 2:
@@ -281,7 +453,7 @@ class SlowJudge:
     # -- RankNonCommSlow ---------------------------------------------------------------
     def _noncomm_slow(
         self,
-        comms: dict[int, Comm],
+        comms: Mapping[int, CommMeta],
         sel: dict[int, np.ndarray],
         gaps: dict[int, np.ndarray],
         w: int,
@@ -292,7 +464,7 @@ class SlowJudge:
         window's ops, by at least max(slow_arrival_min_ms, slow_arrival_rel x their gap): the
         others wait that long for it. Victims of a cascade arrive late with a normal gap."""
         cfg = self.cfg
-        found: dict[int, list[tuple[Comm, float, dict[str, Any], np.ndarray]]] = {}
+        found: dict[int, list[tuple[CommMeta, float, dict[str, Any], np.ndarray]]] = {}
         # below, a member stands out in an op by half its need, need >= slow_arrival_min_ms
         calm_ns = cfg.slow_arrival_min_ms * 1e6 / 2
         calm_share = min(cfg.slow_stood_out_share, cfg.slow_last_frac)
@@ -370,7 +542,7 @@ class SlowJudge:
         return out
 
     # -- RankCommSlow ------------------------------------------------------------------
-    def _units(self, ranks: RankTable, comms: dict[int, Comm], sel, sel_p2p) -> list[_Unit]:
+    def _units(self, ranks: RankTable, comms: Mapping[int, CommMeta], sel, sel_p2p) -> list[_Unit]:
         """What can be slow in a window: communicators and p2p links. A communicator gives one
         candidate per collective (op, size) it ran often enough, all with its unit key; the
         judge keeps one per communicator (``_main``) once their references are known."""
@@ -411,16 +583,19 @@ class SlowJudge:
             )  # fmt: skip
         return units
 
-    def _links_ratio(self, c: Comm, u: _Unit, ranks: RankTable) -> float | None:
+    def _links_ratio(
+        self, comms: Mapping[int, CommMeta], u: _Unit, ranks: RankTable, peers: _Peers
+    ) -> float | None:
         """A collective unit's network links against each other in this window: the median of
         the others' per-step wire times over the slowest one's (below 1: that link is slower);
         None without two network links measured in ``slow_min_ops`` ops each, or for a unit that
         has siblings (siblings that are no reference leave it to its own past, as before)."""
         if u.ops is None or u.link is not None or not u.alone:
             return None
+        c = comms[u.comm]
         node = ranks.node
         net = []
-        for (a, b), (t, n) in link_wire(c, u.ops["seq"]).items():
+        for (a, b), (t, n) in link_wire(peers.of(u.comm), u.ops["seq"]).items():
             ga, gb = int(c.grank[a]), int(c.grank[b])
             if n >= self.cfg.slow_min_ops and ga >= 0 and gb >= 0 and node[ga] != node[gb]:
                 net.append(t)
@@ -434,7 +609,7 @@ class SlowJudge:
             return None
         return self.expected.at(link_class(span), op, nbytes, n)
 
-    def _comm_slow(self, ranks, comms, sel, sel_p2p, w: int, win: dict) -> list[SlowFinding]:
+    def _comm_slow(self, ranks, comms, sel, sel_p2p, w: int, win: dict, peers: _Peers) -> list[SlowFinding]:
         cfg = self.cfg
         # A unit's first window is start-up (processes still launching, a partial window): it
         # is not judged, only remembered as a baseline (a single communicator has nothing else
@@ -485,7 +660,7 @@ class SlowJudge:
                 # no clean past of its own (slow from the first step, or too new): the busbw
                 # healthy communicators of its link class reach at its size
                 u.ratio, u.compared = u.bw / u.expected, "expected"
-            elif (lk := self._links_ratio(comms[u.comm], u, ranks)) is not None and lk < cfg.slow_bw_ratio:
+            elif (lk := self._links_ratio(comms, u, ranks, peers)) is not None and lk < cfg.slow_bw_ratio:
                 # no siblings, no expected busbw: a ring one of whose network links moves its
                 # steps far slower than its other network links goes at that link's pace (its
                 # own past is no reference when the fault was there from its first step)
@@ -561,7 +736,7 @@ class SlowJudge:
                 "ratio": round(u.ratio or 0.0, 3),
                 "compared_with": u.compared,
             }
-            loc = self._localize(ranks, comms, u, list(shapes.values()), d, w, named)
+            loc = self._localize(ranks, comms, u, list(shapes.values()), d, w, peers, named)
             if loc is None:
                 continue  # a weak verdict waits for a second window (see _localize)
             located.append((u, d, loc))
@@ -626,11 +801,12 @@ class SlowJudge:
     def _localize(
         self,
         ranks: RankTable,
-        comms: dict[int, Comm],
+        comms: Mapping[int, CommMeta],
         u: _Unit,
         shapes: list[blame.UnitShape],
         d: dict[str, Any],
         w: int,
+        peers: _Peers,
         named: tuple[blame.Hyp, ...] = (),
     ) -> Localization | None:
         """Rank, link or node behind a slow unit: the evidence model (blame.py) over every unit
@@ -649,7 +825,7 @@ class SlowJudge:
             # the jitter of the moment made slowest, not by the fault
             below = u.below(cfg.slow_bw_ratio)
             seqs = u.ops["seq"][below] if below.sum() >= 2 else u.ops["seq"]
-            counts, n_ops, seen_cr = pace_setters(c, seqs)
+            counts, n_ops, seen_cr = pace_setters(peers.of(u.comm), seqs)
             seen_g = {blame.link_of(int(c.grank[a]), int(c.grank[b])) for a, b in seen_cr}
             ring = blame.shape(u.key, u.members, u.links | seen_g, node_of)
             if n_ops >= 2:
