@@ -15,7 +15,7 @@ import logging
 
 import numpy as np
 
-from c4d.engine import clock, hang
+from c4d.engine import clock, hang, wait_view
 from c4d.engine.chunking import Chunker, apart
 from c4d.engine.comm import Comm
 from c4d.engine.comm_index import CommIndex
@@ -177,7 +177,9 @@ class Engine:
         clock.on_tick(self.ranks, now, self._epoch)
         th = self.thresholds()
         self._pool.sampler.period_ns = th.period_ns
-        ev = hang.evaluate(self.ranks, self.comms, th, now, self._pool, self.cfg.likelihoods())
+        views = wait_view.busy_views(self.comms, self._pool)  # (the communicators' side)
+        ev = hang.evaluate(self.ranks, views, th, now, self.cfg.likelihoods())
+        wait_view.join_peers(self.comms, ev.peers_read)
         out = self._emission.hangs(ev.findings, th, now)
         for s in self._slow.judge(self.ranks, self.comms, th, now, ev.oldest_wait, self._pool):
             out.append(self._emission.slow(s, now))
