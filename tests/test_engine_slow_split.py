@@ -18,7 +18,8 @@ import pytest
 from factories import Fault, Job, build_cached, replay
 
 from c4d.engine import DiagKind, Engine, EngineConfig, shard
-from c4d.engine.slow import Taken, WindowPlan, after_judge, take_windows
+from c4d.engine.slow import Taken, WindowPlan, take_windows
+from c4d.engine.wait_view import join_peers
 from c4d.offline import analyze
 from c4d.record import trace
 from tests.golden import make_golden
@@ -86,7 +87,7 @@ class _Split(_Ticks):
             metas = {i: _Meta(c) for i, c in comms.items()}
             out = judge.judge_taken(ranks, metas, sent, takes)
             self.peers_read += len(judge.peers_read)
-            after_judge(comms, judge.peers_read)  # where the communicators are
+            join_peers(comms, judge.peers_read)  # where the communicators are
             return out
 
         judge.judge = split
@@ -94,7 +95,7 @@ class _Split(_Ticks):
 
 def _same_ticks(plain: _Ticks, split: _Split) -> None:
     """The same diagnoses at every tick, and the judges and communicators left alike: the rows
-    counted and kept, and each PEER table in the same parts (``after_judge``: they set what a
+    counted and kept, and each PEER table in the same parts (``join_peers``: they set what a
     full table lets go)."""
     assert len(plain.per_tick) == len(split.per_tick)
     for k, (a, b) in enumerate(zip(plain.per_tick, split.per_tick, strict=True)):
@@ -192,7 +193,7 @@ def test_a_plan_and_a_take_sent_through_pickle_give_the_same_findings():
         assert key == [(f.kind, f.comm.idx, f.op, f.seq, f.ranks, f.loc, f.detail) for f in out2]
         assert judge.peers_read == twin.peers_read and judge.slow_ranks == twin.slow_ranks
         assert judge.next_window == twin.next_window and judge.late_ops == twin.late_ops
-        after_judge(comms, judge.peers_read)
+        join_peers(comms, judge.peers_read)
         closes += bool(t.coll)
         found += len(out)
         return out

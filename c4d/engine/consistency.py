@@ -45,13 +45,13 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from c4d.engine.calibration import PRIOR_CAP, localize
-from c4d.engine.pool import budget_from_env
+from c4d.engine.pool import Pool, budget_from_env
 from c4d.engine.types import DiagKind, How, Localization, Target
 from c4d.record import schema
 from c4d.record.schema import DTYPE_NAMES, DType, Op, OpFlag, op_name
@@ -137,6 +137,9 @@ class Mismatch:
     op: int = 0  # the largest side's op code
 
     p2p: bool = False  # a send and its receive (sides: the sender first)
+    # the communicator's id, set as the verdict is handed over (pending_mismatches): where
+    # verdicts are said, the communicators may not be (None: freed before that)
+    comm_id: int | None = field(default=None, compare=False)
 
     @classmethod
     def make(cls, comm: int, seq: int, cranks, granks, sigs, counts, source: str, now: int) -> Mismatch:
@@ -512,6 +515,26 @@ class Consistency:
             rows = np.concatenate(self.rows)
             keep = ~np.isin(rows[:, 0] >> KEY_SHIFT, gone)
             self.rows = [rows[keep]] if keep.any() else []
+
+
+def pending_mismatches(
+    consistency: Consistency, comms: dict[int, Any], pool: Pool | None, now: int
+) -> list[Mismatch]:
+    """A tick's new verdicts, taken where the communicators live: the heartbeats of every
+    communicator someone waits in checked (``check_pending``; those ``pool.busy()`` names, in
+    its order, else every one of ``comms``: index -> comm.Comm), open ops too old forgotten,
+    and every verdict not handed over yet, each with its communicator's id."""
+    C = consistency
+    if pool is None:
+        busy = list(comms)
+    else:
+        waiting, p2p_waiting = pool.busy()
+        busy = np.union1d(waiting, p2p_waiting).tolist()
+    for i in busy:
+        if i in comms:
+            C.check_pending(comms[i], now)
+    C.expire(now)
+    return [replace(mm, comm_id=comms[mm.comm].id if mm.comm in comms else None) for mm in C.take_new()]
 
 
 _MEMBER_MAX = 1 << 20  # members of one communicator (comm_nranks beyond this: not watched)

@@ -3,47 +3,69 @@ disagree named at once, the slow judge's findings passed on, each made a ``Diagn
 
 A finding is said again only when its count rises (``emitted``), so a tick returns what is
 new; ``active`` keeps each live finding's latest diagnosis for the live view (snapshot.py).
+
+It reads no communicator: the graph's findings carry their communicators' views
+(wait_view.py) and the verdicts their communicator's id (consistency.pending_mismatches), so
+it can run where the communicators are not (docs/engine-shards.md, "The design").
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterable
 from typing import Any
 
-import numpy as np
-
 from c4d.engine import hang
-from c4d.engine.comm import Comm
 from c4d.engine.config import EngineConfig, ResolvedThresholds
-from c4d.engine.consistency import Consistency, Mismatch
-from c4d.engine.pool import Pool
+from c4d.engine.consistency import MAX_REPORTED, Mismatch
 from c4d.engine.ranks import RankTable
-from c4d.engine.slow import CommMeta, SlowFinding
+from c4d.engine.slow import SlowFinding
 from c4d.engine.stage import Stages
 from c4d.engine.types import DiagKind, Diagnosis, Level, Localization
 from c4d.record.schema import op_name
 
 
+class FoundMismatches:
+    """The verdicts said so far, the latest MAX_REPORTED per communicator, for the stall that
+    may follow one: ``Consistency.found`` and ``Consistency.explains`` kept where verdicts are
+    said, from the verdicts handed over (``Consistency`` lives with the communicators)."""
+
+    def __init__(self) -> None:
+        self.found: dict[int, list[Mismatch]] = {}  # by communicator index, latest last
+
+    def add(self, mm: Mismatch) -> None:
+        lst = self.found.setdefault(mm.comm, [])
+        lst.append(mm)
+        del lst[:-MAX_REPORTED]
+
+    def explains(self, comm: int, seq: int | None, start_ns: int, T: int) -> Mismatch | None:
+        """The verdict a stall of communicator ``comm`` at ``seq`` that began at ``start_ns``
+        continues: found on it at or before that seq, at most T before the stall began."""
+        for mm in reversed(self.found.get(comm, ())):
+            # a p2p seq counts per direction and peer: not comparable with a stall's seq
+            if (seq is None or mm.p2p or mm.seq <= seq) and start_ns <= mm.found_ns + T:
+                return mm
+        return None
+
+    def forget(self, comms: Iterable[int]) -> None:
+        """Freed communicators (Engine.free_comms)."""
+        for c in comms:
+            self.found.pop(int(c), None)
+
+
 class Emission:
-    def __init__(
-        self,
-        cfg: EngineConfig,
-        ranks: RankTable,
-        comms: dict[int, Comm],
-        pool: Pool,
-        consistency: Consistency,
-        stages: Stages,
-    ) -> None:
-        """``comms``: the engine's communicators by index (the same dict, kept up to date)."""
-        self.cfg, self.ranks, self.comms = cfg, ranks, comms
-        self.pool, self.consistency, self.stages = pool, consistency, stages
+    def __init__(self, cfg: EngineConfig, ranks: RankTable, stages: Stages) -> None:
+        self.cfg, self.ranks, self.stages = cfg, ranks, stages
         self.emitted: dict[Hashable, int] = {}  # hang key -> highest count emitted
         self.active: dict[Hashable, Diagnosis] = {}  # hang key -> latest diagnosis (live view)
+        self.mismatches = FoundMismatches()
 
-    def hangs(self, findings: list[hang.Finding], th: ResolvedThresholds, now: int) -> list[Diagnosis]:
-        """The wait-for graph's ``findings`` at ``now``: new mismatches first, then each
-        finding's count where it rose; findings no longer live leave ``active``."""
-        out = self._mismatches(findings, th, now)
+    def hangs(
+        self, findings: list[hang.Finding], new_mismatches: list[Mismatch], th: ResolvedThresholds, now: int
+    ) -> list[Diagnosis]:
+        """The wait-for graph's ``findings`` at ``now`` and the verdicts found since the last
+        tick (consistency.pending_mismatches): the new mismatches first, then each finding's
+        count where it rose; findings no longer live leave ``active``."""
+        out = self._mismatches(findings, new_mismatches, th, now)
         live: set[Hashable] = set()
         for f in findings:
             live.add(f.key)
@@ -52,32 +74,36 @@ class Emission:
             del self.active[key]
         return out
 
-    def slow(self, s: SlowFinding, now: int) -> Diagnosis:
-        return self._diag(now, Level.INFO, s.kind, s.comm, s.op, s.seq, s.ranks, 0, s.loc, s.detail)
+    def forget(self, comms: Iterable[int]) -> None:
+        """Freed communicators (Engine.free_comms): their verdicts explain no stall any more."""
+        self.mismatches.forget(comms)
 
-    def _mismatches(self, findings: list[hang.Finding], th: ResolvedThresholds, now: int) -> list[Diagnosis]:
+    def slow(self, s: SlowFinding, now: int) -> Diagnosis:
+        cid = None if s.comm is None else s.comm.id
+        return self._diag(now, Level.INFO, s.kind, cid, s.op, s.seq, s.ranks, 0, s.loc, s.detail)
+
+    def _mismatches(
+        self, findings: list[hang.Finding], new: list[Mismatch], th: ResolvedThresholds, now: int
+    ) -> list[Diagnosis]:
         """Collectives whose members disagree (consistency.py): a WARNING now for each new one
-        (its pending op's heartbeats checked where a member waits); a stall it explains (its
-        communicator, at or after its seq, beginning within T of it) is counted on as it, in
-        place in ``findings``: one incident, never isolating."""
-        C = self.consistency
-        waiting, p2p_waiting = self.pool.busy()
-        for i in np.union1d(waiting, p2p_waiting).tolist():
-            if i in self.comms:
-                C.check_pending(self.comms[i], now)
-        C.expire(now)
+        (``new``: its pending op's heartbeats checked where a member waits); a stall it explains
+        (its communicator, at or after its seq, beginning within T of it) is counted on as it,
+        in place in ``findings``: one incident, never isolating."""
+        R = self.mismatches
         out = []
-        for mm in C.take_new():
+        for mm in new:
+            if mm.comm_id is not None:  # (one freed before it was handed over: forgotten already)
+                R.add(mm)
             d = mm.detail()
             d["timeout_s"] = round(th.hang_timeout_ns / 1e9, 3)
             d["hang_times_limit"] = th.hang_times
-            c = self.comms.get(mm.comm)
             loc, kind = mm.localization(), DiagKind.CollectiveMismatch
-            out.append(self._diag(now, Level.WARNING, kind, c, mm.op, mm.seq, mm.culprits, 0, loc, d))
+            cid = mm.comm_id
+            out.append(self._diag(now, Level.WARNING, kind, cid, mm.op, mm.seq, mm.culprits, 0, loc, d))
         for j, f in enumerate(findings):
             if f.comm is None or f.kind is DiagKind.RankLost:
                 continue
-            was: Mismatch | None = C.explains(f.comm.idx, f.seq, f.start_ns, th.hang_timeout_ns)
+            was: Mismatch | None = R.explains(f.comm.idx, f.seq, f.start_ns, th.hang_timeout_ns)
             if was is not None:
                 detail = {**was.detail(), "stalled": f.kind.value, "stalled_seq": f.seq}
                 kind = DiagKind.CollectiveMismatch
@@ -111,7 +137,8 @@ class Emission:
         if (T, start) != (th.hang_timeout_ns, f.start_ns):
             d["staged_timeout"] = True  # set by the training code (c4d.hang_timeout), see stage.py
         d["hang_times_limit"] = th.hang_times
-        mk = lambda lvl: self._diag(now, lvl, f.kind, f.comm, f.op, f.seq, f.ranks, n, f.loc, d)  # noqa: E731
+        cid = None if f.comm is None else f.comm.id
+        mk = lambda lvl: self._diag(now, lvl, f.kind, cid, f.op, f.seq, f.ranks, n, f.loc, d)  # noqa: E731
         out = []
         if n >= th.hang_times:
             if prev == 0:
@@ -127,7 +154,7 @@ class Emission:
         now: int,
         level: Level,
         kind: DiagKind,
-        comm: CommMeta | None,
+        comm_id: int | None,
         op: int | None,
         seq: int | None,
         ranks: tuple[int, ...],
@@ -144,7 +171,7 @@ class Emission:
             time_ns=now,
             level=level,
             kind=kind,
-            comm=None if comm is None else comm.id,
+            comm=comm_id,
             op=op_name(op),
             seq=seq,
             ranks=tuple(int(r) for r in ranks),

@@ -15,12 +15,12 @@ import logging
 
 import numpy as np
 
-from c4d.engine import clock, hang
+from c4d.engine import clock, hang, wait_view
 from c4d.engine.chunking import Chunker, apart
 from c4d.engine.comm import Comm
 from c4d.engine.comm_index import CommIndex
 from c4d.engine.config import EngineConfig, ResolvedThresholds
-from c4d.engine.consistency import Consistency
+from c4d.engine.consistency import Consistency, pending_mismatches
 from c4d.engine.emission import Emission
 from c4d.engine.ingest import Ingest
 from c4d.engine.p2p_pairs import P2PPairs
@@ -71,7 +71,7 @@ class Engine:
                               self._slow.own, self.stages, self._invalid, self.stats)  # fmt: skip
         # a send and its receive that differ in count or dtype (paired by P2PPairs)
         self._pairs.on_disagree = lambda S, R: self.consistency.p2p_disagree(S, R, self._ingest.chunk_recv)
-        self._emission = Emission(self.cfg, self.ranks, self.comms, self._pool, self.consistency, self.stages)
+        self._emission = Emission(self.cfg, self.ranks, self.stages)
 
     # -- input -------------------------------------------------------------------------
     def thresholds(self) -> ResolvedThresholds:
@@ -91,6 +91,7 @@ class Engine:
         freed = self._index.free(cids)
         if freed:
             self.consistency.forget(freed)
+            self._emission.forget(freed)
             self._pairs.forget(freed)
             self._slow.forget(freed)
         return len(freed)
@@ -177,8 +178,12 @@ class Engine:
         clock.on_tick(self.ranks, now, self._epoch)
         th = self.thresholds()
         self._pool.sampler.period_ns = th.period_ns
-        ev = hang.evaluate(self.ranks, self.comms, th, now, self._pool, self.cfg.likelihoods())
-        out = self._emission.hangs(ev.findings, th, now)
+        # the communicators' side: views of those someone waits in, new verdicts
+        views = wait_view.busy_views(self.comms, self._pool)
+        new_mm = pending_mismatches(self.consistency, self.comms, self._pool, now)
+        ev = hang.evaluate(self.ranks, views, th, now, self.cfg.likelihoods())
+        wait_view.join_peers(self.comms, ev.peers_read)
+        out = self._emission.hangs(ev.findings, new_mm, th, now)
         for s in self._slow.judge(self.ranks, self.comms, th, now, ev.oldest_wait, self._pool):
             out.append(self._emission.slow(s, now))
         return out

@@ -37,13 +37,12 @@ import numpy as np
 
 from c4d.engine import blame
 from c4d.engine.calibration import localize
-from c4d.engine.comm import Comm
 from c4d.engine.config import EngineConfig, ResolvedThresholds
 from c4d.engine.peer import global_links, hang_links, starved_segment
-from c4d.engine.pool import Pool
 from c4d.engine.ranks import RankTable
 from c4d.engine.rows import P2P
 from c4d.engine.types import CycleMember, DiagKind, How, Localization, OpRef, Target
+from c4d.engine.wait_view import WaitView
 from c4d.record.schema import Op, OpFlag, op_name
 
 SEND, RECV = int(Op.Send), int(Op.Recv)
@@ -119,7 +118,7 @@ class Finding:
 
     key: Hashable
     kind: DiagKind
-    comm: Comm | None
+    comm: WaitView | None
     op: int | None
     seq: int | None
     ranks: tuple[int, ...]
@@ -131,7 +130,7 @@ class Finding:
 @dataclass
 class _Node:
     key: NodeKey
-    comm: Comm
+    comm: WaitView
     op: int | None
     waiters: list[tuple[int, int]] = field(default_factory=list)  # (global rank, since master ns)
 
@@ -168,18 +167,19 @@ class _Edge:
 
 
 class WaitGraph:
-    """One tick's wait-for graph (see module doc)."""
+    """One tick's wait-for graph (see module doc), over the views of the communicators someone
+    waits in (wait_view.busy_views): never a live ``Comm``, so it can be built where the
+    communicators are not."""
 
     def __init__(
         self,
         ranks: RankTable,
-        comms: dict[int, Comm],
+        views: dict[int, WaitView],
         th: ResolvedThresholds,
         now: int,
-        pool: Pool | None = None,
         lik: blame.Likelihoods | None = None,
     ) -> None:
-        self.r, self.comms, self.th, self.now = ranks, comms, th, now
+        self.r, self.views, self.th, self.now = ranks, views, th, now
         self.lik = lik if lik is not None else EngineConfig().likelihoods()
         T = th.hang_timeout_ns
         self.T = T
@@ -201,20 +201,14 @@ class WaitGraph:
         self.blocks_of: dict[int, list[NodeKey]] = {}
         self.view: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self._off = ranks.offsets(np.arange(ranks.n))  # once per tick, not once per communicator
-        if pool is None:
-            for c in comms.values():
-                self._collect(c)
-        else:  # the pool (which holds every one of comms) names those anyone waits in
-            wait, pend = pool.busy()
-            for i in np.union1d(wait, pend).tolist():
-                if i in comms:
-                    self._collect(comms[i])
+        for c in views.values():
+            self._collect(c)
         self._memo: dict[NodeKey, _Expl] = {}
         self._stack: set[NodeKey] = set()
         self.edges: set[_Edge] = set()  # victim edges seen by the walk (for cycles)
 
     # -- graph nodes -------------------------------------------------------------------
-    def _view(self, c: Comm) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _view(self, c: WaitView) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """c's arrived and done counts per member and its members' clock offsets (this tick)."""
         v = self.view.get(c.idx)
         if v is None:
@@ -226,16 +220,13 @@ class WaitGraph:
             v = self.view[c.idx] = (np.maximum(c.n_arrived, done), done, off)
         return v
 
-    def _collect(self, c: Comm) -> None:
-        if c.idle_version == c.version:
-            return  # nobody waited in it at an earlier tick and nothing came since
+    def _collect(self, c: WaitView) -> None:
         done = c.done_eff()
         arr = np.maximum(c.n_arrived, done)
         live = c.hb_seen & ~c.gone & (c.grank >= 0)
         wait = np.flatnonzero(live & (arr > done))
         pb = live & (c.pend_seq >= 0) & ((c.pend_flags & P2P) != 0) & (c.pend_start > 0)
         if not len(wait) and not pb.any():
-            c.idle_version = c.version
             return
         _, _, off = self._view(c)
         for cr in wait.tolist():
@@ -250,7 +241,7 @@ class WaitGraph:
             key = NodeKey(True, c.idx, s, cr, op, q)
             self._add(key, c, op, int(c.grank[cr]), int(c.pend_start[cr]) - int(off[cr]))
 
-    def _add(self, key: NodeKey, c: Comm, op: int | None, g: int, since: int) -> None:
+    def _add(self, key: NodeKey, c: WaitView, op: int | None, g: int, since: int) -> None:
         node = self.nodes.get(key)
         if node is None:
             node = self.nodes[key] = _Node(key, c, op)
@@ -259,7 +250,7 @@ class WaitGraph:
         node.waiters.append((g, since))
         self.blocks_of.setdefault(g, []).append(key)
 
-    def report_ns(self, c: Comm, cr: int) -> int:
+    def report_ns(self, c: WaitView, cr: int) -> int:
         """Master time of member cr's latest report on comm c."""
         return int(c.hb_time[cr]) - int(self._view(c)[2][cr])
 
@@ -294,7 +285,7 @@ class WaitGraph:
         return e
 
     def _rank(
-        self, g: int, via: _Node, conf_t: int, c: Comm, cr: int, e: _Expl, certain: bool = True
+        self, g: int, via: _Node, conf_t: int, c: WaitView, cr: int, e: _Expl, certain: bool = True
     ) -> None:
         """Non-arrived rank g (comm rank cr of c) reached from node ``via``. ``certain``: g is
         known to be what ``via`` waits for (not inferred from a group's other ops), so the
@@ -342,7 +333,9 @@ class WaitGraph:
             self._rank(g, node, conf_t, c, cr, e)
         return e
 
-    def _everyone_arrived(self, c: Comm, members: list[int], conf_t: int, e: _Expl, term: Term) -> set[Term]:
+    def _everyone_arrived(
+        self, c: WaitView, members: list[int], conf_t: int, e: _Expl, term: Term
+    ) -> set[Term]:
         """Every needed member is in the op: a stopped transfer, once all reports confirm it."""
         out: set[Term] = set()
         ok = True
@@ -362,7 +355,7 @@ class WaitGraph:
         return out
 
     @staticmethod
-    def _group_partners(c: Comm, w: int, op: int, q: int) -> list[int]:
+    def _group_partners(c: WaitView, w: int, op: int, q: int) -> list[int]:
         """The peers of w's other p2p ops in its group (besides ``op`` with ``q``) whose side
         is not finished: the next seq w has not finished with a peer it has finished with
         before, and a peer whose pending op is with w (w's first op with it has no past)."""
@@ -502,7 +495,7 @@ def _counter(op: int) -> int:
     return SEND if op == RECV else RECV
 
 
-def _op_of(c: Comm, k: int, node_op: int | None) -> int | None:
+def _op_of(c: WaitView, k: int, node_op: int | None) -> int | None:
     if node_op is not None and node_op != 255:
         return node_op
     slot = k % c.W
@@ -521,7 +514,7 @@ def _op_ref(G: WaitGraph, key: NodeKey, as_peer_of: int | None = None) -> OpRef:
     return OpRef(c.id, key.seq, op_name(_op_of(c, key.seq, node.op)))
 
 
-def _hex(c: Comm) -> str:
+def _hex(c: WaitView) -> str:
     return f"{c.id:016x}"
 
 
@@ -531,23 +524,28 @@ class Evaluation:
     # master ns at which the oldest wait still in progress began (a rank with current
     # reports); the slow judge holds the windows it may still change (slow.py)
     oldest_wait: int | None
+    # communicators whose PEER rows the graph read (a stuck collective's: hang_links), which
+    # their owner joins as reading a Comm's did (wait_view.join_peers)
+    peers_read: list[int] = field(default_factory=list)
 
 
 def evaluate(
     ranks: RankTable,
-    comms: dict[int, Comm],
+    views: dict[int, WaitView],
     th: ResolvedThresholds,
     now: int,
-    pool: Pool | None = None,
     lik: blame.Likelihoods | None = None,
 ) -> Evaluation:
-    """Every hang, mismatch and loss in progress at master time ``now`` (durations may still be < T)."""
-    G = WaitGraph(ranks, comms, th, now, pool, lik)
-    return Evaluation(_findings(G), G.oldest_wait())
+    """Every hang, mismatch and loss in progress at master time ``now`` (durations may still be < T),
+    from the views of the communicators someone waits in (wait_view.busy_views)."""
+    G = WaitGraph(ranks, views, th, now, lik)
+    findings = _findings(G)
+    read = sorted({f.key.comm for f in findings if isinstance(f.key, Stuck)})  # (hang_links)
+    return Evaluation(findings, G.oldest_wait(), read)
 
 
 def _findings(G: WaitGraph) -> list[Finding]:
-    comms, ranks = G.comms, G.r
+    comms, ranks = G.views, G.r
     out: list[Finding] = []
     term_sources: dict[Term, list[NodeKey]] = {}
     pending: set[int | UnknownMember] = set()
@@ -626,7 +624,7 @@ def _noncomm(G: WaitGraph, term_sources, missing: list[int], common) -> list[Fin
     ]  # fmt: skip
 
 
-def _comm_hangs(G: WaitGraph, comms: dict[int, Comm], term_sources, common, now: int) -> list[Finding]:
+def _comm_hangs(G: WaitGraph, comms: dict[int, WaitView], term_sources, common, now: int) -> list[Finding]:
     """RankCommHang on collectives everyone has arrived at, and on stuck p2p pairs: each stuck op
     a unit of evidence (it stopped), and each network link of a stuck collective that NCCL
     reports progress for (stalled, or moved on) another; the evidence model (blame.py) names
@@ -869,7 +867,7 @@ def _lost(G: WaitGraph, ranks: RankTable, term_sources, common) -> list[Finding]
     return [Finding(("lost", first), DiagKind.RankLost, None, None, None, tuple(lost), start, loc, d)]
 
 
-def _term_ranks(t: Stuck | StuckLink, comms: dict[int, Comm]) -> list[int]:
+def _term_ranks(t: Stuck | StuckLink, comms: dict[int, WaitView]) -> list[int]:
     if isinstance(t, StuckLink):
         return [t.sender, t.receiver]
     c = comms[t.comm]

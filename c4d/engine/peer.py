@@ -18,11 +18,14 @@ sides' ``steps_done / steps_total``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from c4d.engine.comm import Comm
+
+if TYPE_CHECKING:
+    from c4d.engine.wait_view import WaitView
 
 SEND_WAIT, RECV_WAIT = 9, 10
 
@@ -109,7 +112,7 @@ class HangLinks:
     evidence: dict[str, Any] = field(default_factory=dict)
 
 
-def hang_links(c: Comm, seq: int, visible: set[tuple[int, int]]) -> HangLinks:
+def hang_links(c: Comm | WaitView, seq: int, visible: set[tuple[int, int]]) -> HangLinks:
     """Transfer progress of (C, seq) from PEER records; ``visible``: the directed ring links NCCL
     reports (across nodes)."""
     tab = c.peer_table()
@@ -239,7 +242,7 @@ def _latest_per_op(rows: np.ndarray) -> np.ndarray:
     return r[last]
 
 
-def global_links(ev: dict, c: Comm) -> dict:
+def global_links(ev: dict, c: Comm | WaitView) -> dict:
     """PEER evidence names links by comm rank ("3->4"); the user reads global ranks."""
 
     def g(link: str) -> str:

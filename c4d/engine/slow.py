@@ -30,7 +30,7 @@ the three in one engine.
 from __future__ import annotations
 
 from collections import Counter, deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -47,6 +47,7 @@ from c4d.engine.pool import Pool
 from c4d.engine.ranks import RankTable
 from c4d.engine.rows import COMPLETED, cat, row_nanmedian, take
 from c4d.engine.types import DiagKind, How, Localization, Target
+from c4d.engine.wait_view import join_peers
 from c4d.record import schema
 from c4d.record.schema import Op
 
@@ -130,20 +131,10 @@ def take_windows(plan: WindowPlan, comms: Mapping[int, Comm], pool: Pool | None 
     return got
 
 
-def after_judge(comms: Mapping[int, Comm], peers_read: Iterable[int]) -> None:
-    """What one engine's judge did to the communicators whose PEER rows it read
-    (``SlowJudge.peers_read``): ``Comm.peer_table`` joined their parts, which sets what
-    ``Comm.pop_peers`` lets go later. Run where they are, before their next rows."""
-    for i in peers_read:
-        c = comms.get(i)
-        if c is not None:
-            c.peer_table()
-
-
 def _finished_peers(c: Comm, seqs: np.ndarray) -> np.ndarray | None:
     """``c``'s PEER rows that finished a transfer of an op in ``seqs``' range (a superset of what
     ``peer._finished`` keeps of any subset of ``seqs``, in the same order); None when it has
-    none. Its parts joined into a copy, not in place (``after_judge``): one pass over the
+    none. Its parts joined into a copy, not in place (``wait_view.join_peers``): one pass over the
     joined rows, not one per part (dozens a window: five times slower)."""
     if not c.peer_rows or not len(seqs):
         return None
@@ -219,7 +210,8 @@ class _PeerRows:
 
 
 class _Peers:
-    """The PEER rows of a tick's takes, per comm index; which ones the windows read (``after_judge``)."""
+    """The PEER rows of a tick's takes, per comm index; which ones the windows read
+    (``wait_view.join_peers``)."""
 
     def __init__(self, rows: dict[int, np.ndarray]) -> None:
         self.rows = rows
@@ -317,7 +309,7 @@ class SlowJudge:
         ``judge_taken`` (one engine: the communicators are here)."""
         plan = self.plan(ranks, th, now, oldest_wait)
         out = self.judge_taken(ranks, comms, plan, [take_windows(plan, comms, pool)])
-        after_judge(comms, self.peers_read)
+        join_peers(comms, self.peers_read)
         return out
 
     def judge_taken(
