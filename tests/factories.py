@@ -743,6 +743,7 @@ def as_master(
     early: bool = True,
     summariser: dict | None = None,
     flush_s: float = 0.0,
+    engine_factory=None,
     **cfg,
 ) -> tuple[list, Any]:
     """The diagnoses of the stream fed as c4d.master.master feeds it: stamped with the latest tick's time,
@@ -751,12 +752,14 @@ def as_master(
     after the last tick at the earliest. ``agents``: each node's batches through its own node
     agent's summariser first (c4d/agent/summary.py; ``summariser``: their options), forwarded at
     once, or (``flush_s``) what came in each flush period together, as an agent flushes.
-    ``cfg``: the engine's. (diagnoses, the pending watch)."""
+    ``cfg``: the engine's (``engine_factory(EngineConfig)``: another engine than ``Engine``).
+    (diagnoses, the pending watch)."""
     from c4d.agent.summary import Summariser
     from c4d.engine import Engine, EngineConfig
     from c4d.engine.consistency import PendingWatch
 
-    eng, watch, summ, out = Engine(EngineConfig(**cfg)), PendingWatch(), {}, []
+    eng = (engine_factory or Engine)(EngineConfig(**cfg))
+    watch, summ, out = PendingWatch(), {}, []
     tick = job.tick_ms * MS
     last, nxt = 0.0, tick  # master times relative to T0
     end = max(t for t, _ in batches) + 4 * tick

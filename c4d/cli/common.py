@@ -143,6 +143,10 @@ def make_master(args, meta: dict, bind: str):
     )
     if getattr(args, "engine_process", None):
         cfg.engine_process = True
+    if getattr(args, "engine_shards", None):
+        cfg.engine_shards = args.engine_shards
+        if args.engine_shards > 1:
+            cfg.engine_process = True
     if getattr(args, "ranks_may_move", False):  # the job's launcher may restart a rank elsewhere
         from dataclasses import replace
 

@@ -4,6 +4,7 @@ and ``keygen`` (the master's CURVE keys)."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import logging
 import os
@@ -58,6 +59,16 @@ def _add_master(subparsers) -> None:
         help="run the diagnosis engine in a process of its own: receiving and validating and the "
         "engine take two cores (jobs of thousands of ranks; diagnoses reach the log a tick later; "
         "default: $C4D_MASTER_ENGINE_PROCESS)",
+    )
+    p.add_argument(
+        "--engine-shards",
+        type=_shards,
+        default=None,
+        metavar="N",
+        help="split the engine's communicators over N processes, the cross-communicator judges "
+        "joined in one (the same diagnoses; jobs of tens of thousands of ranks on a master with "
+        "cores to spare); N > 1 puts the engine in a process of its own (default: "
+        "$C4D_ENGINE_SHARDS, else the cores less two, at most 8, when the engine has a process)",
     )
     p.add_argument(
         "--curve",
@@ -262,3 +273,13 @@ def _stop_on_signals() -> Callable[[], bool]:
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, handler)
     return lambda: bool(asked)
+
+
+def _shards(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a count >= 1")
+    return n

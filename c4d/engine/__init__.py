@@ -42,10 +42,17 @@ from c4d.engine.types import (
 )
 
 
-def make_engine(overrides: dict[str, Any] | None = None, split: bool = False) -> Engine:
+def make_engine(overrides: dict[str, Any] | None = None, split: bool = False, shards: int = 1) -> Any:
     """The diagnosis engine, configured from the job's registered values plus ``overrides``
-    (and the master's C4D_SLOW_* environment): what the live master and a replay both run."""
-    return Engine(EngineConfig.from_env(**(overrides or {})), split=split)
+    (and the master's C4D_SLOW_* environment): what the live master and a replay both run.
+    ``shards`` > 1: its communicators over that many shards, each a process of its own
+    (c4d/engine/shards.py: the same diagnoses)."""
+    cfg = EngineConfig.from_env(**(overrides or {}))
+    if shards > 1:
+        from c4d.engine.shards import ShardedEngine
+
+        return ShardedEngine(cfg, split=split, shards=shards, processes=True)
+    return Engine(cfg, split=split)
 
 
 __all__ = [

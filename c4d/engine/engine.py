@@ -175,6 +175,7 @@ class Engine:
         self._now = now
         self.stats["ticks"] += 1
         self._flush()
+        self._ingest.settle()
         clock.on_tick(self.ranks, now, self._epoch)
         th = self.thresholds()
         self._pool.sampler.period_ns = th.period_ns

@@ -74,15 +74,28 @@ class Ingest:
         self.ops = OpIngest(cfg, ranks, index, pool, pairs, consistency, own, invalid)
         self.summaries = SummaryIngest(cfg, ranks, index, pool, invalid)
         self.chunk_recv = 0  # master time stamped on the chunk being ingested
+        self._steps: list[Step] = []  # the last chunk's clock steps, not applied yet (settle)
 
     def chunk(self, chunk: Chunk) -> None:
         """One chunk: its rank-level half (``front``), its communicators' half (``comms``),
-        then the clock refinement steps its collectives gave, together at its end: every part
-        of the chunk read the clock as the chunk found it (Jacobi order, clock.py)."""
+        then the clock refinement steps the chunk before it gave (``settle``): the steps of a
+        chunk's collectives are applied together (Jacobi order, clock.py), once the next chunk
+        is ingested or at the tick, whichever comes first. So an engine sharded by
+        communicator ingests a chunk in its shards while its front reads the next one, with the
+        clock one engine would publish (c4d/engine/shards.py); a tick's chunks are rarely
+        more than one or two, and a tick reads the clock with every step applied."""
         rows = self.front(chunk)
         if rows is not None:
             self.index.make(rows.new)
-            self.apply_steps(self.comms(rows))
+            steps = self.comms(rows)
+            self.settle()
+            self._steps = steps
+
+    def settle(self) -> None:
+        """Apply the clock refinement steps of the last chunk ingested, if not yet applied."""
+        steps, self._steps = self._steps, []
+        if steps:
+            self.apply_steps(steps)
 
     def front(self, chunk: Chunk) -> CommRows | None:
         """The rank-level half of a chunk, which an engine sharded by communicator does once,

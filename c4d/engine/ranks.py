@@ -53,8 +53,8 @@ class RankTable:
         self._names_ok = np.empty(0, bool)
         self._node_index: dict[str, int] = {}
         self.comms_of: list[list[tuple[int, int]]] = []  # rank -> [(comm idx, comm rank)]
-        # (rank, comm idx, comm rank) of memberships new since the caller last took them (an
-        # engine shard's, for the join: c4d/engine/shards.py); None: not kept
+        # (rank, comm idx, comm rank) of every member change since the caller last took them
+        # (an engine shard's, for the join: c4d/engine/shards.py); None: not kept
         self.joined: list[tuple[int, int, int]] | None = None
         self.job: dict[str, int] = {}  # registered thresholds of the lowest rank seen
         self._job_rank = MAX_RANK
@@ -88,11 +88,11 @@ class RankTable:
         self.n = n
 
     def member_of(self, g: int, idx: int, cr: int) -> None:
-        """Rank ``g`` is comm rank ``cr`` of communicator ``idx`` (once)."""
+        """Rank ``g`` is now comm rank ``cr`` of communicator ``idx`` (``comms_of`` holds it once)."""
         if (idx, cr) not in self.comms_of[g]:
             self.comms_of[g].append((idx, cr))
-            if self.joined is not None:
-                self.joined.append((g, idx, cr))
+        if self.joined is not None:
+            self.joined.append((g, idx, cr))
 
     # what an engine shard reads of the ranks: the clock's offsets, nodes, who reported
     SHARED = ("seen", "node", "rel_rank", "rel_rank_ok", "anc_rank", "rel_node", "rel_node_ok", "anc_node")

@@ -92,20 +92,20 @@ class EngineGone(RuntimeError):
     """The engine's process died; the master goes on with an engine of its own."""
 
 
-def _serve(endpoint: str, overrides: dict[str, Any], split: bool, level: int) -> None:
+def _serve(endpoint: str, overrides: dict[str, Any], split: bool, level: int, shards: int = 1) -> None:
     """The engine's process: take calls in order until STOP or until the master is gone.
     ``C4D_ENGINE_PROFILE=PATH``: the process profiled (cProfile), its statistics written to
     PATH (``{pid}`` in it: the process's id) when it stops: where an engine's process spends
     its time, measured where it runs (analysis/bench_master.py --profile)."""
     path = os.environ.get("C4D_ENGINE_PROFILE", "").strip()
     if not path:
-        return _loop(endpoint, overrides, split, level)
+        return _loop(endpoint, overrides, split, level, shards)
     import cProfile
 
     prof = cProfile.Profile()
     prof.enable()
     try:
-        _loop(endpoint, overrides, split, level)
+        _loop(endpoint, overrides, split, level, shards)
     finally:
         prof.disable()
         path = path.replace("{pid}", str(os.getpid()))
@@ -115,7 +115,7 @@ def _serve(endpoint: str, overrides: dict[str, Any], split: bool, level: int) ->
             log.error("C4D_ENGINE_PROFILE: the profile could not be written to %s: %s", path, e)
 
 
-def _loop(endpoint: str, overrides: dict[str, Any], split: bool, level: int) -> None:
+def _loop(endpoint: str, overrides: dict[str, Any], split: bool, level: int, shards: int = 1) -> None:
     from c4d.engine import make_engine
     from c4d.util import heap
 
@@ -123,7 +123,25 @@ def _loop(endpoint: str, overrides: dict[str, Any], split: bool, level: int) -> 
     logging.basicConfig(level=level, stream=sys.stderr, format="c4d %(levelname)s %(message)s")
     heap.keep_freed_blocks()
     heap.collect_rarely()
-    engine = make_engine(overrides, split=split)
+    from c4d.engine.shards import ShardGone
+
+    engine = make_engine(overrides, split=split, shards=shards)
+    try:
+        _calls(engine, endpoint, split)
+    except ShardGone as e:  # the engine's process ends: the master goes on with an engine of its own
+        log.error("%s", e)
+        sys.exit(3)
+    finally:
+        close = getattr(engine, "close", None)  # (a sharded engine's shard processes)
+        if close is not None:
+            close()
+
+
+def _calls(engine: Any, endpoint: str, split: bool) -> None:
+    """Take the master's calls in order until STOP or until the master is gone. A shard of a
+    sharded engine that died (ShardGone) ends them: what the engine knew is incomplete."""
+    from c4d.engine.shards import ShardGone
+
     failures: Counter[str] = Counter()
     failed_records = 0
     ctx = zmq.Context(1)
@@ -144,6 +162,8 @@ def _loop(endpoint: str, overrides: dict[str, Any], split: bool, level: int) -> 
             if op == FEED:  # a batch without node summaries (those with come APART)
                 try:
                     engine.feed(np.frombuffer(frames[1].buffer, schema.HEADER), arg)
+                except ShardGone:
+                    raise
                 except Exception as e:  # as Ingest counts it in-process: the master hears of it
                     failures[f"ingest: {type(e).__name__}"] += 1
                     failed_records += len(frames[1].buffer) // schema.RECORD_SIZE
@@ -155,12 +175,16 @@ def _loop(endpoint: str, overrides: dict[str, Any], split: bool, level: int) -> 
                     if sums is None:
                         raise ValueError("a batch's summaries that do not fit together")
                     engine.feed_apart(rest, arg, sums, n)
+                except ShardGone:
+                    raise
                 except Exception as e:
                     failures[f"ingest: {type(e).__name__}"] += 1
                     failed_records += n
             elif op == FREE:
                 try:
                     engine.free_comms(np.frombuffer(frames[1].buffer, np.uint64).tolist())
+                except ShardGone:
+                    raise
                 except Exception as e:
                     failures[f"free: {type(e).__name__}"] += 1
             elif op in (TICK, STATE, SPLIT):
@@ -174,6 +198,8 @@ def _loop(endpoint: str, overrides: dict[str, Any], split: bool, level: int) -> 
                     else:
                         out = engine.take_split()
                     answer = (True, out, dict(failures), failed_records)
+                except ShardGone:
+                    raise
                 except Exception as e:
                     answer = (False, f"{type(e).__name__}: {e}", dict(failures), failed_records)
                 failures.clear()
@@ -189,7 +215,9 @@ def _loop(endpoint: str, overrides: dict[str, Any], split: bool, level: int) -> 
 class EngineProcess:
     """An ``Engine`` in a process of its own (see the module's docstring)."""
 
-    def __init__(self, overrides: dict[str, Any] | None = None, split: bool = False) -> None:
+    def __init__(self, overrides: dict[str, Any] | None = None, split: bool = False, shards: int = 1) -> None:
+        """``shards``: the engine's communicators over this many shards, each a process of its
+        own (c4d/engine/shards.py); 1: one engine."""
         self.overrides, self.split = dict(overrides or {}), split
         self.failures: Counter[str] = Counter()  # the engine process's own, as the master heard them
         self.failed_records = 0
@@ -208,7 +236,9 @@ class EngineProcess:
         self._sock.bind(endpoint)
         # a new interpreter, not a fork: the master has threads (ZeroMQ's, the metrics server's)
         level = logging.getLogger("c4d").getEffectiveLevel()
-        conf = json.dumps([self.overrides, split, level])  # (the engine's overrides: numbers)
+        conf = json.dumps(
+            [self.overrides, split, level, max(1, int(shards))]
+        )  # (the engine's overrides: numbers)
         self._proc = subprocess.Popen([sys.executable, "-m", "c4d.master.engine_process", endpoint, conf])
         try:
             self._wait(START_S)  # "ready": the engine is built

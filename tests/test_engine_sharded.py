@@ -1,0 +1,138 @@
+"""An engine sharded by communicator gives one engine's diagnoses (c4d/engine/shards.py,
+docs/engine-shards.md: the proof of equivalence): every golden trace and jobs of every fault
+kind, direct and through node agents, replayed through ``Engine`` and through ``ShardedEngine``
+with 1, 2 and 3 shards (3: a shard that holds few or none of a job's communicators), the
+diagnoses compared field for field and the live view's state at the end; shards in processes
+of their own give the same; a shard that dies is said, not hidden."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import shutil
+import signal
+from pathlib import Path
+
+import pytest
+
+from c4d.engine import Engine, EngineConfig, chunking
+from c4d.engine.shards import ShardedEngine, ShardGone
+from c4d.intake.ingest import Ingest
+from c4d.offline import analyze
+from c4d.record import trace
+from tests.factories import Fault, Job, as_master, build_cached, replay
+from tests.golden import make_golden
+
+GOLDEN = Path(make_golden.__file__).resolve().parent
+NAMES = sorted(p.name.removesuffix(".expected.json") for p in GOLDEN.glob("*.expected.json"))
+
+
+def _golden(name: str, tmp_path: Path) -> trace.RawTrace:
+    path = tmp_path / f"{name}.c4d"
+    with gzip.open(GOLDEN / f"{name}.c4d.gz", "rb") as g, path.open("wb") as f:
+        shutil.copyfileobj(g, f)
+    return trace.read_raw(path)
+
+
+def _json(ds) -> list[dict]:
+    return [d.to_json() for d in ds]
+
+
+def _replay(rt: trace.RawTrace, eng) -> list[dict]:
+    """``analyze.replay``, which counts an engine's exception and goes on: none may happen."""
+    ingest = Ingest(eng)
+    out = _json(analyze.replay(rt, eng, ingest))
+    assert not ingest.failures, ingest.failures
+    return out
+
+
+@pytest.mark.parametrize("chunk", [chunking.CHUNK, 100])
+@pytest.mark.parametrize("name", NAMES)
+def test_a_golden_trace_through_shards_gives_one_engines_diagnoses(name, chunk, tmp_path, monkeypatch):
+    """(``chunk`` 100 rows: a tick's records in several chunks, each sent to the shards while
+    the join reads the next, its clock steps applied after: one engine's order.)"""
+    monkeypatch.setattr(chunking, "CHUNK", chunk)
+    rt = _golden(name, tmp_path)
+    cfg = EngineConfig.from_env()
+    one = Engine(cfg)
+    want = _replay(rt, one)
+    for k in (1, 2, 3):
+        eng = ShardedEngine(cfg, shards=k)
+        assert _replay(rt, eng) == want, f"{name} through {k} shard(s)"
+        assert eng.state() == one.state(), f"{name}: the live view through {k} shard(s)"
+        assert eng.stats == one.stats
+
+
+def _job(shape: str, *faults: Fault, **kw) -> Job:
+    shapes = {
+        "tp2pp2dp4": dict(tp=2, pp=2, dp=4, ranks_per_node=4),
+        "tp4dp4": dict(tp=4, pp=1, dp=4, ranks_per_node=8),
+        "dp8": dict(tp=1, pp=1, dp=8, ranks_per_node=2),
+    }
+    return Job(**{**shapes[shape], "steps": 120, **kw}, faults=list(faults))
+
+
+JOBS = {
+    "comm-slow-rank": _job("tp2pp2dp4", Fault("comm-slow", rank=5, step=40, factor=3.0)),
+    "comm-slow-link": _job("dp8", Fault("comm-slow", link=(3, 4), step=40, factor=3.0)),
+    "noncomm-slow": _job("tp4dp4", Fault("noncomm-slow", rank=6, step=40, factor=3.0)),
+    "comm-hang": _job("tp4dp4", Fault("comm-hang", rank=9, step=30), steps=60),
+    "noncomm-hang": _job("tp2pp2dp4", Fault("noncomm-hang", rank=3, step=30), steps=60),
+    "crash": _job("tp2pp2dp4", Fault("crash", rank=12, step=30), steps=60),
+    "clean-skewed": _job("tp4dp4", skew_ms=50.0, steps=80),
+}
+
+
+@pytest.mark.parametrize("chunk", [chunking.CHUNK, 100])
+@pytest.mark.parametrize("name", sorted(JOBS))
+def test_a_job_through_shards_gives_one_engines_diagnoses(name, chunk, monkeypatch):
+    monkeypatch.setattr(chunking, "CHUNK", chunk)
+    job = JOBS[name]
+    model, batches = build_cached(job)
+    one = replay(job, lambda: Engine(EngineConfig(hang_timeout_us=job.hang_timeout_us)), batches, model)
+    assert one.diagnoses or name.startswith("clean"), "the fault gave no diagnosis to compare"
+    for k in (2, 3):
+        eng = ShardedEngine(EngineConfig(hang_timeout_us=job.hang_timeout_us), shards=k)
+        got = replay(job, lambda eng=eng: eng, batches, model)
+        assert _json(got.diagnoses) == _json(one.diagnoses), f"{name} through {k} shards"
+        assert eng.state() == one.engine.state()
+
+
+@pytest.mark.parametrize("name", ["comm-slow-rank", "noncomm-hang", "clean-skewed"])
+def test_node_agents_summaries_through_shards_give_one_engines_diagnoses(name):
+    """Node-local communicators come as agents' summaries (OPSUM): kept by their shard, their
+    members' reports and the clock's zero steps handed to the join."""
+    job = JOBS[name]
+    _, batches = build_cached(job)
+    want, _ = as_master(job, batches, agents=True, hang_timeout_us=job.hang_timeout_us)
+    assert want or name.startswith("clean")
+    got, _ = as_master(job, batches, agents=True, hang_timeout_us=job.hang_timeout_us,
+                       engine_factory=lambda cfg: ShardedEngine(cfg, shards=2))  # fmt: skip
+    assert _json(got) == _json(want)
+
+
+def test_shards_in_processes_of_their_own_give_the_same(tmp_path):
+    rt = _golden("comm-slow-rank", tmp_path)
+    cfg = EngineConfig.from_env()
+    want = _replay(rt, Engine(cfg))
+    eng = ShardedEngine(cfg, shards=2, processes=True)
+    try:
+        assert _replay(rt, eng) == want
+    finally:
+        eng.close()
+
+
+def test_a_shard_process_that_dies_is_said_at_the_next_call(tmp_path):
+    rt = _golden("clean", tmp_path)
+    eng = ShardedEngine(EngineConfig.from_env(), shards=2, processes=True)
+    try:
+        eng.feed(rt.raw[:1000], 1)
+        eng.tick(2)
+        victim = eng._shards[1]._proc  # (the test kills one shard's process)
+        os.kill(victim.pid, signal.SIGKILL)
+        victim.wait(10)
+        with pytest.raises(ShardGone, match=r"shard's process .* died"):
+            eng.feed(rt.raw[1000:2000], 3)
+            eng.tick(4)
+    finally:
+        eng.close()
