@@ -306,6 +306,14 @@ def new_in(
     id order): the size of each one's first valid row (``CommIndex._slices``, ``groups``; a
     node summary's first in seq order, as ``SummaryIngest`` sorts them). A size out of range
     makes none (``CommIndex.comm``)."""
+    named = [x["comm_id"] for x in (comm, hb, ops) if len(x)] + ([sums.cid] if len(sums) else [])
+    if not named:
+        return []
+    # most chunks name no new communicator: the ids at the heads of their runs (a rank's and an
+    # agent's rows name communicators in runs), checked first, before any sort of every row
+    heads = [c[np.r_[True, c[1:] != c[:-1]]] for c in named]
+    if all(i == 0 or known(i) for i in np.unique(np.concatenate(heads)).tolist()):
+        return []
     out: list[tuple[int, int]] = []
     seen: set[int] = set()
 

@@ -43,7 +43,7 @@ from c4d.engine.p2p_pairs import P2PPairs
 from c4d.engine.pool import Pool
 from c4d.engine.ranks import RankTable
 from c4d.engine.reduce import Step, apply_steps
-from c4d.engine.rows import OP_SPLIT, take
+from c4d.engine.rows import OP_SPLIT
 from c4d.engine.shard import owner
 from c4d.engine.slow import SlowJudge, Taken, WindowPlan, take_windows
 from c4d.engine.snapshot import StatePart, engine_snapshot, state_part
@@ -79,33 +79,31 @@ def route(rows: CommRows, made: list[tuple[int, int, int]], shards: int) -> list
     if shards == 1:
         return [(made, rows._replace(cols=None))]
 
-    def to(cid: np.ndarray) -> np.ndarray:
-        return owner(cid, shards)
+    def cut(cid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Rows in shard order (stable: each shard's in their order), and where each shard's start."""
+        to = owner(cid, shards)
+        order = np.argsort(to, kind="stable")
+        return order, np.searchsorted(to[order], np.arange(shards + 1))
 
+    comm, hb, ops, peer = (cut(x["comm_id"]) for x in (rows.comm, rows.hb, rows.ops, rows.peer))
+    sums = cut(rows.sums.cid)
+    by = [schema.take_records(x, o) for x, (o, _) in zip((rows.comm, rows.hb, rows.ops, rows.peer),
+                                                          (comm, hb, ops, peer), strict=True)]  # fmt: skip
+    extra = rows.extra[ops[0]] if rows.extra is not None else None
+    s_all, s_recv = rows.sums.take(sums[0]), rows.sums_recv[sums[0]]
+    made_to = owner(np.array([m[0] for m in made], np.uint64), shards).tolist() if made else []
     parts = []
-    comm_to, hb_to, ops_to, peer_to = (to(x["comm_id"]) for x in (rows.comm, rows.hb, rows.ops, rows.peer))
-    sums_to = to(rows.sums.cid)
-    made_to = to(np.array([m[0] for m in made], np.uint64)).tolist() if made else []
     for s in range(shards):
-        ops = ops_to == s
-        sm = sums_to == s
-        parts.append(
-            (
-                [m for m, t in zip(made, made_to, strict=True) if t == s],
-                CommRows(
-                    take(rows.comm, comm_to == s),
-                    take(rows.hb, hb_to == s),
-                    take(rows.ops, ops),
-                    None,
-                    rows.extra[ops] if rows.extra is not None else None,
-                    rows.sums.take(sm),
-                    rows.sums_recv[sm],
-                    take(rows.peer, peer_to == s),
-                    rows.recv,
-                    [],
-                ),
-            )
+        (c0, c1), (h0, h1), (o0, o1), (p0, p1), (q0, q1) = (
+            b[s : s + 2] for _, b in (comm, hb, ops, peer, sums)
         )
+        mine = [m for m, t in zip(made, made_to, strict=True) if t == s]
+        ex = extra[o0:o1] if extra is not None else None
+        sl = s_all.take(slice(q0, q1))
+        part = CommRows(
+            by[0][c0:c1], by[1][h0:h1], by[2][o0:o1], None, ex, sl, s_recv[q0:q1], by[3][p0:p1], rows.recv, []
+        )
+        parts.append((mine, part))
     return parts
 
 
@@ -449,9 +447,13 @@ def serve(fd: int) -> None:
         except (EOFError, OSError):
             return
         try:
-            _send(conn, (True, getattr(shard, method)(*args)))
+            answer = (True, getattr(shard, method)(*args))
         except Exception as e:  # handed to the join, which raises it
-            _send(conn, (False, f"{type(e).__name__}: {e}"))
+            answer = (False, f"{type(e).__name__}: {e}")
+        try:
+            _send(conn, answer)
+        except OSError:  # the join's process is gone
+            return
 
 
 def _send(conn: Connection, obj: Any) -> None:
