@@ -5,6 +5,8 @@
     python analysis/bench_master.py --ranks 16384 --window-s 10 --seconds 25 --engine-process --paced
     python analysis/bench_master.py --ranks 16384 --window-s 10 --seconds 25 --engine-process --paced \
         --speed 1 2   # paced at the job's rate and at twice it
+    python analysis/bench_master.py --ranks 16384 --window-s 10 --seconds 25 --engine-process \
+        --engine-shards 1 2   # the engine's capacity against its shard count
 
 A synthetic TP x PP x DP job (analysis/master_load.py: valid v1 records, 500 collectives per
 second per rank, 8 ranks a node, slow-detection windows of ``--window-s``: 1 s by default, ten
@@ -36,7 +38,10 @@ master (nice ``SENDER_NICE``) where the system lets it, so that the master it me
 starve it (``sender_nice`` in the figures: what it got, 0 when refused).
 
 ``--engine-process``: the master's engine in a process of its own (its CPU and memory counted
-with the master's). ``--pp-every R``: a pipeline send/recv every R rounds (default 156, Megatron's
+with the master's); ``--engine-shards N ...`` (with it and ``--ranks``): that engine's
+communicators over N shard processes (``c4d master --engine-shards``: their CPU and memory
+counted with the engine's), each count in turn, side by side. ``--pp-every R``: a pipeline
+send/recv every R rounds (default 156, Megatron's
 1F1B at the issue's arithmetic; 25 sends six times as many).
 
 The machine may be shared: figures are wall time on it; ``uptime`` is printed with them.
@@ -45,6 +50,7 @@ The machine may be shared: figures are wall time on it; ``uptime`` is printed wi
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import multiprocessing as mp
@@ -166,6 +172,15 @@ def _engine_pid(m) -> int | None:
     return getattr(m.engine, "pid", None)
 
 
+def _engine_pids(m) -> list[int]:
+    """The master's engine process and its shards' processes (--engine-shards), if any."""
+    if (pid := _engine_pid(m)) is None:
+        return []
+    from c4d.run import proctree
+
+    return [pid, *proctree.descendants([pid])]
+
+
 def _rss_mib(pid: int | str = "self") -> tuple[float, float]:
     cur = peak = 0.0
     with open(f"/proc/{pid}/status") as f:
@@ -181,8 +196,10 @@ def _rss(m) -> dict[str, float]:
     """The master's memory, read once: its loop's process and its engine's process (if any)
     together (peaks summed), and each one's peak apart (which one holds the memory)."""
     parts = {"loop": _rss_mib()}
-    if (pid := _engine_pid(m)) is not None:
-        parts["engine"] = _rss_mib(pid)
+    pids = _engine_pids(m)
+    if pids:  # (the engine's shards, if any, counted with it)
+        each = [_rss_mib(p) for p in pids]
+        parts["engine"] = (sum(c for c, _ in each), sum(p for _, p in each))
     out = {
         "master_rss_mib": round(sum(c for c, _ in parts.values()), 1),
         "master_peak_rss_mib": round(sum(p for _, p in parts.values()), 1),
@@ -197,12 +214,16 @@ def _cpu(m=None) -> float:
 
 
 def _engine_cpu(m) -> float | None:
-    """CPU seconds of the master's engine process; None without one."""
-    if m is None or (pid := _engine_pid(m)) is None:
+    """CPU seconds of the master's engine process and its shards' (if any); None without one."""
+    pids = _engine_pids(m) if m is not None else []
+    if not pids:
         return None
-    with open(f"/proc/{pid}/stat") as f:
-        utime, stime = f.read().rsplit(")", 1)[1].split()[11:13]
-    return (int(utime) + int(stime)) / os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/stat") as f:
+            utime, stime = f.read().rsplit(")", 1)[1].split()[11:13]
+            total += int(utime) + int(stime)
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def _cores(cpu: float, e0: float | None, e1: float | None, n: int, rate: float) -> dict:
@@ -463,7 +484,13 @@ def main() -> int:
                     help="with --ranks: the agents' window sample of each tensor-parallel group's "
                          "all-reduces (C4D_SLOW_WINDOW_OPS, default %(default)s; 0: every one sent, as "
                          "before agents sampled); several: each in turn, side by side")  # fmt: skip
+    ap.add_argument("--engine-shards", type=int, nargs="+", default=[1], metavar="N",
+                    help="with --ranks --engine-process: the engine's communicators over N shard "
+                         "processes (c4d master --engine-shards; default 1: one engine); several: each "
+                         "in turn, side by side")  # fmt: skip
     args = ap.parse_args()
+    if args.engine_shards != [1] and not (args.ranks and args.engine_process):
+        ap.error("--engine-shards compares shard counts of --ranks runs: give --ranks and --engine-process")
     if args.profile and not (args.ranks and args.engine_process):
         ap.error("--profile profiles the engine's process of --ranks runs: give --ranks and --engine-process")
     _quiet()
@@ -553,15 +580,19 @@ def _sizes(sizes: list[int], cap_s: float, T: int, args) -> int:
     a master of its own."""
     out: list[dict] = []
     paced_out: list[dict] = []
-    for n, ops in ((n, ops) for n in sizes for ops in args.agent_window_ops):
+    runs = [(n, ops, k) for n in sizes for ops in args.agent_window_ops for k in args.engine_shards]
+    for n, ops, k in runs:
+        os.environ["C4D_ENGINE_SHARDS"] = str(k)  # (each run's master is spawned: it reads it)
+        sh = f", {k} engine shards" if len(args.engine_shards) > 1 or k > 1 else ""
         shape = Shape(tp=8, pp=min(4, max(1, n // 8)), dp=max(1, n // 32), hang_timeout_us=T,
                       window_s=args.window_s, pp_every=args.pp_every, window_ops=ops)  # fmt: skip
         prof = f"{args.profile}.{n}" if args.profile else None
         c = _fresh(capacity, shape, True, cap_s, args.engine_process, prof)
-        c["agent_window_ops"] = ops
+        c["agent_window_ops"], c["engine_shards"] = ops, k
         out.append(c)
         verdict = "real time" if c["records_per_s"] >= c["job_records_per_s"] else "falls behind"
-        print(f"agents (window sample {ops or 'off'}) {n:>6} ranks, {cap_s:g} s of the job: master ingests "
+        print(f"agents (window sample {ops or 'off'}{sh}) {n:>6} ranks, {cap_s:g} s of the job: "
+              f"master ingests "
               f"{c['records_per_s']:,} records/s "
               f"({c['records_per_cpu_s'] or 0:,} per CPU s); the job makes {c['job_records_per_s']:,}/s: "
               f"{verdict}; master RSS {c['master_rss_mib']:,.0f} MiB (peak {c['master_peak_rss_mib']:,.0f})"
@@ -576,10 +607,10 @@ def _sizes(sizes: list[int], cap_s: float, T: int, args) -> int:
             # goes on (the windows a hang covers are not: docs/engine.md, Stalls)
             fast = replace(shape, rate=shape.rate * x)
             r = _fresh(paced, fast, True, cap_s, max(cap_s / 3, cap_s - 3.0), args.engine_process)
-            r["speed"], r["agent_window_ops"] = x, ops
+            r["speed"], r["agent_window_ops"], r["engine_shards"] = x, ops, k
             paced_out.append(r)
-            print(f"agents (window sample {ops or 'off'}) {n:>6} ranks paced {cap_s:g} s at {x:g}x the job's "
-                  f"rate: kept up {r['kept_up']} "
+            print(f"agents (window sample {ops or 'off'}{sh}) {n:>6} ranks paced {cap_s:g} s at {x:g}x "
+                  f"the job's rate: kept up {r['kept_up']} "
                   f"(drain {r['drain_s']} s, "
                   f"backlog at most {r['backlog_max_records']:,} records, "
                   f"sender late {r['sender_late_s']} s), "

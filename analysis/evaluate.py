@@ -8,6 +8,7 @@ fault benchmark with calibration of the engine's confidence against outcomes.
     python analysis/evaluate.py --learn-from s2.jsonl s3.jsonl  # the table from recorded --results
     python analysis/evaluate.py --rescore s1.jsonl     # their calibration under the current table
     python analysis/evaluate.py --quick --agents       # + each job's trace through node agents
+    python analysis/evaluate.py --quick --shards 2     # + each job's trace through 2 engine shards
 
 Per diagnosis kind: faults, recall (observable faults found), diagnoses, precision (diagnoses
 about an injected fault of that kind), localization (those naming exactly the culprit: the
@@ -172,10 +173,13 @@ def run_jobs(
     out: Path | None,
     agents: list[dict] | None = None,
     keep: Path | None = None,
+    shards: tuple[int, list[bool]] | None = None,
 ) -> list[JobResult]:
     """``agents``: a list to append each job's agents-vs-direct comparison to (c4d.agent.replay);
     ``keep``: a folder to keep the trace of each job with a diagnosis about no injected fault in
-    (``c4d analyze`` replays it: another engine's verdicts on the same records)."""
+    (``c4d analyze`` replays it: another engine's verdicts on the same records); ``shards``: (N,
+    a list to append to) each job's trace replayed through one engine and through N shards
+    (c4d/engine/shards.py), whether the diagnoses are the same, field for field."""
     results = []
     for i, sc in enumerate(jobs):
         up = _uptime()
@@ -186,6 +190,10 @@ def run_jobs(
 
                 agents.append(replay.compare(Path(o.trace_path)))
                 con.print(replay.job_line(agents[-1]), markup=False, highlight=False)
+            if shards is not None and o.trace_path and Path(o.trace_path).exists():
+                shards[1].append(_same_through_shards(Path(o.trace_path), shards[0]))
+                con.print(f"    through {shards[0]} engine shards: the same diagnoses {shards[1][-1]}",
+                          markup=False, highlight=False)  # fmt: skip
             r = score(o)
             if keep is not None and o.trace_path and any(i2 < 0 for i2, _ in r.labels):
                 keep.mkdir(parents=True, exist_ok=True)
@@ -426,6 +434,23 @@ def learn(
     return table
 
 
+def _same_through_shards(path: Path, n: int) -> bool:
+    """A trace's diagnoses replayed through one engine and through ``n`` engine shards, each a
+    process of its own: the same, field for field?"""
+    from c4d.engine import EngineConfig
+    from c4d.engine.shards import ShardedEngine
+    from c4d.offline import analyze
+    from c4d.record import trace
+
+    rt = trace.read_raw(path)
+    one = [d.to_json() for d in analyze.replay(rt, analyze.make_engine())]
+    eng = ShardedEngine(EngineConfig.from_env(), shards=n, processes=True)
+    try:
+        return [d.to_json() for d in analyze.replay(rt, eng)] == one
+    finally:
+        eng.close()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--random", type=int, metavar="N", help="N randomly drawn jobs instead of the matrix")
@@ -446,6 +471,10 @@ def main() -> int:
     ap.add_argument("--agents", action="store_true",
                     help="also replay each job's trace through an agent per node and compare the "
                     "incidents' final culprits with the direct replay's "
+                    "(with --check: a job where they differ fails)")  # fmt: skip
+    ap.add_argument("--shards", type=int, metavar="N",
+                    help="also replay each job's trace through one engine and through N engine shards "
+                    "(c4d master --engine-shards) and compare the diagnoses, field for field "
                     "(with --check: a job where they differ fails)")  # fmt: skip
     ap.add_argument(
         "--keep-traces",
@@ -479,7 +508,8 @@ def main() -> int:
         jobs = [sc for sc in scenarios.matrix(full=True) if args.only in sc.name]
         title = f"c4d engine on the scenario matrix ({len(jobs)} jobs)"
     agents: list[dict] | None = [] if args.agents else None
-    results = run_jobs(jobs, con, args.results, agents, args.keep_traces)
+    shards: tuple[int, list[bool]] | None = (args.shards, []) if args.shards else None
+    results = run_jobs(jobs, con, args.results, agents, args.keep_traces, shards)
     summary = report(results, con, f"{title} ({time.time() - t0:.0f} s)")
     con.print(f"uptime before: {up0}")
     con.print(f"uptime after:  {_uptime()}")
@@ -494,6 +524,11 @@ def main() -> int:
 
         differ = sum(not a["same"] for a in agents)
         con.print(replay.summary_line(agents), markup=False, highlight=False)
+    if shards is not None:
+        same = sum(shards[1])
+        differ += len(shards[1]) - same
+        con.print(f"through {shards[0]} engine shards: the same diagnoses as one engine in {same} of "
+                  f"{len(shards[1])} jobs", markup=False, highlight=False)  # fmt: skip
     if args.check:
         clean_errors = sum(1 for r in results if not r.faults for d in r.diagnoses if d["level"] == "ERROR")
         bad = summary["transient_bad"] + summary["mismatch_blacklisted"] + clean_errors + differ

@@ -1,7 +1,7 @@
-"""The routing step of an engine sharded by communicator (c4d/engine/shard.py): each
-communicator's records reach exactly one shard, whole and in arrival order, and every record
-that names no communicator reaches every shard (the sharded engine itself routes a chunk's
-rows after its rank-level half: c4d/engine/shards.py, tests/test_engine_sharded.py)."""
+"""How an engine sharded by communicator divides its work (c4d/engine/shards.py): the owner of
+each communicator, a chunk's rows routed whole by communicator and in their order, and the
+benchmarks that measure it (analysis/bench_shards.py, bench_master --profile). That the shards
+give one engine's diagnoses: tests/test_engine_sharded.py."""
 
 from __future__ import annotations
 
@@ -10,54 +10,16 @@ import shutil
 from pathlib import Path
 
 import numpy as np
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
-from c4d.engine import shard
-from c4d.record import schema, trace
+from c4d.engine import EngineConfig
+from c4d.engine.chunking import Chunker, apart
+from c4d.engine.ingest import Ingest
+from c4d.engine.shards import ShardedEngine, owner, route
+from c4d.record import trace
 from c4d.record.schema import Kind
 from tests.golden import make_golden
 
 GOLDEN = Path(make_golden.__file__).resolve().parent
-KINDS = [int(k) for k in Kind] + [0, 99]  # an unknown kind too: it names no communicator
-
-
-def _rows(kinds: list[int], cids: list[int]) -> np.ndarray:
-    raw = np.zeros(len(kinds), schema.HEADER)
-    raw["kind"] = kinds
-    raw["version"] = schema.SCHEMA_VERSION
-    raw["rank"] = np.arange(len(kinds))  # each row's position, to follow it
-    body = raw.view(np.uint8).reshape(len(kinds), schema.RECORD_SIZE)
-    body[:, shard.CID_OFFSET : shard.CID_OFFSET + 8] = (
-        np.array(cids, "<u8").view(np.uint8).reshape(len(kinds), 8)
-    )
-    return raw
-
-
-@settings(max_examples=200, deadline=None)
-@given(
-    st.lists(st.tuples(st.sampled_from(KINDS), st.integers(0, 2**64 - 1) | st.integers(0, 5)), max_size=60),
-    st.integers(1, 5),
-)
-def test_each_communicator_goes_whole_to_one_shard_and_rank_records_to_every_one(rows, n):
-    raw = _rows([k for k, _ in rows], [c for _, c in rows])
-    parts = shard.split(raw, n)
-    assert len(parts) == n
-    per_comm = np.isin(raw["kind"], [int(k) for k, dt in schema.DTYPES.items() if "comm_id" in dt.names])
-    cid = np.array([c for _, c in rows], np.uint64)
-    named = per_comm & (cid != 0)
-    where = shard.owner(cid, n)
-    for s, part in enumerate(parts):
-        pos = part["rank"]
-        assert (np.diff(pos) > 0).all()  # arrival order kept
-        want = np.flatnonzero(~named | (where == s))
-        assert pos.tolist() == want.tolist()
-        assert part.tobytes() == raw[want].tobytes()  # the records themselves, untouched
-
-
-def test_one_shard_is_the_rows_as_they_are():
-    raw = _rows([int(Kind.OP), int(Kind.REGISTER)], [7, 0])
-    assert shard.split(raw, 1)[0] is raw
 
 
 def test_the_owner_spreads_sequential_ids_and_is_stable():
@@ -65,33 +27,41 @@ def test_the_owner_spreads_sequential_ids_and_is_stable():
     id always has the same shard."""
     ids = (1 << 40) | np.arange(4096, dtype=np.uint64)
     for n in (2, 3, 4, 8):
-        count = np.bincount(shard.owner(ids, n), minlength=n)
+        count = np.bincount(owner(ids, n), minlength=n)
         assert count.min() > 0.8 * len(ids) / n, (n, count)
-    assert (shard.owner(ids, 4) == shard.owner(ids.copy(), 4)).all()
-    assert (
-        shard.owner(np.array([12345], np.uint64), 7).tolist()
-        == shard.owner(np.array([12345], np.uint64), 7).tolist()
-    )
+    assert (owner(ids, 4) == owner(ids.copy(), 4)).all()
+    assert owner(np.array([12345], np.uint64), 7).tolist() == owner(np.array([12345], np.uint64), 7).tolist()
 
 
-def test_a_golden_trace_splits_by_its_communicators(tmp_path):
-    """A recorded sim job: every communicator's OP, HEARTBEAT, COMM and PEER records in one
-    shard; REGISTER and the processes' own heartbeats in each; nothing lost or added."""
+def test_a_golden_chunk_is_routed_whole_by_communicator_in_order(tmp_path):
+    """A recorded sim job's chunk after its front: every communicator's COMM, HEARTBEAT, OP and
+    PEER rows and node summaries in its owner's part only, in their order, nothing lost or
+    added; each new communicator numbered for its owner alone."""
     path = tmp_path / "t.c4d"
     with gzip.open(GOLDEN / "comm-hang-link.c4d.gz", "rb") as g, path.open("wb") as f:
         shutil.copyfileobj(g, f)
     raw = trace.read_raw(path).raw
     raw = raw[raw["kind"] != Kind.TICK]
-    parts = shard.split(raw, 3)
-    cids = shard.comm_ids(raw)
-    assert len(np.unique(cids[cids != 0])) >= 2  # the job has communicators to spread
-    shared = int((cids == 0).sum())
-    assert sum(len(p) for p in parts) == len(raw) + 2 * shared
-    for p in parts:
-        assert (p["kind"] == Kind.REGISTER).sum() == (raw["kind"] == Kind.REGISTER).sum()
-        mine = shard.comm_ids(p)
-        for c in np.unique(mine[mine != 0]).tolist():
-            assert (mine == c).sum() == (cids == c).sum()  # the whole communicator
+    eng = ShardedEngine(EngineConfig(), shards=3)
+    front: Ingest = eng._front  # (the test reads the front's output)
+    chunker = Chunker()
+    rest, sums = apart(raw)
+    chunker.add(rest, 1, sums, len(raw))
+    (chunk,) = list(chunker.cut(whole_chunks=False))
+    rows = front.front(chunk)
+    made = eng._numbers.make(rows.new)
+    assert len(made) >= 3  # the job has communicators to spread
+    parts = route(rows, made, 3)
+    for kind in ("comm", "hb", "ops", "peer"):
+        whole = getattr(rows, kind)
+        assert sum(len(getattr(p, kind)) for _, p in parts) == len(whole)
+        for s, (mine, p) in enumerate(parts):
+            cid = getattr(p, kind)["comm_id"]
+            assert (owner(cid, 3) == s).all()
+            want = whole[owner(whole["comm_id"], 3) == s]
+            assert getattr(p, kind).tobytes() == want.tobytes()  # whole records, in their order
+            assert all(owner(np.array([m[0]], np.uint64), 3)[0] == s for m in mine)
+    assert sorted(m for mine, _ in parts for m in mine) == sorted(made)
 
 
 def test_bench_shards_runs_one_engine_and_the_sharded_one_on_the_same_records():

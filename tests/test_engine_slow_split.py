@@ -1,5 +1,5 @@
-"""The slow judge in halves, as an engine sharded by communicator will run it
-(docs/engine-shards.md; c4d/engine/slow.py): the join plans a tick's windows
+"""The slow judge in halves, as an engine sharded by communicator runs it
+(docs/engine-shards.md; c4d/engine/slow.py, c4d/engine/shards.py): the join plans a tick's windows
 (``SlowJudge.plan``), each shard takes its own communicators' rows (``take_windows``), the join
 judges the takes together (``SlowJudge.judge_taken``). Split so, with the plan and the takes
 sent through pickle and the judge shown the communicators only as frozen snapshots (no PEER
@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 from factories import Fault, Job, build_cached, replay
 
-from c4d.engine import DiagKind, Engine, EngineConfig, shard
+from c4d.engine import DiagKind, Engine, EngineConfig
+from c4d.engine.shards import owner
 from c4d.engine.slow import Taken, WindowPlan, take_windows
 from c4d.engine.wait_view import join_peers
 from c4d.offline import analyze
@@ -56,7 +57,7 @@ class _Ticks(Engine):
 
 class _Split(_Ticks):
     """``Engine`` whose slow judge takes each tick's windows in ``shards`` parts, the
-    communicators split by ``shard.owner`` of their ids, all from the engine's one pool (a
+    communicators split by ``shards.owner`` of their ids, all from the engine's one pool (a
     shard's pool would hold only its own; ``take_windows`` skips the indices ``pool.due``
     names that are not among the communicators given, and ``pool.settle`` is once for all)."""
 
@@ -74,7 +75,7 @@ class _Split(_Ticks):
             sent = _ship(plan)
             assert sent == plan
             ids = np.array([c.id for c in comms.values()], np.uint64)
-            where = shard.owner(ids, self.shards).tolist()
+            where = owner(ids, self.shards).tolist()
             takes = []
             for s in range(self.shards):
                 part = {i: c for (i, c), o in zip(comms.items(), where, strict=True) if o == s}

@@ -130,8 +130,9 @@ FORBIDDEN = {
 
 
 # modules whose Unpickler subclass refuses every global it does not name (find_class): the
-# Flight Recorder loader (plain data) and the engine process's answers (the engine's types, numpy)
-GUARDED_UNPICKLERS = ("c4d/formats/fr_load.py", "c4d/master/engine_process.py")
+# Flight Recorder loader (plain data), the engine process's answers and the engine shards'
+# messages (the engine's types, numpy)
+GUARDED_UNPICKLERS = ("c4d/formats/fr_load.py", "c4d/master/engine_process.py", "c4d/engine/shards.py")
 
 
 def _audit(source: str, rel: str) -> list[str]:

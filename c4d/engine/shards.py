@@ -17,6 +17,10 @@ communicators' rows of the windows that may be judged (``slow.take_windows``); t
 
 from __future__ import annotations
 
+import dataclasses
+import enum
+import importlib
+import io
 import logging
 import pickle
 import signal
@@ -44,7 +48,6 @@ from c4d.engine.pool import Pool
 from c4d.engine.ranks import RankTable
 from c4d.engine.reduce import Step, apply_steps
 from c4d.engine.rows import OP_SPLIT
-from c4d.engine.shard import owner
 from c4d.engine.slow import SlowJudge, Taken, WindowPlan, take_windows
 from c4d.engine.snapshot import StatePart, engine_snapshot, state_part
 from c4d.engine.stage import Stages
@@ -52,9 +55,23 @@ from c4d.engine.summaries import Summaries
 from c4d.engine.types import Diagnosis, EngineSnapshot
 from c4d.engine.wait_view import WaitView, busy_views, join_peers
 from c4d.record import schema
+from c4d.util import pickles
 from c4d.util.ratelog import RateLimitedLog
 
 log = logging.getLogger("c4d.engine")
+
+
+def owner(comm_id: np.ndarray, shards: int) -> np.ndarray:
+    """Each communicator id's shard in [0, shards): splitmix64 of the id, so ids that come in
+    sequence (a launcher's, a test's) spread as evenly as random ones; the same in every
+    process and run."""
+    x = np.asarray(comm_id, np.uint64).copy()
+    with np.errstate(over="ignore"):
+        x += np.uint64(0x9E3779B97F4A7C15)
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        x ^= x >> np.uint64(31)
+    return (x % np.uint64(shards)).astype(np.int64)
 
 
 class ShardGone(RuntimeError):
@@ -74,7 +91,7 @@ class ChunkAnswer:
 
 def route(rows: CommRows, made: list[tuple[int, int, int]], shards: int) -> list[tuple[list, CommRows]]:
     """A chunk's rows of communicators (``Ingest.front``'s) and its new communicators
-    (``Numbering.make``'s), each to the shard that owns its communicator (``shard.owner``),
+    (``Numbering.make``'s), each to the shard that owns its communicator (``owner``),
     in their order. Columns of OP rows stay behind (a shard reads its own)."""
     if shards == 1:
         return [(made, rows._replace(cols=None))]
@@ -470,7 +487,37 @@ def _recv(conn: Connection) -> Any:
     msg = conn.recv_bytes()
     n = int.from_bytes(msg[:4], "little")
     bufs = [bytearray(conn.recv_bytes()) for _ in range(n)]  # (writable: the arrays are the shard's own)
-    return pickle.loads(memoryview(msg)[4:], buffers=bufs)
+    return _Messages(io.BytesIO(memoryview(msg)[4:]), buffers=bufs).load()
+
+
+# the engine's modules whose types the join and its shards send each other
+_TYPES = ("c4d.engine.config", "c4d.engine.consistency", "c4d.engine.ingest", "c4d.engine.reduce",
+          "c4d.engine.shards", "c4d.engine.slow", "c4d.engine.snapshot", "c4d.engine.summaries",
+          "c4d.engine.types", "c4d.engine.wait_view")  # fmt: skip
+
+
+class _Messages(pickle.Unpickler):
+    """Unpickles what the join and its shards send each other only: the engine's own data types
+    (dataclasses, named tuples and enums of ``_TYPES``' modules), numpy arrays and a few
+    builtins; any other global is refused, never imported (the socket pair is the processes'
+    own, but nothing read from a socket runs code)."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module in _TYPES:
+            obj = getattr(importlib.import_module(module), name, None)
+            if isinstance(obj, type) and (
+                dataclasses.is_dataclass(obj)
+                or issubclass(obj, enum.Enum)
+                or (issubclass(obj, tuple) and hasattr(obj, "_fields"))
+                or obj.__name__ == "Summaries"
+            ):
+                return obj
+        elif pickles.plain(module, name):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"an engine shard's message refers to {module}.{name}: refused")
+
+    def persistent_load(self, pid: Any) -> Any:
+        raise pickle.UnpicklingError("an engine shard's message uses a persistent id: refused")
 
 
 class ShardProcess:

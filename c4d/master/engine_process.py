@@ -45,6 +45,7 @@ from c4d.engine import types
 from c4d.engine.summaries import Summaries
 from c4d.record import schema
 from c4d.record.columns import Columns
+from c4d.util import pickles
 
 log = logging.getLogger("c4d.engine")
 
@@ -53,21 +54,6 @@ START_S = 60.0  # the engine's process imports numpy and c4d: seconds on a loade
 QUEUE_MESSAGES = 16  # each up to a chunk of rows: the queue's memory is this many chunks
 _CALLS = {TICK: "tick", STATE: "state", SPLIT: "take_split"}  # the answered calls, as failures name them
 POLL_MS = 500  # how often a wait for an answer checks that the process is still alive
-
-
-# what the engine's answers hold besides c4d.engine.types' dataclasses and enums: numpy arrays
-# (OP_SPLIT rows) and scalars, as numpy pickles them
-_NUMPY_GLOBALS = {
-    (m, n)
-    for m in (
-        "numpy",
-        "numpy.core.numeric",
-        "numpy._core.numeric",
-        "numpy.core.multiarray",
-        "numpy._core.multiarray",
-    )
-    for n in ("dtype", "ndarray", "_frombuffer", "_reconstruct", "scalar")
-}
 
 
 class _Answers(pickle.Unpickler):
@@ -80,7 +66,7 @@ class _Answers(pickle.Unpickler):
             obj = getattr(types, name, None)
             if isinstance(obj, type) and (dataclasses.is_dataclass(obj) or issubclass(obj, enum.Enum)):
                 return obj
-        elif (module, name) in _NUMPY_GLOBALS or (module == "builtins" and name in ("set", "frozenset")):
+        elif pickles.plain(module, name):  # numpy arrays and scalars, sets
             return super().find_class(module, name)
         raise pickle.UnpicklingError(f"an answer of the engine's process refers to {module}.{name}: refused")
 
