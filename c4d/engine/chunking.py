@@ -98,3 +98,70 @@ class Chunker:
         if cut < at:  # (whole chunks only) the rest waits, apart
             i = int(np.searchsorted(rpos, cut))
             self._buf, self.held = [(rest[i:], recv[cut:], sums.cut(cut, at), at - cut)], at - cut
+
+
+class Feeds:
+    """How an engine takes batches (``Engine``, ``ShardedEngine``): each held apart (its node
+    summaries read) and cut into chunks, which the engine's ``_flush`` ingests."""
+
+    _chunks: Chunker
+    stats: dict[str, int]
+
+    def _invalid(self, what: str, n: int) -> None:
+        raise NotImplementedError
+
+    def _flush(self, whole_chunks: bool = False) -> None:
+        raise NotImplementedError
+
+    def feed(
+        self, raw: np.ndarray, recv_ns: int, cols: Columns | None = None, summaries: Summaries | None = None
+    ) -> None:
+        """Take HEADER-typed rows in arrival order; ``recv_ns`` = master time stamped on them.
+
+        Rows are held and ingested in fixed chunks of ``chunking.CHUNK`` rows (cut at multiples
+        of the running row count, whatever the feed sizes) and at each tick: a replay that
+        feeds the same rows in other slices ingests exactly the same chunks, so it reproduces
+        the live diagnoses bit for bit.
+
+        ``cols``: the rows' columns when the caller cut them (the master's edge), read for
+        their node summaries now; ``summaries``: those read already (c4d.engine.summaries:
+        row by row, so neither changes what a chunk gives).
+        """
+        raw = np.asarray(raw)
+        if raw.dtype != schema.HEADER:
+            if raw.ndim != 1 or raw.dtype.itemsize != schema.RECORD_SIZE:
+                self._invalid("a wrong record size", len(raw) if raw.ndim else 1)
+                return
+            raw = raw.view(schema.HEADER)
+        if not len(raw):
+            return
+        self.stats["batches"] += 1
+        rest, sums = apart(raw, cols, summaries)
+        self._hold(rest, recv_ns, sums, len(raw))
+
+    def feed_apart(self, rest: np.ndarray, recv_ns: int, summaries: Summaries, n: int) -> None:
+        """``feed`` of a batch of ``n`` rows that comes apart: its node summaries read
+        (``summaries``, at their positions in the batch) and its other rows (``rest``, HEADER
+        rows in order). An engine in a process of its own gets them so from the master's loop
+        (c4d.master.engine_process): the summaries' rows themselves neither travel nor are joined.
+        The same chunks, the same steps, the same results as ``feed`` of the whole batch
+        (which takes it apart so)."""
+        rest = np.asarray(rest)
+        fits = rest.dtype == schema.HEADER and len(rest) + len(summaries) == n
+        if fits and len(summaries):
+            fits = int(summaries.pos[-1]) < n and bool((summaries.pos[1:] > summaries.pos[:-1]).all())
+        if not fits or (len(rest) and (rest["kind"] == OPSUM).any()):
+            self._invalid("a batch apart whose parts do not fit together", n)
+            return
+        if not n:
+            return
+        self.stats["batches"] += 1
+        self._hold(rest, recv_ns, summaries, n)
+
+    def _hold(self, rest: np.ndarray, recv_ns: int, sums: Summaries, n: int) -> None:
+        if self._chunks.add(rest, int(recv_ns), sums, n):
+            self._flush(whole_chunks=True)
+
+    def flush(self) -> None:
+        """Ingest everything fed so far without evaluating (tick does this first)."""
+        self._flush()

@@ -225,7 +225,6 @@ class Consistency:
         # rows of ops found bad, kept whole from then on: key, comm rank, global rank, count, sig
         self.rows: list[np.ndarray] = []
         self.new: list[Mismatch] = []  # verdicts not yet handed to the engine
-        self.found: dict[int, list[Mismatch]] = {}  # by communicator index, latest last
         self._named: set[tuple[int, ...]] = set()  # (comm, seq) or (comm, src, dst, seq) named
         self._checked: dict[int, int] = {}  # communicator index -> its version at the last check_pending
         self.stats: Counter[str] = Counter()
@@ -369,9 +368,6 @@ class Consistency:
     def _add(self, mm: Mismatch) -> None:
         self.stats["mismatches"] += 1
         self.new.append(mm)
-        lst = self.found.setdefault(mm.comm, [])
-        lst.append(mm)
-        del lst[:-MAX_REPORTED]
 
     def _name(self, key: tuple[int, ...]) -> bool:
         """True the first time ``key`` (an op) gets a verdict: one verdict an op, from records
@@ -481,15 +477,6 @@ class Consistency:
             sg, n_s, n_r = sig.tolist(), int(cnt[a]), int(cnt[b])
             self._add(Mismatch.pair(c.idx, int(seq[j]), snd, rcv, sg[0], sg[1], n_s, n_r, "heartbeats", now))
 
-    def explains(self, comm: int, seq: int | None, start_ns: int, T: int) -> Mismatch | None:
-        """The verdict a stall of communicator ``comm`` at ``seq`` that began at ``start_ns``
-        continues: found on it at or before that seq, at most T before the stall began."""
-        for mm in reversed(self.found.get(comm, ())):
-            # a p2p seq counts per direction and peer: not comparable with a stall's seq
-            if (seq is None or mm.p2p or mm.seq <= seq) and start_ns <= mm.found_ns + T:
-                return mm
-        return None
-
     def take_new(self) -> list[Mismatch]:
         out, self.new = self.new, []
         return out
@@ -506,7 +493,6 @@ class Consistency:
         if not len(gone):
             return
         for c in gone.tolist():
-            self.found.pop(c, None)
             self._checked.pop(c, None)
         drop = np.isin(self.key >> KEY_SHIFT, gone)
         if drop.any():

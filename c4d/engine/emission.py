@@ -26,8 +26,8 @@ from c4d.record.schema import op_name
 
 class FoundMismatches:
     """The verdicts said so far, the latest MAX_REPORTED per communicator, for the stall that
-    may follow one: ``Consistency.found`` and ``Consistency.explains`` kept where verdicts are
-    said, from the verdicts handed over (``Consistency`` lives with the communicators)."""
+    may follow one: kept where verdicts are said, from the verdicts handed over
+    (``Consistency``, which finds them, lives with the communicators)."""
 
     def __init__(self) -> None:
         self.found: dict[int, list[Mismatch]] = {}  # by communicator index, latest last

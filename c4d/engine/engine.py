@@ -16,7 +16,7 @@ import logging
 import numpy as np
 
 from c4d.engine import clock, hang, wait_view
-from c4d.engine.chunking import Chunker, apart
+from c4d.engine.chunking import Chunker, Feeds
 from c4d.engine.comm import Comm
 from c4d.engine.comm_index import CommIndex
 from c4d.engine.config import EngineConfig, ResolvedThresholds
@@ -30,17 +30,13 @@ from c4d.engine.rows import OP_SPLIT
 from c4d.engine.slow import SlowJudge
 from c4d.engine.snapshot import engine_snapshot, state_part
 from c4d.engine.stage import Stages
-from c4d.engine.summaries import Summaries
 from c4d.engine.types import Diagnosis, EngineSnapshot
-from c4d.record import schema
-from c4d.record.columns import Columns
-from c4d.record.schema import Kind
 from c4d.util.ratelog import RateLimitedLog
 
 log = logging.getLogger("c4d.engine")
 
 
-class Engine:
+class Engine(Feeds):
     """The facade over the engine's parts: fed batches held and cut into chunks (chunking.py),
     each chunk ingested into the engine's memory (ingest.py, ingest_ops.py,
     ingest_summaries.py; communicators by id: comm_index.py), a tick's verdicts (hang.py,
@@ -96,63 +92,10 @@ class Engine:
             self._slow.forget(freed)
         return len(freed)
 
-    def feed(
-        self, raw: np.ndarray, recv_ns: int, cols: Columns | None = None, summaries: Summaries | None = None
-    ) -> None:
-        """Take HEADER-typed rows in arrival order; ``recv_ns`` = master time stamped on them.
-
-        Rows are held and ingested in fixed chunks of ``chunking.CHUNK`` rows (cut at multiples
-        of the running row count, whatever the feed sizes) and at each tick: a replay that
-        feeds the same rows in other slices ingests exactly the same chunks, so it reproduces
-        the live diagnoses bit for bit.
-
-        ``cols``: the rows' columns when the caller cut them (the master's edge), read for
-        their node summaries now; ``summaries``: those read already (c4d.engine.summaries:
-        row by row, so neither changes what a chunk gives).
-        """
-        raw = np.asarray(raw)
-        if raw.dtype != schema.HEADER:
-            if raw.ndim != 1 or raw.dtype.itemsize != schema.RECORD_SIZE:
-                self._invalid("a wrong record size", len(raw) if raw.ndim else 1)
-                return
-            raw = raw.view(schema.HEADER)
-        if not len(raw):
-            return
-        self.stats["batches"] += 1
-        rest, sums = apart(raw, cols, summaries)
-        self._hold(rest, recv_ns, sums, len(raw))
-
-    def feed_apart(self, rest: np.ndarray, recv_ns: int, summaries: Summaries, n: int) -> None:
-        """``feed`` of a batch of ``n`` rows that comes apart: its node summaries read
-        (``summaries``, at their positions in the batch) and its other rows (``rest``, HEADER
-        rows in order). An engine in a process of its own gets them so from the master's loop
-        (c4d.master.engine_process): the summaries' rows themselves neither travel nor are joined.
-        The same chunks, the same steps, the same results as ``feed`` of the whole batch
-        (which takes it apart so)."""
-        rest = np.asarray(rest)
-        fits = rest.dtype == schema.HEADER and len(rest) + len(summaries) == n
-        if fits and len(summaries):
-            fits = int(summaries.pos[-1]) < n and bool((summaries.pos[1:] > summaries.pos[:-1]).all())
-        if not fits or (len(rest) and (rest["kind"] == Kind.OPSUM).any()):
-            self._invalid("a batch apart whose parts do not fit together", n)
-            return
-        if not n:
-            return
-        self.stats["batches"] += 1
-        self._hold(rest, recv_ns, summaries, n)
-
-    def _hold(self, rest: np.ndarray, recv_ns: int, sums: Summaries, n: int) -> None:
-        if self._chunks.add(rest, int(recv_ns), sums, n):
-            self._flush(whole_chunks=True)
-
     def _flush(self, whole_chunks: bool = False) -> None:
         """Ingest held rows: whole chunks only (from feed), or everything (at a tick)."""
         for chunk in self._chunks.cut(whole_chunks):
             self._ingest.chunk(chunk)
-
-    def flush(self) -> None:
-        """Ingest everything fed so far without evaluating (tick does this first)."""
-        self._flush()
 
     def take_split(self) -> np.ndarray:
         """OP_SPLIT rows of the ops completed since the last call (needs ``split=True``).

@@ -159,12 +159,12 @@ class Ingest:
         """The communicators' half of a chunk (``front``'s rows), kind after kind: membership,
         heartbeats, OP rows, node summaries, PEER. Returns the clock refinement steps of the
         collectives it completed, in communicator order (``apply_steps`` at the chunk's end)."""
-        steps: list[Step] = []
+        steps: list[Step] = []  # (the communicators' steps of the chunk, for ``settle``)
         if len(r.comm):
             self._comm_rows(r.comm)
         if len(r.hb):
             self.heartbeats_by_comm(r.hb)
-        if len(r.ops):
+        if len(r.ops) and r.extra is not None:  # (``front`` gives OP rows their extra)
             steps = self.ops.by_comm(
                 r.ops, r.cols if r.cols is not None else OpCols.of(r.ops), r.extra, r.recv
             )

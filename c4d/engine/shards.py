@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from c4d.engine import clock, hang
-from c4d.engine.chunking import Chunker, apart
+from c4d.engine.chunking import Chunker, Feeds
 from c4d.engine.comm import Comm
 from c4d.engine.comm_index import CommIndex, Numbering
 from c4d.engine.config import EngineConfig, ResolvedThresholds
@@ -51,7 +51,6 @@ from c4d.engine.rows import OP_SPLIT
 from c4d.engine.slow import SlowJudge, Taken, WindowPlan, take_windows
 from c4d.engine.snapshot import StatePart, engine_snapshot, state_part
 from c4d.engine.stage import Stages
-from c4d.engine.summaries import Summaries
 from c4d.engine.types import Diagnosis, EngineSnapshot
 from c4d.engine.wait_view import WaitView, busy_views, join_peers
 from c4d.record import schema
@@ -231,7 +230,7 @@ class CommMeta:
     grank: np.ndarray
 
 
-class ShardedEngine:
+class ShardedEngine(Feeds):
     """``Engine``'s calls (feed, feed_apart, tick, state, flush, free_comms, drops,
     take_split), with communicators in ``shards`` shards."""
 
@@ -280,30 +279,6 @@ class ShardedEngine:
     def _invalid(self, what: str, n: int) -> None:
         self.stats["invalid"] += n
         self._ratelog(what, "c4d engine: dropped %d record(s) with %s", n, what, n=n)
-
-    def feed(self, raw: np.ndarray, recv_ns: int, cols=None, summaries: Summaries | None = None) -> None:
-        raw = np.asarray(raw)
-        if raw.dtype != schema.HEADER:
-            if raw.ndim != 1 or raw.dtype.itemsize != schema.RECORD_SIZE:
-                self._invalid("a wrong record size", len(raw) if raw.ndim else 1)
-                return
-            raw = raw.view(schema.HEADER)
-        if not len(raw):
-            return
-        self.stats["batches"] += 1
-        rest, sums = apart(raw, cols, summaries)
-        if self._chunks.add(rest, int(recv_ns), sums, len(raw)):
-            self._flush(whole_chunks=True)
-
-    def feed_apart(self, rest: np.ndarray, recv_ns: int, summaries: Summaries, n: int) -> None:
-        if not n:
-            return
-        self.stats["batches"] += 1
-        if self._chunks.add(np.asarray(rest), int(recv_ns), summaries, n):
-            self._flush(whole_chunks=True)
-
-    def flush(self) -> None:
-        self._flush()
 
     def _flush(self, whole_chunks: bool = False) -> None:
         """Each chunk: its front here while the shards ingest the chunk before it, then that

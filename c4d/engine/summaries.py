@@ -118,8 +118,8 @@ class Summaries:
         gaps = np.ascontiguousarray(s["compute_ns"], dtype=GAPS)
         return cls(np.asarray(pos, np.int64), [s[field] for _, field in _IDS], out, gaps)
 
-    def take(self, idx: np.ndarray) -> Summaries:
-        """The summaries ``idx`` (indices or a mask)."""
+    def take(self, idx: np.ndarray | slice) -> Summaries:
+        """The summaries ``idx`` (indices, a mask or a slice)."""
         return Summaries(self.pos[idx], [a[idx] for a in self.ids()], take(self.done, idx), self.gaps[idx])
 
     def cut(self, a: int, b: int) -> Summaries:

@@ -447,7 +447,7 @@ def unique_runs(a: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return u, h[first_h], inv_h.ravel()[run]
 
 
-def take_records(rows: np.ndarray, idx: np.ndarray) -> np.ndarray:
+def take_records(rows: np.ndarray, idx: np.ndarray | slice) -> np.ndarray:
     """``rows[idx]`` (indices or a mask) for record arrays, copied as whole records: numpy
     copies a many-field structured dtype field by field, many times slower."""
     v = np.dtype((np.void, rows.dtype.itemsize))
