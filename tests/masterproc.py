@@ -80,3 +80,65 @@ class MasterProc:
             self._out.close()
             self._err.close()
         return rc
+
+
+def descendants_named(pid: int, text: str) -> list[int]:
+    """Descendants of ``pid`` whose command line holds ``text``."""
+    from c4d.run import proctree
+
+    out = []
+    for k in proctree.descendants([pid]):
+        try:
+            if text in Path(f"/proc/{k}/cmdline").read_bytes().replace(b"\0", b" ").decode():
+                out.append(k)
+        except OSError:
+            continue
+    return out
+
+
+def hang_named_live(m: MasterProc, rank: int = 3) -> tuple[list[dict], list[dict]]:
+    """A 4-rank sim job (2 a node) whose ``rank`` stops computing at step 5, against master
+    ``m``, until the master names the hang; then ``m`` stopped (exit 2: it diagnosed a WARNING or
+    above, no traceback). Returns its RankNonCommHang JSON lines and those a replay of its trace
+    in one engine gives."""
+    from c4d.offline import analyze
+    from c4d.record import trace
+
+    try:
+        sim = subprocess.Popen(
+            [*c4d_cmd("sim", "--quick", "--ranks", 4, "--ranks-per-node", 2, "--fault",
+                      f"noncomm-hang@rank={rank},step=5", "--master", m.endpoint), "--max-seconds", "60"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            wait_for(lambda: any(d["kind"] == "RankNonCommHang" for d in m.diagnoses()), 90,
+                     "the master to name the hang")  # fmt: skip
+        finally:
+            sim.kill()
+            sim.wait()
+    finally:
+        assert m.stop() == 2, m.stderr()
+    assert "Traceback" not in m.stderr()
+    live = [d for d in m.diagnoses() if d["kind"] == "RankNonCommHang"]
+    replayed = [d.to_json() for d in analyze.replay(trace.read_raw(m.trace), analyze.make_engine())]
+    return live, [d for d in replayed if d["kind"] == "RankNonCommHang"]
+
+
+def replay_killing(ep, rt, kill) -> None:
+    """A trace's rows and ticks through an engine process ``ep`` as the master drives it (rows
+    between ticks fed, each tick at its time), ``kill()`` called halfway, then ``ep.drain()``."""
+    import numpy as np
+
+    from c4d.record import schema
+
+    ticks = np.flatnonzero(rt.raw["kind"] == schema.Kind.TICK).tolist()
+    prev, last = 0, int(rt.meta.get("created_ns", 0))
+    for n, i in enumerate(ticks):
+        if i > prev:
+            ep.feed(rt.raw[prev:i], last)
+        if n == len(ticks) // 2:
+            kill()
+        last = int(rt.raw["time_ns"][i])
+        ep.tick(last)
+        prev = i + 1
+    ep.drain()

@@ -4,7 +4,6 @@ sim job; a dead engine process is taken over by an engine in the master's proces
 
 from __future__ import annotations
 
-import contextlib
 import gzip
 import io
 import logging
@@ -26,7 +25,7 @@ from c4d.record import schema, trace
 from c4d.run import proctree
 from tests.conftest import c4d_cmd, free_port, metrics_text, wait_for
 from tests.golden import make_golden
-from tests.masterproc import MasterProc
+from tests.masterproc import MasterProc, descendants_named, hang_named_live, replay_killing
 
 GOLDEN = Path(make_golden.__file__).resolve().parent
 
@@ -101,27 +100,9 @@ def test_c4d_master_engine_process_names_a_hang_live(tmp_path, libc4d, simtrain)
     """`c4d master --engine-process` with a sim job whose rank 3 stops computing: the JSON line
     names rank 3, and a replay of the master's trace in one process says the same."""
     m = MasterProc(tmp_path, "--engine-process", metrics=False)
-    try:
-        sim = subprocess.Popen(
-            [*c4d_cmd("sim", "--quick", "--ranks", 4, "--ranks-per-node", 2, "--fault",
-                      "noncomm-hang@rank=3,step=5", "--master", m.endpoint), "--max-seconds", "60"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
-        try:
-            wait_for(lambda: any(d["kind"] == "RankNonCommHang" for d in m.diagnoses()), 90,
-                     "the master to name the hang")  # fmt: skip
-        finally:
-            sim.kill()
-            sim.wait()
-    finally:
-        assert m.stop() == 2, m.stderr()  # exit 2: it diagnosed a WARNING or above
-    live = [d for d in m.diagnoses() if d["kind"] == "RankNonCommHang"]
+    live, replayed = hang_named_live(m)
     assert live and all(d["ranks"] == [3] for d in live)
-    assert "Traceback" not in m.stderr()
-    replayed = [d.to_json() for d in analyze.replay(trace.read_raw(m.trace), analyze.make_engine())]
-    assert [d["ranks"] for d in replayed if d["kind"] == "RankNonCommHang"][: len(live)] == [
-        d["ranks"] for d in live
-    ]
+    assert [d["ranks"] for d in replayed][: len(live)] == [d["ranks"] for d in live]
 
 
 def test_an_exception_in_the_engine_process_reaches_the_master_counted():
@@ -187,42 +168,21 @@ def test_metrics_come_from_the_engine_process_answers(tmp_path, libc4d, simtrain
         want = ("c4d_transfer_seconds_count", "c4d_busbw_gbs{", "c4d_ranks{")
         body = wait_for(lambda: metrics_text(port, *want), 60, "metrics with collectives", interval=0.3)
         assert "c4d_wait_seconds_bucket" in body
-        assert _children_named(proc.pid, "c4d.master.engine_process")  # the engine did run in a process
+        assert descendants_named(proc.pid, "c4d.master.engine_process")  # the engine did run in a process
     finally:
         proc.terminate()
         _, err = proc.communicate(timeout=30)
     assert "Traceback" not in err, err
 
 
-def _children_named(pid: int, text: str) -> list[int]:
-    """Descendants of ``pid`` whose command line holds ``text``."""
-    out = []
-    for k in proctree.descendants([pid]):
-        with contextlib.suppress(OSError):
-            if text in Path(f"/proc/{k}/cmdline").read_bytes().replace(b"\0", b" ").decode():
-                out.append(k)
-    return out
-
-
 def test_an_engine_process_dying_mid_run_is_taken_over_once(tmp_path, caplog):
     """Killed between two ticks: one ERROR line (however many calls find it dead), and the rows
     fed after it reach the engine taking over."""
     rt = trace.read_raw(_golden("noncomm-hang", tmp_path))
-    ticks = np.flatnonzero(rt.raw["kind"] == schema.Kind.TICK).tolist()
     ep = EngineProcess()
     try:
         with caplog.at_level(logging.ERROR, logger="c4d.engine"):
-            prev, last = 0, int(rt.meta.get("created_ns", 0))
-            for n, i in enumerate(ticks):
-                if i > prev:
-                    ep.feed(rt.raw[prev:i], last)
-                if n == len(ticks) // 2:
-                    ep._proc.kill()
-                    ep._proc.wait(10)
-                last = int(rt.raw["time_ns"][i])
-                ep.tick(last)
-                prev = i + 1
-            ep.drain()
+            replay_killing(ep, rt, lambda: (ep._proc.kill(), ep._proc.wait(10)))
         assert ep.local is not None
         assert ep.local.stats["records"] > 0  # the rows after the kill reached the engine taking over
     finally:

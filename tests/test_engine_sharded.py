@@ -8,16 +8,13 @@ of their own give the same; a shard that dies is said, not hidden."""
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gzip
 import logging
 import os
 import shutil
 import signal
-import subprocess
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from c4d.engine import Engine, EngineConfig, chunking
@@ -26,12 +23,11 @@ from c4d.intake.ingest import Ingest
 from c4d.master.engine_process import EngineProcess
 from c4d.master.master import MAX_AUTO_SHARDS, MasterConfig, engine_shards, engine_shards_from_env
 from c4d.offline import analyze
-from c4d.record import schema, trace
-from c4d.run import proctree
-from tests.conftest import c4d_cmd, wait_for
+from c4d.record import trace
+from tests.conftest import wait_for
 from tests.factories import Fault, Job, as_master, build_cached, replay
 from tests.golden import make_golden
-from tests.masterproc import MasterProc
+from tests.masterproc import MasterProc, descendants_named, hang_named_live, replay_killing
 
 GOLDEN = Path(make_golden.__file__).resolve().parent
 NAMES = sorted(p.name.removesuffix(".expected.json") for p in GOLDEN.glob("*.expected.json"))
@@ -150,13 +146,7 @@ def test_a_shard_process_that_dies_is_said_at_the_next_call(tmp_path):
 
 # -- in the master: c4d master --engine-shards ----------------------------------------------
 def _shard_pids(pid: int) -> list[int]:
-    """Descendants of ``pid`` that are engine shards."""
-    out = []
-    for k in proctree.descendants([pid]):
-        with contextlib.suppress(OSError):
-            if b"c4d.engine.shards" in Path(f"/proc/{k}/cmdline").read_bytes():
-                out.append(k)
-    return out
+    return descendants_named(pid, "c4d.engine.shards")
 
 
 def test_an_engine_process_with_shards_gives_one_engines_diagnoses(tmp_path):
@@ -178,22 +168,12 @@ def test_a_shard_killed_under_the_engine_process_is_taken_over_once(tmp_path, ca
     """kill -9 of one shard mid-run: the engine's process says so and ends (exit 3: what it knew
     is incomplete), and the master's own engine takes over, with one ERROR line."""
     rt = _golden("noncomm-hang", tmp_path)
-    ticks = np.flatnonzero(rt.raw["kind"] == schema.Kind.TICK).tolist()
     ep = EngineProcess(shards=2)
     try:
         pids = wait_for(lambda: _shard_pids(ep._proc.pid) if len(_shard_pids(ep._proc.pid)) == 2 else None,
                         60, "two shard processes")  # fmt: skip
         with caplog.at_level(logging.ERROR, logger="c4d.engine"):
-            prev, last = 0, int(rt.meta.get("created_ns", 0))
-            for n, i in enumerate(ticks):
-                if i > prev:
-                    ep.feed(rt.raw[prev:i], last)
-                if n == len(ticks) // 2:
-                    os.kill(pids[0], signal.SIGKILL)
-                last = int(rt.raw["time_ns"][i])
-                ep.tick(last)
-                prev = i + 1
-            ep.drain()
+            replay_killing(ep, rt, lambda: os.kill(pids[0], signal.SIGKILL))
         assert ep.local is not None
         assert ep._proc.wait(10) == 3
     finally:
@@ -209,26 +189,12 @@ def test_c4d_master_engine_shards_names_a_hang_live(tmp_path, libc4d, simtrain):
     m = MasterProc(tmp_path, "--engine-shards", 2, metrics=False)
     try:
         wait_for(lambda: len(_shard_pids(m.proc.pid)) == 2, 60, "two shard processes")
-        sim = subprocess.Popen(
-            [*c4d_cmd("sim", "--quick", "--ranks", 4, "--ranks-per-node", 2, "--fault",
-                      "noncomm-hang@rank=3,step=5", "--master", m.endpoint), "--max-seconds", "60"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
-        try:
-            wait_for(lambda: any(d["kind"] == "RankNonCommHang" for d in m.diagnoses()), 90,
-                     "the master to name the hang")  # fmt: skip
-        finally:
-            sim.kill()
-            sim.wait()
-    finally:
-        assert m.stop() == 2, m.stderr()
-    live = [d for d in m.diagnoses() if d["kind"] == "RankNonCommHang"]
+    except BaseException:
+        m.stop(signal.SIGKILL)
+        raise
+    live, replayed = hang_named_live(m)
     assert live and all(d["ranks"] == [3] for d in live)
-    assert "Traceback" not in m.stderr()
-    replayed = [d.to_json() for d in analyze.replay(trace.read_raw(m.trace), analyze.make_engine())]
-    assert [d["ranks"] for d in replayed if d["kind"] == "RankNonCommHang"][: len(live)] == [
-        d["ranks"] for d in live
-    ]
+    assert [d["ranks"] for d in replayed][: len(live)] == [d["ranks"] for d in live]
 
 
 def test_engine_shards_from_the_command_line_and_the_environment(monkeypatch, caplog):

@@ -15,6 +15,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from c4d.engine import clock
+from c4d.engine.ranks import RankTable
 from c4d.engine.rows import take
 from c4d.engine.summaries import OPSUM, Summaries
 from c4d.record import schema
@@ -106,6 +108,9 @@ class Feeds:
 
     _chunks: Chunker
     stats: dict[str, int]
+    ranks: RankTable
+    _now: int
+    _epoch: list[int]
 
     def _invalid(self, what: str, n: int) -> None:
         raise NotImplementedError
@@ -165,3 +170,19 @@ class Feeds:
     def flush(self) -> None:
         """Ingest everything fed so far without evaluating (tick does this first)."""
         self._flush()
+
+    def _settle(self) -> None:
+        raise NotImplementedError
+
+    def _begin_tick(self, now: int) -> None:
+        """A tick's start: every row fed ingested, every clock step applied, the clock's
+        receipt bounds taken (clock.on_tick)."""
+        R = self.ranks
+        # records fed since the last tick are stamped with its time; when ticks come late (a
+        # master that falls behind) a rank that reported in that interval is not silent
+        R.prev_tick_ns = self._now or now
+        self._now = now
+        self.stats["ticks"] += 1
+        self._flush()
+        self._settle()
+        clock.on_tick(R, now, self._epoch)

@@ -15,7 +15,7 @@ import logging
 
 import numpy as np
 
-from c4d.engine import clock, hang, wait_view
+from c4d.engine import hang, wait_view
 from c4d.engine.chunking import Chunker, Feeds
 from c4d.engine.comm import Comm
 from c4d.engine.comm_index import CommIndex
@@ -92,6 +92,9 @@ class Engine(Feeds):
             self._slow.forget(freed)
         return len(freed)
 
+    def _settle(self) -> None:
+        self._ingest.settle()
+
     def _flush(self, whole_chunks: bool = False) -> None:
         """Ingest held rows: whole chunks only (from feed), or everything (at a tick)."""
         for chunk in self._chunks.cut(whole_chunks):
@@ -112,14 +115,7 @@ class Engine(Feeds):
     def tick(self, now_ns: int) -> list[Diagnosis]:
         """Evaluate at master time ``now_ns``; return the diagnoses that are new at this tick."""
         now = int(now_ns)
-        # records fed since the last tick are stamped with its time; when ticks come late (a
-        # master that falls behind) a rank that reported in that interval is not silent
-        self.ranks.prev_tick_ns = self._now or now
-        self._now = now
-        self.stats["ticks"] += 1
-        self._flush()
-        self._ingest.settle()
-        clock.on_tick(self.ranks, now, self._epoch)
+        self._begin_tick(now)
         th = self.thresholds()
         self._pool.sampler.period_ns = th.period_ns
         # the communicators' side: views of those someone waits in, new verdicts

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from c4d.engine import clock, hang
+from c4d.engine import hang
 from c4d.engine.chunking import Chunker, Feeds
 from c4d.engine.comm import Comm
 from c4d.engine.comm_index import CommIndex, Numbering
@@ -347,7 +347,7 @@ class ShardedEngine(Feeds):
         steps.sort(key=lambda s: s.comm)
         self._steps = steps
 
-    def _settle(self, receive: bool = True) -> None:
+    def _settle(self, receive: bool = True) -> None:  # (Feeds._begin_tick: receive)
         """Apply the last chunk's clock steps (``Ingest.settle``), its answers taken first."""
         if receive:
             self._receive()
@@ -388,12 +388,7 @@ class ShardedEngine(Feeds):
     # -- evaluation --------------------------------------------------------------------
     def tick(self, now_ns: int) -> list[Diagnosis]:
         now = int(now_ns)
-        self.ranks.prev_tick_ns = self._now or now
-        self._now = now
-        self.stats["ticks"] += 1
-        self._flush()
-        self._settle()
-        clock.on_tick(self.ranks, now, self._epoch)
+        self._begin_tick(now)
         th = self.thresholds()
         shared, read = self.ranks.shared(), self._read
         self._read = []
