@@ -8,14 +8,19 @@ of their own give the same; a shard that dies is said, not hidden."""
 from __future__ import annotations
 
 import argparse
+import functools
 import gzip
 import logging
 import os
 import shutil
 import signal
+import tempfile
 from pathlib import Path
 
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from c4d.engine import Engine, EngineConfig, chunking
 from c4d.engine.shards import ShardedEngine, ShardGone
@@ -23,7 +28,7 @@ from c4d.intake.ingest import Ingest
 from c4d.master.engine_process import EngineProcess
 from c4d.master.master import MAX_AUTO_SHARDS, MasterConfig, engine_shards, engine_shards_from_env
 from c4d.offline import analyze
-from c4d.record import trace
+from c4d.record import schema, trace
 from tests.conftest import wait_for
 from tests.factories import Fault, Job, as_master, build_cached, replay
 from tests.golden import make_golden
@@ -38,6 +43,17 @@ def _golden(name: str, tmp_path: Path) -> trace.RawTrace:
     with gzip.open(GOLDEN / f"{name}.c4d.gz", "rb") as g, path.open("wb") as f:
         shutil.copyfileobj(g, f)
     return trace.read_raw(path)
+
+
+T0 = 1_000_000_000_000
+
+
+@functools.cache
+def _golden_rows(name: str) -> np.ndarray:
+    """A golden trace's records, its TICKs left out (read once for every example)."""
+    with tempfile.TemporaryDirectory() as d:
+        rt = _golden(name, Path(d))
+    return rt.raw[rt.raw["kind"] != schema.Kind.TICK]
 
 
 def _json(ds) -> list[dict]:
@@ -142,6 +158,31 @@ def test_a_shard_process_that_dies_is_said_at_the_next_call(tmp_path):
             eng.tick(4)
     finally:
         eng.close()
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.binary(min_size=0, max_size=64 * 128), st.integers(0, 2**32 - 1))
+def test_damaged_records_through_shards_are_dropped_and_counted_as_one_engine_counts(junk, seed):
+    """A golden job's rows with damaged records among them (random bytes, and real records with
+    random fields: kinds, ranks, sizes, communicators) through one engine and through 3 shards:
+    nothing raised, the same counts of rows taken and dropped, the same diagnoses."""
+    rng = np.random.default_rng(seed)
+    rows = _golden_rows("comm-slow-rank")[:4000].copy()
+    n = len(junk) // schema.RECORD_SIZE
+    bad = np.frombuffer(junk[: n * schema.RECORD_SIZE], schema.HEADER).copy()
+    hit = rng.choice(len(rows), size=min(40, len(rows)), replace=False)
+    body = rows.view(np.uint8).reshape(len(rows), schema.RECORD_SIZE)
+    at = rng.integers(0, schema.RECORD_SIZE, len(hit))
+    body[hit, at] = rng.integers(0, 256, len(hit), dtype=np.uint8)
+    mixed = np.concatenate([rows[:2000], bad, rows[2000:]])
+    out = []
+    for eng in (Engine(EngineConfig()), ShardedEngine(EngineConfig(), shards=3)):
+        ds = []
+        for k, part in enumerate(np.array_split(mixed, 8)):
+            eng.feed(part, T0 + k * 200_000_000)
+            ds += eng.tick(T0 + (k + 1) * 200_000_000)
+        out.append((_json(ds), dict(eng.stats), eng.drops()))
+    assert out[0] == out[1]
 
 
 # -- in the master: c4d master --engine-shards ----------------------------------------------

@@ -23,30 +23,35 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _tmux(*args: str) -> str:
-    return subprocess.run(["tmux", *args], capture_output=True, text=True, check=True).stdout
+def _tmux(server: str, *args: str) -> str:
+    return subprocess.run(["tmux", "-L", server, *args], capture_output=True, text=True, check=True).stdout
 
 
 class Pane:
+    """A tmux session on a tmux server of its own (``-L``): tests on other workers start and
+    stop theirs at the same time, and a session started on a server whose last session was
+    just killed finds it gone ("server exited unexpectedly")."""
+
     def __init__(self, cmd: str, width: int = 80, height: int = 24):
         self.session = f"c4d-{uuid.uuid4().hex[:8]}"
         env = {**os.environ, "TERM": "xterm-256color"}
         subprocess.run(
-            ["tmux", "new-session", "-d", "-s", self.session, "-x", str(width), "-y", str(height), "bash"],
+            ["tmux", "-L", self.session, "new-session", "-d", "-s", self.session, "-x", str(width),
+             "-y", str(height), "bash"],
             check=True,
             env=env,
-        )
-        _tmux("set-option", "-t", self.session, "remain-on-exit", "on")
-        _tmux("send-keys", "-t", self.session, cmd, "Enter")
+        )  # fmt: skip
+        _tmux(self.session, "set-option", "-t", self.session, "remain-on-exit", "on")
+        _tmux(self.session, "send-keys", "-t", self.session, cmd, "Enter")
 
     def screen(self) -> str:
-        return _tmux("capture-pane", "-p", "-t", self.session)
+        return _tmux(self.session, "capture-pane", "-p", "-t", self.session)
 
     def keys(self, *keys: str) -> None:
-        _tmux("send-keys", "-t", self.session, *keys)
+        _tmux(self.session, "send-keys", "-t", self.session, *keys)
 
     def close(self) -> None:
-        subprocess.run(["tmux", "kill-session", "-t", self.session], capture_output=True)
+        subprocess.run(["tmux", "-L", self.session, "kill-server"], capture_output=True)
 
 
 def _master(tmp_path: Path, ep: str) -> Pane:

@@ -17,8 +17,10 @@ from tests.conftest import wait_for
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _tmux(*args: str) -> str:
-    return subprocess.run(["tmux", *args], capture_output=True, text=True, check=True).stdout
+def _tmux(server: str, *args: str) -> str:
+    """tmux on a server of its own (``-L``): a session started on the default server while
+    another test kills that server's last session finds it gone."""
+    return subprocess.run(["tmux", "-L", server, *args], capture_output=True, text=True, check=True).stdout
 
 
 def _grid_groups(screen: str) -> list[str]:
@@ -39,14 +41,16 @@ def test_live_view_marks_the_culprit(tmp_path, libc4d, simtrain):
     )
     env = {**os.environ, "TERM": "xterm-256color"}
     subprocess.run(
-        ["tmux", "new-session", "-d", "-s", session, "-x", "120", "-y", "40", "bash"], check=True, env=env
+        ["tmux", "-L", session, "new-session", "-d", "-s", session, "-x", "120", "-y", "40", "bash"],
+        check=True,
+        env=env,
     )
     try:
-        _tmux("set-option", "-t", session, "remain-on-exit", "on")
-        _tmux("send-keys", "-t", session, cmd, "Enter")
+        _tmux(session, "set-option", "-t", session, "remain-on-exit", "on")
+        _tmux(session, "send-keys", "-t", session, cmd, "Enter")
 
         def screen_with_diagnosis() -> str | None:
-            s = _tmux("capture-pane", "-p", "-t", session)
+            s = _tmux(session, "capture-pane", "-p", "-t", session)
             return s if ("RankNonCommHang" in s and "c4d sim: stopped on an ERROR" in s) else None
 
         # the live view's last frame, drawn when the sim stops on the ERROR
@@ -59,4 +63,4 @@ def test_live_view_marks_the_culprit(tmp_path, libc4d, simtrain):
         assert any("3" in line and "node-0" in line for line in diag_lines), screen
         assert max(len(line) for line in screen.splitlines()) <= 120
     finally:
-        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
+        subprocess.run(["tmux", "-L", session, "kill-server"], capture_output=True)

@@ -91,7 +91,10 @@ class Emission:
         in place in ``findings``: one incident, never isolating."""
         R = self.mismatches
         out = []
-        for mm in new:
+        # in the order they were found, by communicator (index) and seq where at once: the same
+        # whichever shard of an engine sharded by communicator found each (one communicator's
+        # verdicts keep their own order: the sort is stable)
+        for mm in sorted(new, key=lambda m: (m.found_ns, m.comm, m.seq)):
             if mm.comm_id is not None:  # (one freed before it was handed over: forgotten already)
                 R.add(mm)
             d = mm.detail()
