@@ -241,7 +241,7 @@ def test_c4d_master_engine_shards_names_a_hang_live(tmp_path, libc4d, simtrain):
 def test_engine_shards_from_the_command_line_and_the_environment(monkeypatch, caplog):
     from c4d.cli.serve import _shards
 
-    assert engine_shards(0, cores=2) == 1 and engine_shards(0, cores=6) == 4
+    assert engine_shards(0, cores=2) == 1 and engine_shards(0, cores=5) == 3
     assert engine_shards(0, cores=64) == MAX_AUTO_SHARDS and engine_shards(3, cores=2) == 3
     assert engine_shards_from_env({"C4D_ENGINE_SHARDS": "auto"}) == 0
     assert engine_shards_from_env({"C4D_ENGINE_SHARDS": "3"}) == 3

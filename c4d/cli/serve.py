@@ -68,7 +68,7 @@ def _add_master(subparsers) -> None:
         help="split the engine's communicators over N processes, the cross-communicator judges "
         "joined in one (the same diagnoses; jobs of tens of thousands of ranks on a master with "
         "cores to spare); N > 1 puts the engine in a process of its own (default: "
-        "$C4D_ENGINE_SHARDS, else the cores less two, at most 8, when the engine has a process)",
+        "$C4D_ENGINE_SHARDS, else the cores less two, at most 4, when the engine has a process)",
     )
     p.add_argument(
         "--curve",

@@ -50,7 +50,7 @@ def engine_process_from_env() -> bool:
     return os.environ.get("C4D_MASTER_ENGINE_PROCESS", "").strip() not in ("", "0")
 
 
-MAX_AUTO_SHARDS = 8  # beyond, the join (clock, judges) bounds a sharded engine (docs/engine-shards.md)
+MAX_AUTO_SHARDS = 4  # beyond, the join (front, clock, judges) bounds a sharded engine (docs/engine-shards.md)
 
 
 def engine_shards_from_env(env: Mapping[str, str] | None = None) -> int:
