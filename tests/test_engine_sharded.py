@@ -78,6 +78,7 @@ def test_a_golden_trace_through_shards_gives_one_engines_diagnoses(name, chunk, 
     cfg = EngineConfig.from_env()
     one = Engine(cfg)
     want = _replay(rt, one)
+    assert one._index.late == 0  # every communicator numbered at its chunk's start (new_in)
     for k in (1, 2, 3):
         eng = ShardedEngine(cfg, shards=k)
         assert _replay(rt, eng) == want, f"{name} through {k} shard(s)"

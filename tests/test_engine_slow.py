@@ -714,7 +714,6 @@ def test_closed_rows_taken_as_a_prefix_or_by_mask_alike():
     and a copied tail when they come in window order (the usual case), by masks otherwise;
     the same rows either way, the kept ones independent of what was taken."""
     from c4d.engine import slow
-    from c4d.engine.config import EngineConfig
     from c4d.engine.rows import COMPLETED, NO_ROWS
 
     rng = np.random.default_rng(5)
@@ -732,7 +731,8 @@ def test_closed_rows_taken_as_a_prefix_or_by_mask_alike():
         for a, b in zip(np.r_[0, cuts], np.r_[cuts, m], strict=True):
             c.keep_completed(rows[a:b], gaps[a:b])
         closed = int(rng.integers(-1, 3))
-        got = slow.SlowJudge(EngineConfig())._closed_coll(c, closed, P)
+        plan = slow.WindowPlan(closed, P, None, (), None)  # (a judge with no stall, nothing judged)
+        got = slow.take_windows(plan, {0: c}).coll.get(0)
         shut = la // P <= closed
         if not shut.any():
             assert got is None or not len(got[0])

@@ -21,6 +21,7 @@ from c4d.engine.rows import take
 from c4d.engine.summaries import OPSUM, Summaries
 from c4d.record import schema
 from c4d.record.columns import Columns
+from c4d.util.ratelog import RateLimitedLog
 
 # rows ingested at once: the per-communicator work of a chunk is paid once per chunk, so a
 # 4,096-rank job's 0.2 s tick (~85k rows through agents) is one chunk; it bounds what a backlog
@@ -111,9 +112,12 @@ class Feeds:
     ranks: RankTable
     _now: int
     _epoch: list[int]
+    _ratelog: RateLimitedLog
 
     def _invalid(self, what: str, n: int) -> None:
-        raise NotImplementedError
+        """Rows dropped: counted, and said at most once a minute per reason."""
+        self.stats["invalid"] += n
+        self._ratelog(what, "c4d engine: dropped %d record(s) with %s", n, what, n=n)
 
     def _flush(self, whole_chunks: bool = False) -> None:
         raise NotImplementedError

@@ -289,8 +289,7 @@ class CommIndex:
             c = self.comms.pop(i)
             self._pool.detach(c)
             freed.append(i)
-            for g in np.unique(c.grank[c.grank >= 0]).tolist():
-                self._ranks.comms_of[g] = [t for t in self._ranks.comms_of[g] if t[0] != i]
+            self._ranks.leave(i, c.grank)
         return freed
 
 

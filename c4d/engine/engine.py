@@ -73,10 +73,6 @@ class Engine(Feeds):
     def thresholds(self) -> ResolvedThresholds:
         return self.cfg.resolve(self.ranks.job)
 
-    def _invalid(self, what: str, n: int) -> None:
-        self.stats["invalid"] += n
-        self._ratelog(what, "c4d engine: dropped %d record(s) with %s", n, what, n=n)
-
     def drops(self) -> dict[str, int]:
         """What the byte budgets refused or let go, by reason (Pool.drops)."""
         return self._pool.drops()

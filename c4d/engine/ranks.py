@@ -94,6 +94,11 @@ class RankTable:
         if self.joined is not None:
             self.joined.append((g, idx, cr))
 
+    def leave(self, idx: int, granks: np.ndarray) -> None:
+        """Communicator ``idx`` (freed) no longer has members ``granks`` (its global ranks)."""
+        for g in np.unique(granks[granks >= 0]).tolist():
+            self.comms_of[g] = [t for t in self.comms_of[g] if t[0] != idx]
+
     # what an engine shard reads of the ranks: the clock's offsets, nodes, who reported
     SHARED = ("seen", "node", "rel_rank", "rel_rank_ok", "anc_rank", "rel_node", "rel_node_ok", "anc_node")
 

@@ -137,7 +137,6 @@ class Shard:
         self.pool.share(budget_share)
         self.pairs = P2PPairs()
         self.consistency = Consistency(lambda i: self.comms[i].grank if i in self.comms else None)
-        self._ratelog = RateLimitedLog(log)
         self._invalid_now: dict[str, int] = {}
         self.stats = {"records": 0, "invalid": 0}
         self.index = CommIndex(self.comms, self.pool, self.ranks, split, self._invalid, numbers=False)
@@ -165,11 +164,11 @@ class Shard:
         self.ingest.chunk_recv = rows.recv
         steps = self.ingest.comms(rows)
         heard = np.flatnonzero(R.last_recv)
-        joined, R.joined = R.joined, []
+        joined, R.joined = R.joined or [], []
         invalid, self._invalid_now = self._invalid_now, {}
         return ChunkAnswer(
             steps,
-            joined or [],
+            joined,
             (heard, R.last_recv[heard].copy()),
             np.flatnonzero(R.rel_node_refined),
             invalid,
@@ -222,7 +221,8 @@ class Shard:
 
 @dataclass
 class CommMeta:
-    """What the judges read of a communicator a shard holds (``Shard.metas``)."""
+    """What the judges read of a communicator a shard holds (``slow.CommMeta``): kept by the
+    join from the numbering and the shards' member changes."""
 
     idx: int
     id: int
@@ -275,10 +275,6 @@ class ShardedEngine(Feeds):
     # -- input -------------------------------------------------------------------------
     def thresholds(self) -> ResolvedThresholds:
         return self.cfg.resolve(self.ranks.job)
-
-    def _invalid(self, what: str, n: int) -> None:
-        self.stats["invalid"] += n
-        self._ratelog(what, "c4d engine: dropped %d record(s) with %s", n, what, n=n)
 
     def _flush(self, whole_chunks: bool = False) -> None:
         """Each chunk: its front here while the shards ingest the chunk before it, then that
@@ -362,8 +358,7 @@ class ShardedEngine(Feeds):
         for i in freed:
             m = self.metas.pop(i, None)
             if m is not None:
-                for g in np.unique(m.grank[m.grank >= 0]).tolist():
-                    self.ranks.comms_of[g] = [t for t in self.ranks.comms_of[g] if t[0] != i]
+                self.ranks.leave(i, m.grank)
         if freed:
             self._emission.forget(freed)
             self._slow.forget(freed)

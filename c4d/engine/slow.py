@@ -362,15 +362,6 @@ class SlowJudge:
         self.peers_read = tuple(peers.read)
         return out
 
-    def _closed_coll(self, c: Comm, closed: int, P: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-        """``take_windows``' take of c's COMPLETED rows, with this judge's stall state (a test's
-        way in to the take of one communicator)."""
-        got = Taken()
-        out = _take_coll(c, self._plan_at(closed, P), got)
-        self.stalled_ops += got.stalled_ops
-        self.late_ops += got.late_ops
-        return out
-
     def _in_stall(self, w: int) -> bool:
         """Does a stall, ended or in progress, cover window ``w``?"""
         in_progress = self.stall_from is not None and w >= self.stall_from
