@@ -75,6 +75,43 @@ def test_node_local_collectives_arrive_as_one_summary_each(tmp_path):
     assert all(not s.comms and not s.members and not s.size for s in summ.values())
 
 
+class _Recorder:
+    """An engine that keeps the OP rows it is fed (and passes everything on)."""
+
+    def __init__(self) -> None:
+        self.inner = analyze.make_engine()
+        self.ops: list[np.ndarray] = []
+
+    def feed(self, raw, recv_ns, cols=None, summaries=None):
+        self.ops.append(raw[raw["kind"] == schema.Kind.OP].view(schema.OP).copy())
+        return self.inner.feed(raw, recv_ns, cols=cols, summaries=summaries)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+@pytest.mark.parametrize("name", ["comm-slow-rank", "noncomm-slow-dp", "mismatch"])
+def test_parts_give_the_engine_the_records_they_hold(name, tmp_path):
+    """Two members on a node of a communicator that spans nodes: their records go as one part
+    (OPPART); the master's engine gets the OP records it gets without parts, field for field
+    in what a part carries, and the same diagnoses."""
+    rt = _load(name, tmp_path)
+    got, diags = {}, {}
+    for parts in (False, True):
+        eng = _Recorder()
+        via, summ, master = replay_through_agents(rt, eng, parts=parts)
+        tot = sum((s.stats for s in summ.values()), start=type(next(iter(summ.values())).stats)())
+        assert (tot["parts sent"] > 0) == parts and tot["ops in parts"] == 2 * tot["parts sent"]
+        ops = np.concatenate(eng.ops)
+        for f in ("stream", "return_ns", "device"):  # not carried
+            ops[f] = 0
+        got[parts] = ops[np.lexsort((ops["rank"], ops["seq"], ops["comm_id"]))]
+        diags[parts] = [make_golden.project(d.to_json()) for d in via]
+        assert not master.edge.rejected
+    assert np.array_equal(got[True], got[False]), name
+    assert diags[True] == diags[False], name
+
+
 def test_a_member_registered_late_loses_no_op():
     """The ranks' first batches reach the agent in any order: a rank may send its first ops of
     a node-local communicator before its peer registered (seen in CI). Those ops go raw for

@@ -18,7 +18,7 @@ from c4d.intake.ingest import Ingest
 from c4d.intake.received import Received
 from c4d.intake.validate import Edge
 from c4d.master.master import Master, MasterConfig
-from c4d.record import schema, wire
+from c4d.record import oppart, schema, wire
 from tests import hostile as H
 from tests.conftest import wait_for
 
@@ -38,6 +38,10 @@ def _valid_pool() -> np.ndarray:
     sends["op"] = np.where(sends["rank"] == 0, schema.Op.Send, schema.Op.Recv)
     sends["flags"] = schema.OpFlag.P2P | schema.OpFlag.IN_GROUP
     sends["peer"] = 1 - sends["comm_rank"]
+    forwarded = H.allreduces(WORLD, [4, 5], t)  # as an agent forwards them: compute given, in parts
+    forwarded["flags"] |= np.uint8(schema.OpFlag.COMPUTE_GIVEN)
+    forwarded["compute_ns"] = 1000
+    parts, _ = oppart.pack(forwarded)
     return H.as_header(
         H.registers(WORLD, t),
         H.comm_init(range(WORLD), H.WORLD_COMM, WORLD, t),
@@ -46,6 +50,7 @@ def _valid_pool() -> np.ndarray:
         H.heartbeats(WORLD, t, cid=0),
         peers,
         sends,
+        parts,
         H.comm_init(range(WORLD), H.WORLD_COMM, WORLD, t, event=schema.CommEvent.DESTROY),
     )
 
@@ -67,13 +72,15 @@ def records(draw) -> np.ndarray:
         for _ in range(draw(st.integers(0, 3))):
             if dt is not None and draw(st.booleans()):
                 name = draw(st.sampled_from([f for f in dt.names if not f.startswith("reserved")]))
-                if dt[name].kind in "iu":
+                base = dt[name].base  # an array field (OPPART's offsets): one element of it
+                if base.kind in "iu":
                     v = draw(st.sampled_from(INTERESTING) | st.integers(-(2**63), 2**64 - 1))
-                    info = np.iinfo(dt[name])
+                    info = np.iinfo(base)
                     view = out[i : i + 1].view(dt)
-                    view[name] = np.array(v % (int(info.max) - int(info.min) + 1) + int(info.min)).astype(
-                        dt[name]
-                    )
+                    cell = view[name].reshape(-1)
+                    j = draw(st.integers(0, len(cell) - 1))
+                    cell[j] = np.array(v % (int(info.max) - int(info.min) + 1) + int(info.min)).astype(base)
+                    view[name] = cell.reshape(view[name].shape)
                 else:
                     view = out[i : i + 1].view(dt)
                     view[name] = draw(st.binary(max_size=dt[name].itemsize))
@@ -187,6 +194,9 @@ class _Rows:
 
     def as_kind(self, dt):
         return _Rows(self.a.view(dt))
+
+    def rows(self):
+        return self.a
 
     def take(self, idx):
         return _Rows(schema.take_records(self.a, idx))

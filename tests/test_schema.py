@@ -20,6 +20,7 @@ STRUCTS = {
     schema.PEER: "c4d_peer_record",
     schema.STAGE: "c4d_stage_record",
     schema.OPSUM: "c4d_opsum_record",
+    schema.OPPART: "c4d_oppart_record",
 }
 HEADER_FIELDS = {"kind", "version", "rank", "time_ns"}
 

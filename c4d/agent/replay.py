@@ -121,32 +121,38 @@ def final_culprits(diagnoses: list) -> list[tuple]:
 
 def compare(path) -> dict:
     """A trace replayed directly and through one node agent per node: its incidents' final
-    culprits both ways (``same``: they agree), and the records each way sent (``sent``)."""
+    culprits both ways (``same``: they agree), and the records each way sent (``sent``; and
+    ``unpaired``: what the agents send without OPPART parts, for the comparison)."""
     rt = trace.read_raw(path)
     direct_ = final_culprits(direct(rt))
     via, _summ, _master, sent = through_agents(rt)
     agents = final_culprits(via)
-    return {"same": direct_ == agents, "direct": direct_, "agents": agents, "sent": sent}
+    unpaired = through_agents(rt, parts=False)[3]
+    return {"same": direct_ == agents, "direct": direct_, "agents": agents, "sent": sent,
+            "unpaired": unpaired}  # fmt: skip
 
 
 def job_line(a: dict) -> str:
     d, v = a["sent"].records
+    u = a["unpaired"].records[1]
     line = (f"    agents: final culprits {'same' if a['same'] else 'DIFFER'}; records to the master {v:,} "
-            f"of {d:,} ({v / max(d, 1):.0%})")  # fmt: skip
+            f"of {d:,} ({v / max(d, 1):.0%}; {u:,} without parts)")  # fmt: skip
     if not a["same"]:
         line += f"\n    direct {a['direct']}\n    agents {a['agents']}"
     return line
 
 
 def summary_line(comparisons: list[dict]) -> str:
-    tot = Sent()
+    tot, unpaired = Sent(), Sent()
     for a in comparisons:
         tot.add(a["sent"])
+        unpaired.add(a["unpaired"])
     same = sum(a["same"] for a in comparisons)
     (d, v), (db, vb) = tot.records, tot.bytes
     kinds = ", ".join(
         f"{k} {tot.direct[k]:,} -> {tot.agents[k]:,}" for k in sorted(set(tot.direct) | set(tot.agents))
     )
+    u = unpaired.records[1]
     return (f"agents vs direct: {same}/{len(comparisons)} jobs with the same final culprits; records to "
-            f"the master {v:,} of {d:,} ({v / max(d, 1):.1%}), bytes {vb:,} of {db:,}; by kind "
-            f"(direct -> agents): {kinds}")  # fmt: skip
+            f"the master {v:,} of {d:,} ({v / max(d, 1):.1%}; {u:,} without OPPART parts), bytes {vb:,} "
+            f"of {db:,}; by kind (direct -> agents): {kinds}")  # fmt: skip

@@ -16,7 +16,9 @@
 * Every other OP record (p2p, communicators that span nodes) is forwarded with the rank's
   compute so far in ``compute_ns`` (``OpFlag.COMPUTE_GIVEN``): the master cannot sum a
   rank's compute gaps over ops it never sees, the agent can (``compute.compute_gaps``, the
-  master's computation on the same stream).
+  master's computation on the same stream). Two members' records of one collective that
+  come in the same flush go as one OPPART record, the node's part of the op, which the master
+  unpacks losslessly (c4d/record/oppart.py).
 * HEARTBEAT records of ranks that stand still are forwarded, most of a progressing rank's
   are not (c4d/agent/heartbeats.py).
 * in-flight PEER records only of transfers that outlast a heartbeat period (the same file).
@@ -46,7 +48,7 @@ from c4d.engine.config import EngineConfig
 from c4d.engine.consistency import signature
 from c4d.engine.ranks import RankTable
 from c4d.engine.rows import GONE_EVENTS, MAX_NRANKS, MAX_RANK
-from c4d.record import schema
+from c4d.record import oppart, schema
 from c4d.record.schema import Kind, OpFlag
 
 _P2P = int(OpFlag.P2P)
@@ -65,6 +67,7 @@ class Summariser:
         peer_every: int = 4,
         window_ops: int = EngineConfig.slow_window_ops,
         period_s: float | None = None,
+        parts: bool = True,
     ) -> None:
         """``hb_every``: a progressing rank's heartbeats forwarded per communicator (1: all);
         ``peer_every``: one finished collective in that many forwards all its PEER rows (0: every
@@ -72,12 +75,14 @@ class Summariser:
         ``max_comm_bytes``: what the communicators being summarised may hold (C4D_AGENT_COMM_BYTES);
         beyond it a new node-local communicator's ops are forwarded as they came;
         ``window_ops``, ``period_s``: the slow judge's window sample (C4D_SLOW_WINDOW_OPS, 0: every
-        op sent; the window, default the job's C4D_CONN_BW_CHECK_PERIOD)."""
+        op sent; the window, default the job's C4D_CONN_BW_CHECK_PERIOD);
+        ``parts``: forwarded records of one collective go two to an OPPART record."""
         self.max_members = min(max_members, schema.OPSUM_MAX_MEMBERS)
         self.heartbeats = HeartbeatMerge(hb_every)
         self.peers = PeerMerge()
         self.sieve = PeerSieve(peer_every) if peer_every > 0 else None
         self.sample = SummarySample(window_ops, period_s)
+        self.parts = parts
         self.ranks = RankTable()  # node names (one host clock) of the ranks registered here
         self.last_end = np.zeros(0, np.int64)  # per global rank: compute_gaps' state
         self.compute = np.zeros(0, np.int64)
@@ -156,6 +161,8 @@ class Summariser:
                 self.stats[said] += int((~fwd).sum())
         if self.sieve is not None:
             sums += self._sieve(raw, kind, is_op, keep)
+        if self.parts and len(is_op) > 1:
+            sums += self._pack(raw, is_op, keep)
         out = raw[keep]
         self._forget_destroyed(raw, kind)
         if sums:
@@ -182,6 +189,19 @@ class Summariser:
         keep[at[~fwd]] = False
         self.stats["peer reports sieved"] = self.sieve.stats["dropped"]
         return [released.view(schema.HEADER)] if len(released) else []
+
+    def _pack(self, raw: np.ndarray, is_op: np.ndarray, keep: np.ndarray) -> list[np.ndarray]:
+        """Forwarded OP rows (compute given) two to an OPPART row, in place in ``keep``."""
+        at = is_op[keep[is_op] & ((raw.view(schema.OP)["flags"][is_op] & _GIVEN) != 0)]
+        if len(at) < 2:
+            return []
+        parts, held = oppart.pack(raw[at].view(schema.OP))
+        if not len(parts):
+            return []
+        keep[at[held]] = False
+        self.stats["ops in parts"] += len(held)
+        self.stats["parts sent"] += len(parts)
+        return [parts.view(schema.HEADER)]
 
     def _ensure(self, g: int) -> None:
         self.ranks.ensure(g)

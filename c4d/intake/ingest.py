@@ -2,9 +2,12 @@
 tick → free expired communicators → engine.tick.
 
 ``c4d master`` and ``c4d analyze`` both drive the engine through ``Ingest``, so they admit,
-free and evaluate identically. An exception anywhere in one batch's ingest (the validator, the
-engine, a sink) drops that batch: it is counted by class (where + exception type), logged at
-most once per class per minute, and the next batch goes on. A failing tick yields no
+free and evaluate identically. Node agents' parts (OPPART: two members' OP records in one) are
+unpacked here, after the edge admitted them and before the engine and the sinks read them.
+
+An exception anywhere in one batch's ingest (the validator, the engine, a sink) drops that
+batch: it is counted by class (where + exception type), logged at most once per class per
+minute, and the next batch goes on. A failing tick yields no
 diagnoses and is counted the same way.
 
 ``feed_many`` takes everything one poll of the collector returned (≤ 50 ms of input) in one
@@ -25,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from c4d.intake.validate import Edge
-from c4d.record import schema
+from c4d.record import oppart, schema
 from c4d.util.ratelog import RateLimitedLog
 
 log = logging.getLogger("c4d.intake.ingest")
@@ -52,7 +55,7 @@ class Ingest:
     def feed(self, raw: np.ndarray, t_ns: int) -> int:
         """Admit one batch fed at master time ``t_ns``; return the records that reached the engine."""
         try:
-            ok = self.edge.admit(raw, t_ns)
+            ok = self.admit(raw, t_ns)
             if not len(ok):
                 return 0
             self.engine.feed(ok, t_ns, cols=self.edge.columns_of(ok))
@@ -69,7 +72,7 @@ class Ingest:
             return self.feed(raws[0], t_ns) if raws else 0
         raw = schema.join_records(raws, schema.HEADER)
         try:
-            ok = self.edge.admit(raw, t_ns)
+            ok = self.admit(raw, t_ns)
         except Exception:
             return sum(self.feed(r, t_ns) for r in raws)  # only the batch that raises is lost
         try:
@@ -81,6 +84,11 @@ class Ingest:
         except Exception as e:
             self.failed("ingest", e, len(raw))
             return 0
+
+    def admit(self, raw: np.ndarray, t_ns: int) -> np.ndarray:
+        """The edge's admitted rows, node agents' parts unpacked (their columns then read anew)."""
+        ok = self.edge.admit(raw, t_ns)
+        return oppart.unpack(ok) if len(ok) else ok
 
     def tick(self, now_ns: int) -> list[Any]:
         """Free what expired, then evaluate the engine at ``now_ns``; the diagnoses new at this tick."""

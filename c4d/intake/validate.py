@@ -23,7 +23,9 @@ of a batch, never per record):
   enums), ``1 <= comm_nranks <= world``, ``0 <= comm_rank < comm_nranks``, peers and roots,
   seq and counts below 2⁵³, REGISTER thresholds in the ranges the shim itself accepts. The
   reduction operator has no invalid value: NCCL numbers user-defined PreMulSum operators from
-  ``ncclNumOps`` upwards (nccl.h: ``ncclMaxRedOp``), and the shim keeps the low byte.
+  ``ncclNumOps`` upwards (nccl.h: ``ncclMaxRedOp``), and the shim keeps the low byte. A node
+  agent's OPPART record passes only when both OP records it unpacks into would (the master's
+  engine sees those, never the part: c4d/record/oppart.py, c4d.intake.ingest).
 * bounds (state): a new communicator is admitted while the communicators' members add up to
   at most ``min(world × comms_per_rank, max_comm_members)``; when they would not, the least
   recently named ones that no record named for ``evict_silent_s`` make room (a live
@@ -51,7 +53,7 @@ from typing import Any
 import numpy as np
 
 from c4d.engine.comm import Comm
-from c4d.record import names, schema
+from c4d.record import names, oppart, schema
 from c4d.record.columns import Columns
 from c4d.record.schema import Kind, Op, OpFlag
 from c4d.util.ratelog import RateLimitedLog
@@ -91,6 +93,7 @@ REASONS: tuple[str, ...] = (
     "job settings changed",
     "rank identity changed",
     "communicator bytes",
+    "bad part",
 )
 _CODE = {r: i for i, r in enumerate(REASONS)}
 
@@ -105,7 +108,9 @@ _TOUCHED_BATCHES = 64  # batches whose namings may wait for the order to be read
 MAX_RESULT = 64  # ncclResult_t: 9 values today (nccl_abi.h), room for new ones
 NO_OP = 255  # heartbeat pend_op: none
 # TICK is the master's own
-WIRE_KINDS = (Kind.REGISTER, Kind.OP, Kind.HEARTBEAT, Kind.COMM, Kind.PEER, Kind.STAGE, Kind.OPSUM)
+WIRE_KINDS = (
+    Kind.REGISTER, Kind.OP, Kind.HEARTBEAT, Kind.COMM, Kind.PEER, Kind.STAGE, Kind.OPSUM, Kind.OPPART
+)  # fmt: skip
 _GONE = (int(schema.CommEvent.FINALIZE), int(schema.CommEvent.DESTROY), int(schema.CommEvent.ABORT))
 _P2P = int(OpFlag.P2P)
 _COMPUTE_GIVEN = int(OpFlag.COMPUTE_GIVEN)
@@ -116,7 +121,7 @@ _REGISTER, _OP, _COMM, _PEER = int(Kind.REGISTER), int(Kind.OP), int(Kind.COMM),
 _HEARTBEAT = int(Kind.HEARTBEAT)
 # a job's thresholds, set once by its first REGISTER (the engine reads them: EngineConfig.resolve)
 _SETTINGS = ("hang_timeout_us", "hang_times", "bw_check_period_s", "heartbeat_ms")
-_WITH_COMM = np.array([_OP, int(Kind.HEARTBEAT), _COMM, _PEER, int(Kind.OPSUM)], np.uint16)
+_WITH_COMM = np.array([_OP, int(Kind.HEARTBEAT), _COMM, _PEER, int(Kind.OPSUM), int(Kind.OPPART)], np.uint16)
 _COLLECTIVES = [int(o) for o in Op if o not in (Op.Send, Op.Recv)]
 
 
@@ -821,6 +826,25 @@ def _check_opsum(a: Columns, world: np.ndarray, lo: int, hi: int) -> np.ndarray:
     return code
 
 
+def _check_oppart(a: Columns, world: np.ndarray, lo: int, hi: int) -> np.ndarray:
+    """A node agent's two members' OP records of one collective (c4d/record/oppart.py): admitted
+    only when both OP records it unpacks into pass the OP record's checks, name two members of
+    the communicator, and are what the agent packs (a collective outside any group, with a known
+    datatype): the engine never sees the part itself."""
+    rows = a.rows()
+    code = np.zeros(len(a), np.uint8)
+    for m in range(schema.OPPART_MEMBERS):
+        got = _check_op(Columns.of(oppart.members(rows, m)), world, lo, hi)
+        code = np.where(code != 0, code, got)
+    r1 = a["rank1"].astype(np.int64)
+    _flag(code, (r1 < 0) | (r1 >= world), "bad rank")
+    bad = (r1 == a["rank"]) | (a["comm_rank1"] == a["comm_rank"])
+    bad |= (a["flags"] & np.uint8(int(OpFlag.IN_GROUP))) != 0
+    bad |= a["dtype"] >= len(schema.DTYPE_SIZE)
+    _flag(code, bad | ~_IS_COLLECTIVE[a["op"]], "bad part")
+    return code
+
+
 _CHECKS = (
     (int(Kind.OP), schema.OP, _check_op),
     (int(Kind.HEARTBEAT), schema.HEARTBEAT, _check_heartbeat),
@@ -828,4 +852,5 @@ _CHECKS = (
     (int(Kind.PEER), schema.PEER, _check_peer),
     (int(Kind.STAGE), schema.STAGE, _check_stage),
     (int(Kind.OPSUM), schema.OPSUM, _check_opsum),
+    (int(Kind.OPPART), schema.OPPART, _check_oppart),
 )

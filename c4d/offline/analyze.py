@@ -31,7 +31,7 @@ from c4d.engine import Diagnosis, make_engine
 from c4d.engine.rows import OP_SPLIT
 from c4d.intake.ingest import Ingest
 from c4d.intake.validate import Edge, Limits
-from c4d.record import schema
+from c4d.record import oppart, schema
 from c4d.record.trace import RawTrace, Trace, from_raw, raw_trace, read_raw
 from c4d.util import heap
 
@@ -326,6 +326,7 @@ class RawWatch:
     def add(self, raw: np.ndarray) -> None:
         from c4d.engine.incidents import heard_stamps
 
+        raw = oppart.unpack(raw)
         stamps, self.tick_ns = heard_stamps(raw, self.tick_ns)
         self._heard.append(stamps)
         kind = raw["kind"]
@@ -360,6 +361,7 @@ class StreamSummary(RawWatch):
         self._g: dict[tuple[int, int], dict[str, Any]] = {}
 
     def add(self, raw: np.ndarray) -> None:
+        raw = oppart.unpack(raw)
         super().add(raw)
         ops = raw[raw["kind"] == schema.Kind.OP].view(schema.DTYPES[schema.Kind.OP])
         if not len(ops):
@@ -460,7 +462,7 @@ PASS_CHUNK_BYTES = 4 << 20  # a pass's pieces: each is copied a few times on its
 JOIN_WINDOW_NS = 300 * 10**9  # an op row waits this long (master time) for the engine's split
 JOIN_MAX_PENDING = 1 << 18  # ... and at most this many rows wait at once (the oldest go first)
 TABLES = ("ops", "registrations", "heartbeats", "comms", "peers", "diagnoses")
-_TIMED = (schema.Kind.OP, schema.Kind.HEARTBEAT, schema.Kind.PEER, schema.Kind.OPSUM)
+_TIMED = (schema.Kind.OP, schema.Kind.HEARTBEAT, schema.Kind.PEER, schema.Kind.OPSUM, schema.Kind.OPPART)
 _KEY = ["comm_id", "seq", "comm_rank", "peer"]
 
 
@@ -694,7 +696,8 @@ class StreamPass:
             if self.on_raw is not None:
                 self.on_raw(raw)
             rep.feed(raw)
-            kept = raw[self.select.mask(raw, self.created_ns)] if self.select else raw
+            rows = oppart.unpack(raw)  # node agents' parts as the OP records they hold
+            kept = rows[self.select.mask(rows, self.created_ns)] if self.select else rows
             kinds = kept["kind"]
             for t in self.tables:
                 k = TABLE_KINDS.get(t)
@@ -850,7 +853,8 @@ def load_selected(
     tables = [t for t in TABLE_KINDS if t != "ops"]
 
     def keep(raw: np.ndarray) -> None:
-        kept.append(raw[sel.mask(raw, sp.created_ns)])
+        rows = oppart.unpack(raw)
+        kept.append(rows[sel.mask(rows, sp.created_ns)])
 
     sp = StreamPass(
         path, ("ops", *tables), sel, overrides, chunk_bytes, on_raw=keep, join=OpsJoin(keep_row=True),

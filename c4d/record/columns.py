@@ -53,6 +53,10 @@ class Columns:
             return Columns(np.compress(idx, self.words, axis=1), self.dtype)
         return Columns(np.take(self.words, idx, axis=1), self.dtype)
 
+    def rows(self) -> np.ndarray:
+        """The records themselves, typed as ``dtype`` (a copy: one transpose back)."""
+        return np.ascontiguousarray(self.words.T).view(self.dtype).ravel()
+
     def __getitem__(self, name: str) -> np.ndarray:
         ft, off = self.dtype.fields[name][:2]  # type: ignore[index]  # (a record dtype has fields)
         key = (off, ft.str if not ft.shape else str(ft))

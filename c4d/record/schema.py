@@ -33,6 +33,7 @@ class Kind(enum.IntEnum):
     TICK = 6  # master-written: the engine ran at time_ns (master clock)
     STAGE = 7  # the training code set the rank's hang timeout (c4d.hang_timeout)
     OPSUM = 8  # a node agent's summary of one collective of a node-local communicator (c4d/agent)
+    OPPART = 9  # a node agent's pack of two members' OP records of a collective spanning nodes
 
 
 class Op(enum.IntEnum):
@@ -314,6 +315,31 @@ OPSUM = np.dtype(
     ]
 )
 
+OPPART_MEMBERS = 2
+# Written by a node agent, never by a rank: see record.h, c4d_oppart_record (c4d/record/oppart.py
+# packs and unpacks it)
+OPPART = np.dtype(
+    _HEADER
+    + [
+        ("comm_id", "<u8"),
+        ("seq", "<u8"),
+        ("count", "<u8"),
+        ("base_ns", "<u8"),
+        ("compute_ns", "<i8", (OPPART_MEMBERS,)),
+        ("comm_nranks", "<i4"),
+        ("comm_rank", "<i4"),
+        ("rank1", "<i4"),
+        ("comm_rank1", "<i4"),
+        ("peer", "<i4"),
+        ("op", "u1"),
+        ("dtype", "u1"),
+        ("redop", "u1"),
+        ("flags", "u1"),
+        ("off", "<u4", (OPPART_MEMBERS, 4)),
+        ("reserved", "V8"),
+    ]
+)
+
 DTYPES: dict[Kind, np.dtype] = {
     Kind.REGISTER: REGISTER,
     Kind.OP: OP,
@@ -322,6 +348,7 @@ DTYPES: dict[Kind, np.dtype] = {
     Kind.PEER: PEER,
     Kind.STAGE: STAGE,
     Kind.OPSUM: OPSUM,
+    Kind.OPPART: OPPART,
 }
 
 UINT64_MAX = np.uint64(0xFFFFFFFFFFFFFFFF)

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 import numpy as np
 
 from c4d import __version__
-from c4d.record import framing, names, schema
+from c4d.record import framing, names, oppart, schema
 
 if TYPE_CHECKING:  # pandas is slow to import: only the DataFrame views import it
     import pandas as pd
@@ -369,7 +369,7 @@ def raw_trace(st: TraceStream | TraceSet, raw: np.ndarray, meta: dict[str, Any] 
         truncated_bytes=st.truncated_bytes,
         skipped=st.skipped,
         path=str(st.path),
-        kinds=schema.by_kind(raw),
+        kinds=schema.by_kind(oppart.unpack(raw)),  # node agents' parts as their OP records
         format_version=st.format_version,
         damaged=st.damaged,
     )
@@ -454,5 +454,5 @@ def decode(table: str, recs: np.ndarray) -> pd.DataFrame:
 def from_raw(rt: RawTrace) -> Trace:
     """DataFrames over the records of a RawTrace (a c4d trace or an import)."""
     if not rt.kinds:
-        rt.kinds = schema.by_kind(rt.raw)
+        rt.kinds = schema.by_kind(oppart.unpack(rt.raw))
     return Trace(meta=rt.meta, raw=rt, **{t: decode(t, rt.kinds[k]) for t, k in TABLE_KINDS.items()})

@@ -43,8 +43,10 @@ enum c4d_record_kind {
                             (master clock), so an offline replay evaluates exactly when the live run did */
   C4D_REC_STAGE = 7,     /* the training code set this process's hang timeout (c4d.hang_timeout):
                             sent when it changes, and again with every REGISTER repeat */
-  C4D_REC_OPSUM = 8      /* written by a node agent (c4d agent) only: one collective of a communicator
+  C4D_REC_OPSUM = 8,     /* written by a node agent (c4d agent) only: one collective of a communicator
                             whose members all run on the agent's node, reduced from their OP records */
+  C4D_REC_OPPART = 9     /* written by a node agent only: two members' OP records of one collective of a
+                            communicator that spans nodes, both members on the agent's node */
 };
 
 /* c4d_heartbeat_record.hb_flags */
@@ -260,6 +262,36 @@ enum c4d_opsum_flags {
   C4D_OPSF_ENDS_KNOWN = 1u << 0 /* every member's end time was known (end_ns > 0) */
 };
 
+/* Written by a node agent, never by a rank: the OP records of two members on the agent's node of one
+ * collective (comm_id, seq) of a communicator that spans nodes: the node's part of the op (the other
+ * members' come as their own records or in their nodes' parts). Lossless for what the master reads of an OP record:
+ * it unpacks the part into the two OP records (c4d/record/oppart.py) before its engine sees them; the
+ * stream, the return time and the device are not carried (0, 0 and -1 unpacked). The agent packs two
+ * records only when they agree on everything below but the members' own fields, neither is in an
+ * ncclGroup, both returned ncclSuccess, the bytes are count x the datatype's size, and every time lies
+ * within 2^32 - 2 ns of base_ns; any other record goes as it came. */
+#define C4D_OPPART_MEMBERS 2
+typedef struct c4d_oppart_record {
+  c4d_record_header h;      /* rank: the first member's; time_ns: the later of the two records' */
+  uint64_t comm_id;
+  uint64_t seq;
+  uint64_t count;           /* elements, as passed to NCCL (bytes: count x the datatype's size) */
+  uint64_t base_ns;         /* the earliest non-zero time of the two records: the offsets' origin */
+  int64_t compute_ns[C4D_OPPART_MEMBERS]; /* each member's compute so far (C4D_OPF_COMPUTE_GIVEN) */
+  int32_t comm_nranks;
+  int32_t comm_rank;        /* the first member's */
+  int32_t rank1;            /* the second member's global rank */
+  int32_t comm_rank1;       /* and its comm rank */
+  int32_t peer;             /* root for rooted collectives, else -1 */
+  uint8_t op;               /* enum c4d_op_kind (collectives only) */
+  uint8_t dtype;
+  uint8_t redop;
+  uint8_t flags;            /* enum c4d_op_flags of both records */
+  uint32_t off[C4D_OPPART_MEMBERS][4]; /* per member: its record's time, issue, start and end as
+                                          t - base_ns + 1; 0 where the time is 0 (unknown) */
+  uint8_t reserved[8];
+} c4d_oppart_record;
+
 #ifdef __cplusplus
 static_assert(sizeof(c4d_batch_header) == 16, "batch header size");
 static_assert(sizeof(c4d_record_header) == 16, "record header size");
@@ -270,6 +302,7 @@ static_assert(sizeof(c4d_comm_record) == C4D_RECORD_SIZE, "comm size");
 static_assert(sizeof(c4d_peer_record) == C4D_RECORD_SIZE, "peer size");
 static_assert(sizeof(c4d_stage_record) == C4D_RECORD_SIZE, "stage size");
 static_assert(sizeof(c4d_opsum_record) == C4D_RECORD_SIZE, "opsum size");
+static_assert(sizeof(c4d_oppart_record) == C4D_RECORD_SIZE, "oppart size");
 }
 #endif
 
