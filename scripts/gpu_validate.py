@@ -256,20 +256,17 @@ def check_times(workers: list[dict[str, Any]], device: int, sim: bool) -> dict[s
     out: dict[str, Any] = {"ok": True, "runs": []}
     for w in workers:
         s = op_stats(w)
-        step_us = 1e3 * float(w.get("step_ms") or 0)
-        busy = busy_us(s.get("median", {}))
+        fit = step_fit(w.get("records"))
         ar = s.get("median", {}).get("AllReduce", {}).get("transfer_us", 0)
         run_ok = (
             bool(w.get("ok"))
             and s.get("untimed") == 0
             and s.get("ordered", False)
             and ar > 0
-            and busy <= 1.2 * step_us + 50
+            and fits(fit)
             and (sim or s.get("register_device") == [device])
         )
-        out["runs"].append(
-            {"step_us": round(step_us, 1), "busy_us": round(busy, 1), "median": s.get("median")}
-        )
+        out["runs"].append({**fit, "median": s.get("median")})
         out["ok"] = out["ok"] and run_ok
     out["ok"] = out["ok"] and bool(workers)
     return out
@@ -309,13 +306,34 @@ def check_graph(plain: dict[str, Any], c4d: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def busy_us(median: dict[str, dict[str, float]]) -> float:
-    """The step's busy time from each op kind's median transfer. The worker's Send and Recv go
-    in one ncclGroup and share its events (record.h C4D_OPF_IN_GROUP): one span, counted once
-    (summed twice, a non-blocking step on a busy host read 1.22x its length)."""
-    t = {op: m["transfer_us"] for op, m in median.items()}
-    grouped = [t.pop(op) for op in ("Send", "Recv") if op in t]
-    return sum(t.values()) + max(grouped, default=0.0)
+def step_fit(records: dict[Any, np.ndarray] | None) -> dict[str, float | None]:
+    """The run's transfers (a group's ops share its events: one span) against the run's span
+    (the first op's issue to the last op's end), each per step: the same ops on both sides, so
+    a load burst stretches both. (The worker's median step against medians over every op,
+    warm-up included, failed a healthy non-blocking run on a busy host: busy 2x the step.)"""
+    none: dict[str, float | None] = {"busy_us": None, "step_us": None, "fit": None}
+    if not records:
+        return none
+    ops = records[schema.Kind.OP]
+    t = ops[(ops["flags"] & schema.OpFlag.DEVICE_TIMING) != 0]
+    steps = int(np.count_nonzero(t["op"] == schema.Op.AllReduce))
+    if not steps:
+        return none
+    grouped = (t["flags"] & schema.OpFlag.IN_GROUP) != 0
+    span = (t["end_ns"].astype(np.int64) - t["start_ns"].astype(np.int64)) / 1e3
+    shared = {(int(x), int(y)) for x, y in zip(t["start_ns"][grouped], t["end_ns"][grouped], strict=True)}
+    busy = (float(span[~grouped].sum()) + sum(y - x for x, y in shared) / 1e3) / steps
+    step = (int(t["end_ns"].max()) - int(t["issue_ns"].min())) / 1e3 / steps
+    return {
+        "busy_us": round(busy, 1),
+        "step_us": round(step, 1),
+        "fit": round((busy - 50) / step, 3) if step > 0 else None,
+    }
+
+
+def fits(fit: dict[str, float | None]) -> bool:
+    """A step's transfers fit inside it (1.2: the events' own latency; 50 µs of slack)."""
+    return fit["fit"] is not None and fit["fit"] <= 1.2
 
 
 def check_nonblocking(
@@ -332,8 +350,7 @@ def check_nonblocking(
     nb = s.get("median", {}).get("AllReduce", {}).get("transfer_us", 0)
     bl = b.get("median", {}).get("AllReduce", {}).get("transfer_us", 0)
     ratio = nb / bl if bl else None
-    step_us = 1e3 * float(c4d.get("step_ms") or 0)
-    busy = busy_us(s.get("median", {}))
+    fit = step_fit(c4d.get("records"))
     ok = (
         bool(c4d.get("ok"))
         and s.get("all_arrived", False)
@@ -343,15 +360,14 @@ def check_nonblocking(
         and c4d["nccl_warnings"] <= plain["nccl_warnings"]
         and ratio is not None
         and ratio >= 0.25
-        and busy <= 1.2 * step_us + 50
+        and fits(fit)
     )
     return {
         "ok": ok,
         "error": c4d.get("error"),
         "nccl_warnings": {"plain": plain["nccl_warnings"], "c4d": c4d["nccl_warnings"]},
         "allreduce_transfer_us": {"nonblocking": nb, "blocking": bl},
-        "step_us": round(step_us, 1),
-        "busy_us": round(busy, 1),
+        **fit,
         "records": s.get("records"),
     }
 
