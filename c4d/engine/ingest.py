@@ -86,6 +86,7 @@ class Ingest:
         more than one or two, and a tick reads the clock with every step applied."""
         rows = self.front(chunk)
         if rows is not None:
+            self.pool.fit(self.ranks.registered)  # (the chunk's REGISTERs count for its rows)
             self.index.make(rows.new)
             steps = self.comms(rows)
             self.settle()

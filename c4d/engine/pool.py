@@ -45,23 +45,44 @@ P2P_BUDGET = ("C4D_MAX_P2P_BYTES", 128 << 20)  # p2p completion counters (P2PDon
 # completed ops' rows kept for the slow judge until their window closes (Comm.pending,
 # p2p_pending, the pool's summaries): the job's rate times two windows, or a sender's
 KEPT_BUDGET = ("C4D_MAX_KEPT_BYTES", 3 << 30)
+# Budgets whose default is a floor that grows with the ranks registered (Pool.fit), in bytes a
+# rank: what a real job needs grows with it, and what a sender can make it reach is bounded by
+# the ranks it can register (C4D_MAX_RANKS at the edge). One set in the environment stays as set.
+# ring: a communicator's ring is RING_CELL_BYTES x 1,024 slots a member up to 1,024 members (25
+# MiB past them, Comm.slots): 25 KiB a rank for each communicator of it whose ops span chunks;
+# a job's data-parallel group's (through node agents, the TP summaries and PP p2p make none) and
+# tensor-parallel group's (ranks sending directly): 50 KiB. 32,768 ranks' 32 DP groups of 1,024
+# members need 800 MiB: the 512 MiB floor (64 KiB a rank at 8,192) let them go (performance.md).
+# kept: a job's rate times about two windows; at 10 s windows a TP 8 x PP 4 job held at most
+# 30 KiB a rank, through node agents (8,192 ranks) or from its ranks (2,048), at the first
+# window's close (analysis/bench_budgets.py --kept-seconds 21): 64 KiB is twice that (3 GiB, the
+# floor, is 64 KiB a rank at 49,152). A longer window's first (not sampled yet) holds more.
+PER_RANK = {"ring": 64 << 10, "kept": 64 << 10}
 
 
-def budget_from_env(var: str, default: int, env=None) -> int:
-    """A byte budget from the environment (suffixes K, M, G); a malformed one logs a line and
-    keeps the default."""
+def env_budget(var: str, default: int, env=None, grows: bool = False) -> int | None:
+    """A byte budget set in the environment (suffixes K, M, G); None when it is not, or is
+    malformed (a line logged: the default is kept; ``grows``: a default that grows with the job)."""
     raw = (os.environ if env is None else env).get(var, "").strip()
     if not raw:
-        return default
+        return None
     mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(raw[-1:].upper(), 1)
     try:
         v = int(float(raw[:-1] if mult > 1 else raw) * mult)
         if v <= 0:
             raise ValueError
     except ValueError:
-        log.warning("c4d: %s=%r is not a positive number of bytes; using %d", var, raw, default)
-        return default
+        more = ", more as ranks register" if grows else ""
+        log.warning("c4d: %s=%r is not a positive number of bytes; using %d%s", var, raw, default, more)
+        return None
     return v
+
+
+def budget_from_env(var: str, default: int, env=None) -> int:
+    """A byte budget from the environment (suffixes K, M, G); a malformed one logs a line and
+    keeps the default."""
+    v = env_budget(var, default, env)
+    return default if v is None else v
 
 
 class P2PDone:
@@ -279,8 +300,16 @@ class Pool:
         self.blocked = np.zeros(0, bool)  # by communicator index: it has rows in the blocks
         # byte budgets of what senders make it hold beyond the tables the edge charges: op rings'
         # member rows (made when an op spans chunks; one row of a communicator of 1,024 members
-        # made 26 MiB) and PEER rows (a communicator keeps max(4096, 64 n))
-        self.budget = {k: budget_from_env(var, d) for k, (var, d) in BUDGETS.items()}
+        # made 26 MiB), PEER rows (a communicator keeps max(4096, 64 n)) and the rows kept for
+        # the slow judge (below); those of PER_RANK grow with the ranks registered (fit) unless
+        # set in the environment (``_fixed``); an engine shard's are its ``part`` (share)
+        both = {**BUDGETS, "kept": KEPT_BUDGET}
+        self._fixed = {k: env_budget(var, d, grows=k in PER_RANK) for k, (var, d) in both.items()}
+        self.part = 1.0
+        self.ranks = 0  # registered ranks the budgets are sized for
+        self.budget: dict[str, int] = {}
+        self.kept_budget = 0
+        self._size()
         self.held = dict.fromkeys(BUDGETS, 0)
         # communicator indices holding each, least recently used first (evicted first)
         self.holders: dict[str, OrderedDict[int, None]] = {k: OrderedDict() for k in BUDGETS}
@@ -289,8 +318,7 @@ class Pool:
         self.ratelog = RateLimitedLog(log)
         self.p2p.ratelog = self.ratelog
         # rows kept for the slow judge: counted as they come (an upper bound: the judge takes
-        # them elsewhere), counted exactly (recount) when that passes the budget
-        self.kept_budget = budget_from_env(*KEPT_BUDGET)
+        # them elsewhere), counted exactly (recount) when that passes the budget (kept_budget)
         self.sampler = WindowSampler(window_ops)
         self.kept = 0
         self._refused = 0  # bytes refused since the last recount
@@ -298,11 +326,27 @@ class Pool:
 
     def share(self, part: float) -> None:
         """Hold ``part`` of each byte budget: an engine shard's pool (c4d/engine/shards.py), so
-        the shards together hold what one engine's would."""
+        the shards together hold what one engine's would (grown too: ``fit``)."""
         if part < 1:
-            self.budget = {k: max(1, int(v * part)) for k, v in self.budget.items()}
-            self.kept_budget = max(1, int(self.kept_budget * part))
+            self.part = part
+            self._size()
             self.p2p.max_keys = max(1, int(self.p2p.max_keys * part))
+
+    def fit(self, ranks: int) -> None:
+        """The budgets of PER_RANK not set in the environment sized for ``ranks`` registered
+        ranks (RankTable.registered; an engine shard is told the join's): they only grow."""
+        if ranks > self.ranks:
+            self.ranks = ranks
+            self._size()
+
+    def _size(self) -> None:
+        sized = {}
+        for k, (_var, floor) in {**BUDGETS, "kept": KEPT_BUDGET}.items():
+            fixed = self._fixed[k]
+            total = fixed if fixed is not None else max(floor, PER_RANK.get(k, 0) * self.ranks)
+            sized[k] = max(1, int(total * self.part)) if self.part < 1 else total
+        self.kept_budget = sized.pop("kept")
+        self.budget = sized
 
     def keep_summaries(self, out: np.ndarray, gaps: np.ndarray, idx: np.ndarray, head: np.ndarray,
                        tail: np.ndarray, la_min: np.ndarray) -> None:  # fmt: skip

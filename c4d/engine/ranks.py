@@ -20,6 +20,10 @@ class RankTable:
     def __init__(self) -> None:
         self.n = 0
         self.seen = np.zeros(0, bool)
+        # ranks that sent a REGISTER, and how many: the job's size as its ranks say it (never
+        # as a REGISTER claims it), which the engine's byte budgets grow with (Pool.fit)
+        self.reg = np.zeros(0, bool)
+        self.registered = 0
         self.node = np.zeros(0, np.int32)  # index into node_names, -1 unknown
         self.pid = np.zeros(0, np.int64)
         self.last_recv = np.zeros(0, np.int64)  # master clock of the batch that carried its last record
@@ -66,6 +70,7 @@ class RankTable:
         while n <= max_rank:
             n *= 2
         self.seen = grow(self.seen, n, False)
+        self.reg = grow(self.reg, n, False)
         self.node = grow(self.node, n, -1)
         self.pid = grow(self.pid, n, 0)
         self.last_recv = grow(self.last_recv, n, 0)
@@ -257,6 +262,10 @@ class RankTable:
                 if not same.all():  # a rank with a change in the batch: every row of it, in order
                     same &= ~np.isin(gr, gr[~same])
                 rows = rows[~same]
+        gr = rows["rank"].astype(np.int64)
+        fresh = np.unique(gr[~self.reg[gr]])  # (each rank counted once, whatever it re-registers)
+        self.reg[fresh] = True
+        self.registered += len(fresh)
         for rec in rows:
             g = int(rec["rank"])
             self.set_node(g, rec["node"].split(b"\0", 1)[0].decode(errors="replace") or "?")

@@ -150,11 +150,19 @@ class Shard:
 
     # -- per chunk ---------------------------------------------------------------------
     def chunk(
-        self, made: list[tuple[int, int, int]], rows: CommRows, shared: dict[str, np.ndarray], read: list[int]
+        self,
+        made: list[tuple[int, int, int]],
+        rows: CommRows,
+        shared: dict[str, np.ndarray],
+        read: list[int],
+        registered: int,
     ) -> ChunkAnswer:
         """Its slice of a chunk (``route``), the join's clock as the chunk found it
         (``RankTable.shared``); ``read``: communicators whose PEER rows the slow judge read
-        at the last tick (``join_peers``, before any row of theirs comes)."""
+        at the last tick (``join_peers``, before any row of theirs comes); ``registered``: the
+        ranks registered by the chunk's end (``RankTable.registered``: its share of the
+        budgets that grow with them, ``Pool.fit``)."""
+        self.pool.fit(registered)
         join_peers(self.comms, read)
         R = self.ranks
         R.adopt(shared)
@@ -292,7 +300,8 @@ class ShardedEngine(Feeds):
             shared, read = self.ranks.shared(), self._read
             self._read = []
             parts = route(rows, made, self.n_shards)
-            out = self._send("chunk", [(m, r, shared, read) for m, r in parts])
+            reg = self.ranks.registered
+            out = self._send("chunk", [(m, r, shared, read, reg) for m, r in parts])
             self._settle(receive=False)
             self._out = out
 
