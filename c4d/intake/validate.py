@@ -27,7 +27,9 @@ of a batch, never per record):
   agent's OPPART record passes only when both OP records it unpacks into would (the master's
   engine sees those, never the part: c4d/record/oppart.py, c4d.intake.ingest).
 * bounds (state): a new communicator is admitted while the communicators' members add up to
-  at most ``min(world × comms_per_rank, max_comm_members)``; when they would not, the least
+  at most ``min(world × comms_per_rank, max_comm_members)`` and their tables to
+  ``max_comm_bytes`` (unset: floors that grow with the ranks registered, never with a claimed
+  world size: ``Limits.comm_members``, ``comm_bytes``); when they would not, the least
   recently named ones that no record named for ``evict_silent_s`` make room (a live
   communicator is named by every heartbeat: a one-shot flood of forged ones is gone seconds
   later, and the job's own come in with their next heartbeat); later records must repeat its
@@ -146,11 +148,10 @@ class Limits:
     """C4D_MAX_RANKS: the largest world size accepted (registered world sizes above it are refused)."""
     comms_per_rank: int = 64
     """C4D_COMMS_PER_RANK: live communicators' members may add up to world size x this."""
-    max_comm_members: int = 1 << 18
+    max_comm_members: int | None = None
     """C4D_MAX_COMM_MEMBERS: and to at most this many, whatever world size is registered (a
     forged REGISTER can claim C4D_MAX_RANKS; their op rings, ~26 KiB a member, are held to
-    C4D_MAX_RING_BYTES by the engine). Enough for a 16,384-rank job whose ranks are in 16
-    communicators each; raise it for larger jobs."""
+    C4D_MAX_RING_BYTES by the engine). Unset: ``comm_members`` of the ranks registered."""
     max_clock_skew_s: float = 3600.0
     """C4D_MAX_CLOCK_SKEW_S: a rank's clock may be this far from the master's."""
     max_record_age_s: float = 7 * 86400.0
@@ -161,11 +162,10 @@ class Limits:
     destroyed_grace_s: float = 30.0
     """C4D_DESTROYED_GRACE_S: a communicator every member destroyed is freed this long after its
     last record (its last slow-detection window is judged first)."""
-    max_comm_bytes: int = 512 << 20
+    max_comm_bytes: int | None = None
     """C4D_MAX_COMM_BYTES: and the tables the master keeps for them (before any op ring: the
     engine's Comm.table_bytes, ~37 KiB for a communicator of one member, +800 bytes a member) to at
-    most this many bytes (~14,000 one-member communicators, 12,000 of 8 members: the 6,176 of a
-    16,384-rank job with TP 8, PP 4 take ~255 MiB; raise it for jobs past ~30,000 ranks)."""
+    most this many bytes. Unset: ``comm_bytes`` of the ranks registered."""
     evict_silent_s: float = 5.0
     """C4D_EVICT_SILENT_S: when the budget is full, the communicators no record named for this
     long (least recently named first) make room for a new one. A live communicator is named by
@@ -174,6 +174,30 @@ class Limits:
     ranks_may_move: bool = False
     """C4D_RANKS_MAY_MOVE=1 (c4d master --ranks-may-move): the job's launcher may restart a rank
     on another node; otherwise a new incarnation of a rank must register on its first node."""
+
+    # The communicator budgets' defaults: a floor that grows with the ranks registered (each
+    # counted once: a REGISTER's claimed world size adds nothing), so a job's own state fits
+    # however large it is, and what a sender can make the master hold is bounded by the ranks
+    # it can register (C4D_MAX_RANKS). Both figures are the old fixed defaults' at 16,384 ranks.
+    # Members: 16 communicators a rank (TP 8, PP 4 and DP put a rank in 3).
+    COMM_MEMBERS_FLOOR, COMM_MEMBERS_PER_RANK = 1 << 18, 16
+    # Bytes: a rank's share of its communicators' tables is 36 KiB / n + 800 bytes for each one
+    # of n members it is in: 16 KiB for TP 8, PP 4 and DP (a 16,384-rank job's 6,176 take 255
+    # MiB; 65,536 ranks' ~1 GiB, past the 512 MiB floor); 32 KiB leaves twice that. A job of
+    # smaller groups needs more (TP 2 and PP 2: ~39 KiB a rank): set C4D_MAX_COMM_BYTES for it.
+    COMM_BYTES_FLOOR, COMM_BYTES_PER_RANK = 512 << 20, 32 << 10
+
+    def comm_members(self, registered: int) -> int:
+        """What live communicators' members may add up to with ``registered`` ranks registered."""
+        if self.max_comm_members is not None:
+            return self.max_comm_members
+        return max(self.COMM_MEMBERS_FLOOR, self.COMM_MEMBERS_PER_RANK * registered)
+
+    def comm_bytes(self, registered: int) -> int:
+        """What their tables may hold with ``registered`` ranks registered (Comm.table_bytes)."""
+        if self.max_comm_bytes is not None:
+            return self.max_comm_bytes
+        return max(self.COMM_BYTES_FLOOR, self.COMM_BYTES_PER_RANK * registered)
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Limits:
@@ -190,15 +214,16 @@ class Limits:
             var = "C4D_" + f.name.upper()
             if var not in env or f.name == "ranks_may_move":
                 continue
-            kind = int if isinstance(getattr(lim, f.name), int) else float
+            default = getattr(lim, f.name)
+            kind = float if isinstance(default, float) else int
             try:
                 v = kind(env[var])
                 if not v > 0:
                     raise ValueError
             except ValueError:
-                log.warning(
-                    "c4d: %s=%r is not a positive number; using %s", var, env[var], getattr(lim, f.name)
-                )
+                if default is None:  # (a budget that grows with the job: comm_members, comm_bytes)
+                    default = "the default, more as ranks register"
+                log.warning("c4d: %s=%r is not a positive number; using %s", var, env[var], default)
                 continue
             changes[f.name] = v
         return replace(lim, **changes)
@@ -244,6 +269,12 @@ class Edge:
         self._node = np.zeros(0, schema.REGISTER["node"])
         self._gone = np.zeros(0, bool)
         self._heard = np.zeros(0, np.int64)
+        # ranks registered (each counted once, at its first registration): what the
+        # communicator budgets grow with (Limits.comm_members, comm_bytes); the rows of the
+        # batch being admitted where a rank registered first, in order (``_registered_at``)
+        self.registered = 0
+        self._fresh: list[int] = []
+        self._registered_before = 0
 
     # -- the batch ----------------------------------------------------------------------
     def admit(self, raw: np.ndarray, recv_ns: int) -> np.ndarray:
@@ -282,6 +313,7 @@ class Edge:
                 code[idx] = check(cols.as_kind(dt), world_row, lo, hi)[idx]
             else:
                 code[idx] = check(cols.take(idx).as_kind(dt), world_row[idx], lo, hi)
+        self._fresh, self._registered_before = [], self.registered
         self._identities(raw, cols, code, int(recv_ns))
         self._admit_comms(raw, cols, code, world_row, int(recv_ns))
 
@@ -476,6 +508,9 @@ class Edge:
                 self._gone[g] |= self._pid[g] >= 0  # FINAL: this incarnation exited
                 continue
             pid, node = int(v["pid"][i]), v["node"][i]
+            if self._pid[g] < 0:
+                self._fresh.append(i)
+                self.registered += 1
             if self._pid[g] < 0 or (pid == self._pid[g] and node == self._node[g]):
                 self._pid[g], self._node[g], self._gone[g] = pid, node, False  # its first registration
                 continue
@@ -486,6 +521,11 @@ class Edge:
                 self._pid[g], self._node[g], self._gone[g] = pid, node, False  # a new incarnation
                 continue
             code[i] = _CODE["rank identity changed"]
+
+    def _registered_at(self, row: int) -> int:
+        """The ranks registered once the rows of the batch up to ``row`` were seen (the
+        decisions do not depend on how rows are cut into batches)."""
+        return self._registered_before + int(np.searchsorted(self._fresh, row, side="right"))
 
     def lost(self, ranks) -> None:
         """Ranks the engine declared lost (RankLost): a new incarnation of each may register."""
@@ -551,9 +591,10 @@ class Edge:
                 if not len(sized):
                     code[cand[rows]] = _CODE["unknown communicator"]
                     continue
-                n0 = int(nr[sized[0]])
-                budget = min(int(world_row[cand[sized[0]]]) * lim.comms_per_rank, lim.max_comm_members)
-                room = self._room(n0, budget, recv_ns)
+                n0, at = int(nr[sized[0]]), int(cand[sized[0]])
+                reg = self._registered_at(at)
+                budget = min(int(world_row[at]) * lim.comms_per_rank, lim.comm_members(reg))
+                room = self._room(n0, budget, lim.comm_bytes(reg), recv_ns)
                 if room:
                     code[cand[rows]] = _CODE[room]
                     continue
@@ -607,11 +648,12 @@ class Edge:
                 self._ended[c_id] = None
         return True
 
-    def _room(self, n: int, budget: int, recv_ns: int) -> str:
-        """Whether a communicator of ``n`` members fits, evicting communicators silent for
-        ``evict_silent_s``: "" if so, else the reason it does not (members, or bytes)."""
+    def _room(self, n: int, budget: int, most: int, recv_ns: int) -> str:
+        """Whether a communicator of ``n`` members fits ``budget`` members and ``most`` bytes of
+        tables, evicting communicators silent for ``evict_silent_s``: "" if so, else the reason
+        it does not (members, or bytes)."""
         silent = recv_ns - int(self.limits.evict_silent_s * 1e9)
-        cost, most = Comm.table_bytes(n), self.limits.max_comm_bytes
+        cost = Comm.table_bytes(n)
 
         def over() -> str:
             if self.slots + n > budget:
