@@ -284,6 +284,7 @@ def capacity(
         "sender_nice": prio.value,
         **_rss(m),  # this process is the master alone (_fresh), its sender forked off
         "dropped": m.edge.dropped,
+        "rejected": {str(k): v for k, v in m.edge.rejected.items() if v},  # the edge's reasons
         "failures": dict(m.ingest.failures),
     }
     m.close()

@@ -9,6 +9,7 @@ hold them all. Through the edge's and the engine's real paths (Edge.admit, Inges
 from __future__ import annotations
 
 import itertools
+import logging
 
 import numpy as np
 import pytest
@@ -161,7 +162,7 @@ def test_the_ranks_registered_count_from_their_row_whatever_the_batches():
 
 
 # -- set in the environment: the operator's word -------------------------------------------
-def test_budgets_set_in_the_environment_stay_as_set(monkeypatch):
+def test_budgets_set_in_the_environment_stay_as_set(monkeypatch, caplog):
     for var, v in (("C4D_MAX_RING_BYTES", "256M"), ("C4D_MAX_KEPT_BYTES", "1G"),
                    ("C4D_MAX_COMM_BYTES", str(128 * MIB)), ("C4D_MAX_COMM_MEMBERS", "100000")):  # fmt: skip
         monkeypatch.setenv(var, v)
@@ -174,8 +175,12 @@ def test_budgets_set_in_the_environment_stay_as_set(monkeypatch):
     assert lim.comm_bytes(BIG) == 128 * MIB and lim.comm_members(BIG) == 100000
     # and refused where they say: a communicator past 100,000 members' worth
     big = _comm_init(np.arange(2), np.array([0x9000, 0x9001], np.uint64), np.zeros(2, np.int64), BIG, t)
-    ing.feed(big, t)
+    with caplog.at_level(logging.WARNING, logger="c4d"):
+        ing.feed(big, t)
     assert ing.edge.rejected == {"communicator budget": 1}
+    # the line says which setting an operator whose own job it is would raise
+    assert any("communicator budget" in r.getMessage() and "C4D_MAX_COMM_MEMBERS" in r.getMessage()
+               for r in caplog.records)  # fmt: skip
 
 
 @pytest.mark.parametrize("var", ["C4D_MAX_RING_BYTES", "C4D_MAX_KEPT_BYTES", "C4D_MAX_COMM_BYTES",

@@ -98,6 +98,11 @@ REASONS: tuple[str, ...] = (
     "bad part",
 )
 _CODE = {r: i for i, r in enumerate(REASONS)}
+# what an operator can do when the job's own communicators meet a budget (the log line says it)
+_HINT = {
+    "communicator budget": " (the job's own? set C4D_MAX_COMM_MEMBERS or C4D_COMMS_PER_RANK higher)",
+    "communicator bytes": " (the job's own? set C4D_MAX_COMM_BYTES higher)",
+}
 
 MAX_SEQ = 1 << 53  # seq numbers and op counters: exact in float64, 285 years at 1 MHz
 MAX_COUNT = 1 << 50  # elements or bytes of one op
@@ -323,7 +328,8 @@ class Edge:
         for c in np.flatnonzero(counts[1:]).tolist():
             reason, k = REASONS[c + 1], int(counts[c + 1])
             self.rejected[reason] += k
-            self.ratelog(reason, "%s: dropped %d record(s): %s", self.who, k, reason, n=k)
+            hint = _HINT.get(reason, "")
+            self.ratelog(reason, "%s: dropped %d record(s): %s%s", self.who, k, reason, hint, n=k)
         if keep.all() and not (kind == _REGISTER).any():
             self._last = (raw, cols)
             return raw  # nothing to drop or rewrite: no copy
