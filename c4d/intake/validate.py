@@ -46,6 +46,7 @@ order of first appearance), so a replay that feeds the trace in other slices agr
 
 from __future__ import annotations
 
+import bisect
 import logging
 import os
 from collections import Counter, OrderedDict
@@ -531,7 +532,7 @@ class Edge:
     def _registered_at(self, row: int) -> int:
         """The ranks registered once the rows of the batch up to ``row`` were seen (the
         decisions do not depend on how rows are cut into batches)."""
-        return self._registered_before + int(np.searchsorted(self._fresh, row, side="right"))
+        return self._registered_before + bisect.bisect_right(self._fresh, row)  # (a list: no array made)
 
     def lost(self, ranks) -> None:
         """Ranks the engine declared lost (RankLost): a new incarnation of each may register."""
