@@ -270,9 +270,13 @@ class Received:
             c.ranks.add(r)
             if of_rank:
                 self._rank(r).comms.add(c_id)
-        keys = self._pair_keys(cs[new], gs[new])  # every communicator is known now
+        keys = np.unique(self._pair_keys(cs[new], gs[new]))  # every communicator is known now
         for k in (True, False) if of_rank else (False,):
-            self._known[k] = np.union1d(self._known[k], keys)
+            known = self._known[k]
+            add = keys[(keys >= 0) & ~_in_sorted(keys, known)]
+            # into the sorted array where they go (np.union1d sorted it all again: at 65,536
+            # ranks a tenth of the master's loop while the job's communicators were named)
+            self._known[k] = np.insert(known, np.searchsorted(known, add), add)
 
     def forget(self, cids: list[int]) -> None:
         """Drop freed communicators (destroyed or long silent: c4d/intake/validate.py, Edge.expire)."""
