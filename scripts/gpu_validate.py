@@ -309,8 +309,7 @@ def check_graph(plain: dict[str, Any], c4d: dict[str, Any]) -> dict[str, Any]:
 def step_fit(records: dict[Any, np.ndarray] | None) -> dict[str, float | None]:
     """The run's transfers (a group's ops share its events: one span) against the run's span
     (the first op's issue to the last op's end), each per step: the same ops on both sides, so
-    a load burst stretches both. (The worker's median step against medians over every op,
-    warm-up included, failed a healthy non-blocking run on a busy host: busy 2x the step.)"""
+    a load burst stretches both (the worker's timed step holds fewer ops than the records)."""
     none: dict[str, float | None] = {"busy_us": None, "step_us": None, "fit": None}
     if not records:
         return none

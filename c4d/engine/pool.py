@@ -58,6 +58,7 @@ KEPT_BUDGET = ("C4D_MAX_KEPT_BYTES", 3 << 30)
 # window's close (analysis/bench_budgets.py --kept-seconds 21): 64 KiB is twice that (3 GiB, the
 # floor, is 64 KiB a rank at 49,152). A longer window's first (not sampled yet) holds more.
 PER_RANK = {"ring": 64 << 10, "kept": 64 << 10}
+SIZED = {**BUDGETS, "kept": KEPT_BUDGET}  # every byte budget Pool._size sizes
 
 
 def env_budget(var: str, default: int, env=None, grows: bool = False) -> int | None:
@@ -303,8 +304,7 @@ class Pool:
         # made 26 MiB), PEER rows (a communicator keeps max(4096, 64 n)) and the rows kept for
         # the slow judge (below); those of PER_RANK grow with the ranks registered (fit) unless
         # set in the environment (``_fixed``); an engine shard's are its ``part`` (share)
-        both = {**BUDGETS, "kept": KEPT_BUDGET}
-        self._fixed = {k: env_budget(var, d, grows=k in PER_RANK) for k, (var, d) in both.items()}
+        self._fixed = {k: env_budget(var, d, grows=k in PER_RANK) for k, (var, d) in SIZED.items()}
         self.part = 1.0
         self.ranks = 0  # registered ranks the budgets are sized for
         self.budget: dict[str, int] = {}
@@ -341,7 +341,7 @@ class Pool:
 
     def _size(self) -> None:
         sized = {}
-        for k, (_var, floor) in {**BUDGETS, "kept": KEPT_BUDGET}.items():
+        for k, (_var, floor) in SIZED.items():
             fixed = self._fixed[k]
             total = fixed if fixed is not None else max(floor, PER_RANK.get(k, 0) * self.ranks)
             sized[k] = max(1, int(total * self.part)) if self.part < 1 else total

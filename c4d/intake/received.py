@@ -274,8 +274,8 @@ class Received:
         for k in (True, False) if of_rank else (False,):
             known = self._known[k]
             add = keys[(keys >= 0) & ~_in_sorted(keys, known)]
-            # into the sorted array where they go (np.union1d sorted it all again: at 65,536
-            # ranks a tenth of the master's loop while the job's communicators were named)
+            # into the sorted array where they go: np.union1d would sort it all again for every
+            # batch that names new pairs (thousands a batch while a large job starts)
             self._known[k] = np.insert(known, np.searchsorted(known, add), add)
 
     def forget(self, cids: list[int]) -> None:
