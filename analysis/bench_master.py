@@ -181,6 +181,12 @@ def _engine_pids(m) -> list[int]:
     return [pid, *proctree.descendants([pid])]
 
 
+def _receiver_pids(m) -> list[int]:
+    """The master's receiving process (c4d master --receiver-process), if it has one."""
+    pid = getattr(m.collector, "pid", None)
+    return [] if pid is None else [pid]
+
+
 def _rss_mib(pid: int | str = "self") -> tuple[float, float]:
     cur = peak = 0.0
     with open(f"/proc/{pid}/status") as f:
@@ -193,13 +199,14 @@ def _rss_mib(pid: int | str = "self") -> tuple[float, float]:
 
 
 def _rss(m) -> dict[str, float]:
-    """The master's memory, read once: its loop's process and its engine's process (if any)
-    together (peaks summed), and each one's peak apart (which one holds the memory)."""
+    """The master's memory, read once: its loop's process, its engine's process and its
+    receiving process (those it has) together (peaks summed), and each one's peak apart (which
+    one holds the memory)."""
     parts = {"loop": _rss_mib()}
-    pids = _engine_pids(m)
-    if pids:  # (the engine's shards, if any, counted with it)
-        each = [_rss_mib(p) for p in pids]
-        parts["engine"] = (sum(c for c, _ in each), sum(p for _, p in each))
+    for name, pids in (("engine", _engine_pids(m)), ("receiver", _receiver_pids(m))):
+        if pids:  # (the engine's shards, if any, counted with it)
+            each = [_rss_mib(p) for p in pids]
+            parts[name] = (sum(c for c, _ in each), sum(p for _, p in each))
     out = {
         "master_rss_mib": round(sum(c for c, _ in parts.values()), 1),
         "master_peak_rss_mib": round(sum(p for _, p in parts.values()), 1),
@@ -208,14 +215,12 @@ def _rss(m) -> dict[str, float]:
 
 
 def _cpu(m=None) -> float:
-    """CPU seconds of this process (the master) and of its engine process, if any."""
+    """CPU seconds of this process (the master) and of its engine and receiving processes, if any."""
     r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime + (_engine_cpu(m) or 0.0)
+    return r.ru_utime + r.ru_stime + (_engine_cpu(m) or 0.0) + (_receiver_cpu(m) or 0.0)
 
 
-def _engine_cpu(m) -> float | None:
-    """CPU seconds of the master's engine process and its shards' (if any); None without one."""
-    pids = _engine_pids(m) if m is not None else []
+def _pids_cpu(pids: list[int]) -> float | None:
     if not pids:
         return None
     total = 0
@@ -226,16 +231,31 @@ def _engine_cpu(m) -> float | None:
     return total / os.sysconf("SC_CLK_TCK")
 
 
-def _cores(cpu: float, e0: float | None, e1: float | None, n: int, rate: float) -> dict:
+def _engine_cpu(m) -> float | None:
+    """CPU seconds of the master's engine process and its shards' (if any); None without one."""
+    return _pids_cpu(_engine_pids(m) if m is not None else [])
+
+
+def _receiver_cpu(m) -> float | None:
+    """CPU seconds of the master's receiving process; None without one."""
+    return _pids_cpu(_receiver_pids(m) if m is not None else [])
+
+
+def _cores(cpu: float, e0: float | None, e1: float | None, n: int, rate: float,
+           r0: float | None = None, r1: float | None = None) -> dict:  # fmt: skip
     """The cores each of the master's processes needs at the job's rate (``rate`` records/s), from
     the CPU it spent per record: the engine's process is one thread, so more than 1.0 there is
-    more than any number of cores gives it (with ``--engine-process``; else the loop's is all)."""
+    more than any number of cores gives it (with ``--engine-process``; else the loop's is all);
+    so are the loop and the receiving process (``--receivers 1``)."""
     if not n:
         return {}
     eng = (e1 - e0) if e0 is not None and e1 is not None else 0.0
-    out = {"loop_cores_at_job_rate": round((cpu - eng) / n * rate, 2)}
+    rcv = (r1 - r0) if r0 is not None and r1 is not None else 0.0
+    out = {"loop_cores_at_job_rate": round((cpu - eng - rcv) / n * rate, 2)}
     if e0 is not None:
         out["engine_cores_at_job_rate"] = round(eng / n * rate, 2)
+    if r0 is not None:
+        out["receiver_cores_at_job_rate"] = round(rcv / n * rate, 2)
     return out
 
 
@@ -255,7 +275,7 @@ def capacity(
                                           ready, sent, lag, None, prio), daemon=True)  # fmt: skip
     p.start()
     ready.wait(600)
-    w0, c0, e0 = time.perf_counter(), _cpu(m), _engine_cpu(m)
+    w0, c0, e0, r0 = time.perf_counter(), _cpu(m), _engine_cpu(m), _receiver_cpu(m)
     while True:
         m.step(timeout_s=0.02)
         if not p.is_alive() and (m.collector.records >= sent.value or p.exitcode):
@@ -266,7 +286,7 @@ def capacity(
         raise SystemExit(f"bench_master: the sender failed (exit {p.exitcode})")
     m.tick(time.time_ns())  # the last records evaluated
     m.settle()  # (an engine in a process of its own: until it has evaluated them)
-    wall, cpu, e1 = time.perf_counter() - w0, _cpu(m) - c0, _engine_cpu(m)
+    wall, cpu, e1, r1 = time.perf_counter() - w0, _cpu(m) - c0, _engine_cpu(m), _receiver_cpu(m)
     n = m.collector.records
     job_rate = sent.value * shape.rate / rounds
     p.join(10)
@@ -280,7 +300,8 @@ def capacity(
         "records_per_s": round(n / wall),
         "records_per_cpu_s": round(n / cpu) if cpu else None,
         "job_records_per_s": round(job_rate),  # what the job (its agents) sent
-        **_cores(cpu, e0, e1, n, job_rate),
+        **_cores(cpu, e0, e1, n, job_rate, r0, r1),
+        "receivers": len(_receiver_pids(m)),
         "sender_nice": prio.value,
         **_rss(m),  # this process is the master alone (_fresh), its sender forked off
         "dropped": m.edge.dropped,
@@ -340,7 +361,7 @@ def paced(shape: Shape, agents: bool, seconds: float, hang_at_s: float, engine_p
     backlog = []
     seen_ms = None
     seen_d = None
-    c0, e0 = _cpu(m), _engine_cpu(m)
+    c0, e0, r0 = _cpu(m), _engine_cpu(m), _receiver_cpu(m)
     last = time.perf_counter()
 
     def seen(new) -> None:
@@ -364,7 +385,7 @@ def paced(shape: Shape, agents: bool, seconds: float, hang_at_s: float, engine_p
     seen(m.tick(time.time_ns()))
     seen(m.settle())  # (an engine in a process of its own: until it has taken every record)
     drain = time.perf_counter() - done
-    cpu, e1 = _cpu(m) - c0, _engine_cpu(m)
+    cpu, e1, r1 = _cpu(m) - c0, _engine_cpu(m), _receiver_cpu(m)
     job_rate = sent.value * shape.rate / rounds
     hang_ns = t0 + k_h * shape.period_ns
     T = shape.hang_timeout_us / 1e6
@@ -376,7 +397,7 @@ def paced(shape: Shape, agents: bool, seconds: float, hang_at_s: float, engine_p
         "seconds": seconds,
         "records": m.collector.records,
         "job_records_per_s": round(job_rate),  # what the job (its agents) sent
-        **_cores(cpu, e0, e1, m.collector.records, job_rate),
+        **_cores(cpu, e0, e1, m.collector.records, job_rate, r0, r1),
         "sender_late_s": round(lag.value, 3),
         "sender_nice": prio.value,
         "drain_s": round(drain, 3),
@@ -489,7 +510,13 @@ def main() -> int:
                     help="with --ranks --engine-process: the engine's communicators over N shard "
                          "processes (c4d master --engine-shards; default 1: one engine); several: each "
                          "in turn, side by side")  # fmt: skip
+    ap.add_argument("--receivers", type=int, nargs="+", default=[0], choices=(0, 1), metavar="N",
+                    help="with --ranks: 1 receives in a process of its own (c4d master "
+                         "--receiver-process), 0 in the master's loop (the default); both: each in "
+                         "turn, side by side")  # fmt: skip
     args = ap.parse_args()
+    if args.receivers != [0] and not args.ranks:
+        ap.error("--receivers compares --ranks runs: give --ranks")
     if args.engine_shards != [1] and not (args.ranks and args.engine_process):
         ap.error("--engine-shards compares shard counts of --ranks runs: give --ranks and --engine-process")
     if args.profile and not (args.ranks and args.engine_process):
@@ -572,8 +599,10 @@ def main() -> int:
 def _cores_text(r: dict) -> str:
     if "engine_cores_at_job_rate" not in r:
         return ""
+    rcv = r.get("receiver_cores_at_job_rate")
     return (f"; at the job's rate the loop needs {r['loop_cores_at_job_rate']} of a core, the engine's "
-            f"process {r['engine_cores_at_job_rate']}")  # fmt: skip
+            f"process {r['engine_cores_at_job_rate']}"
+            + (f", the receiving process {rcv}" if rcv is not None else ""))  # fmt: skip
 
 
 def _sizes(sizes: list[int], cap_s: float, T: int, args) -> int:
@@ -581,10 +610,14 @@ def _sizes(sizes: list[int], cap_s: float, T: int, args) -> int:
     a master of its own."""
     out: list[dict] = []
     paced_out: list[dict] = []
-    runs = [(n, ops, k) for n in sizes for ops in args.agent_window_ops for k in args.engine_shards]
-    for n, ops, k in runs:
+    runs = [(n, ops, k, rc) for n in sizes for ops in args.agent_window_ops for k in args.engine_shards
+            for rc in args.receivers]  # fmt: skip
+    for n, ops, k, rc in runs:
         os.environ["C4D_ENGINE_SHARDS"] = str(k)  # (each run's master is spawned: it reads it)
+        os.environ["C4D_MASTER_RECEIVER_PROCESS"] = str(rc)
         sh = f", {k} engine shards" if len(args.engine_shards) > 1 or k > 1 else ""
+        if rc or len(args.receivers) > 1:
+            sh += ", a receiving process" if rc else ", receiving in the loop"
         shape = Shape(tp=8, pp=min(4, max(1, n // 8)), dp=max(1, n // 32), hang_timeout_us=T,
                       window_s=args.window_s, pp_every=args.pp_every, window_ops=ops)  # fmt: skip
         prof = f"{args.profile}.{n}" if args.profile else None
@@ -609,6 +642,7 @@ def _sizes(sizes: list[int], cap_s: float, T: int, args) -> int:
             fast = replace(shape, rate=shape.rate * x)
             r = _fresh(paced, fast, True, cap_s, max(cap_s / 3, cap_s - 3.0), args.engine_process)
             r["speed"], r["agent_window_ops"], r["engine_shards"] = x, ops, k
+            r["receivers"] = rc
             paced_out.append(r)
             print(f"agents (window sample {ops or 'off'}{sh}) {n:>6} ranks paced {cap_s:g} s at {x:g}x "
                   f"the job's rate: kept up {r['kept_up']} "

@@ -143,6 +143,8 @@ def make_master(args, meta: dict, bind: str):
     )
     if getattr(args, "engine_process", None):
         cfg.engine_process = True
+    if getattr(args, "receiver_process", None):
+        cfg.receiver_process = True
     if getattr(args, "engine_shards", None):
         cfg.engine_shards = args.engine_shards
         if args.engine_shards > 1:

@@ -61,6 +61,14 @@ def _add_master(subparsers) -> None:
         "default: $C4D_MASTER_ENGINE_PROCESS)",
     )
     p.add_argument(
+        "--receiver-process",
+        action="store_true",
+        default=None,
+        help="receive in a process of its own: the socket, decoding and the job's check take a "
+        "core beside the master's loop (jobs of tens of thousands of ranks; default: "
+        "$C4D_MASTER_RECEIVER_PROCESS)",
+    )
+    p.add_argument(
         "--engine-shards",
         type=_shards,
         default=None,

@@ -366,6 +366,11 @@ class Collector:
                 self.records += len(r)
                 out.append(r)
 
+    synced = True  # (a receiver's process may hold messages: c4d.master.receiver; this one holds none)
+
+    def sync(self) -> None:
+        """Nothing to ask for: what arrived waits on the socket."""
+
     def adopt(self, job: str) -> list[np.ndarray]:
         """Serve ``job``, the one the master upstream serves, when none is named or agreed yet
         (a node agent: c4d/agent/agent.py); the messages held of it are returned, the others refused."""

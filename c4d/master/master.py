@@ -39,6 +39,7 @@ from c4d.intake.ingest import Ingest
 from c4d.intake.received import Received
 from c4d.intake.validate import Edge, Limits
 from c4d.master.collector import DEFAULT_ENDPOINT, Collector
+from c4d.master.receiver import ReceiverProcess
 from c4d.record.trace import TraceWriter
 from c4d.util import heap
 
@@ -48,6 +49,11 @@ log = logging.getLogger("c4d")
 def engine_process_from_env() -> bool:
     """``C4D_MASTER_ENGINE_PROCESS``: set and not 0."""
     return os.environ.get("C4D_MASTER_ENGINE_PROCESS", "").strip() not in ("", "0")
+
+
+def receiver_process_from_env() -> bool:
+    """``C4D_MASTER_RECEIVER_PROCESS``: set and not 0."""
+    return os.environ.get("C4D_MASTER_RECEIVER_PROCESS", "").strip() not in ("", "0")
 
 
 MAX_AUTO_SHARDS = 4  # beyond, the join (front, clock, judges) bounds a sharded engine (docs/engine-shards.md)
@@ -98,6 +104,8 @@ class MasterConfig:
     engine_process: bool = field(default_factory=engine_process_from_env)
     # its communicators over this many shards (c4d/engine/shards.py); 0: by core count
     engine_shards: int = field(default_factory=engine_shards_from_env)
+    # receiving (the socket, decoding, the job's check) in a process of its own (c4d.master.receiver)
+    receiver_process: bool = field(default_factory=receiver_process_from_env)
 
 
 class Master:
@@ -107,7 +115,7 @@ class Master:
         out: TextIO | None = None,
         on_diagnosis: list[Callable[[Any], None]] | None = None,
         enrich: Callable[[Any], Any] | None = None,
-        collector: Collector | None = None,
+        collector: Collector | ReceiverProcess | None = None,
     ):
         self.cfg = cfg
         self.out = out or sys.stdout
@@ -120,10 +128,13 @@ class Master:
             from c4d.master import curve
 
             keys = curve.load(cfg.curve) if cfg.curve else None
-            collector = Collector(cfg.bind, curve=keys, job=cfg.job)
+            if cfg.receiver_process:
+                collector = ReceiverProcess(cfg.bind, curve=cfg.curve, job=cfg.job)
+            else:
+                collector = Collector(cfg.bind, curve=keys, job=cfg.job)
         else:
             collector.serve(cfg.job)  # a new attempt may be a new job
-        self.collector = collector
+        self.collector: Collector | ReceiverProcess = collector
         self.endpoint = self.collector.endpoint
         self.status = None
         if cfg.status:
@@ -339,10 +350,11 @@ class Master:
         finds nothing or ``budget_s`` passed), so that records the job sent before its master
         was told to stop reach the trace and the engine."""
         end = time.monotonic() + budget_s
+        self.collector.sync()  # a receiver's process: what it received so far, then a mark
         while time.monotonic() < end:
             n = self.collector.messages
             self.step(timeout_s=0)
-            if self.collector.messages == n:
+            if self.collector.messages == n and self.collector.synced:
                 return
 
     def finish(self) -> None:
