@@ -10,6 +10,8 @@ import subprocess
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from c4d.engine import Engine, EngineConfig
 from c4d.intake.ingest import Ingest
@@ -435,3 +437,32 @@ def test_new_communicators_past_the_byte_budget_are_refused_and_counted():
         and 0x7777 in eng._comm_index
         and ing.edge.rejected["communicator bytes"] == 5000 - 200
     )
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["name", "destroy", "expire"]), st.integers(0, 3),
+                          st.integers(0, 4)), max_size=40))  # fmt: skip
+def test_expire_frees_what_it_would_with_every_naming_applied_first(steps):
+    """Edge.expire reads the communicators' order only when one may be due (the namings not
+    applied yet only make times later): the same communicators freed, at the same ticks, as
+    an edge whose order is brought up to date before every expire."""
+    s = 10**9
+    t0 = H.now_ns()
+    lim = Limits(comm_idle_s=5, destroyed_grace_s=2)
+    edges = [Edge(lim), Edge(lim)]
+    cids = [0xA0 + k for k in range(4)]
+    for e in edges:
+        e.admit(H.as_header(H.registers(4, t0), *(H.comm_init(range(4), c, 4, t0) for c in cids)), t0)
+    t, seq = t0, {c: 0 for c in cids}
+    for what, k, dt in steps:
+        t += dt * s
+        c = cids[k]
+        for e in edges:
+            if what == "name":
+                e.admit(H.as_header(H.allreduces(4, [seq[c]], t, cid=c)), t)
+            elif what == "destroy":
+                e.admit(H.as_header(H.comm_init(range(4), c, 4, t, event=schema.CommEvent.DESTROY)), t)
+        seq[c] += what == "name"
+        if what == "expire":
+            _ = edges[0].comms  # the order brought up to date, as every expire did before
+            assert edges[0].expire(t) == edges[1].expire(t)

@@ -345,22 +345,34 @@ class Edge:
         idle = now_ns - int(lim.comm_idle_s * 1e9)
         grace = now_ns - int(lim.destroyed_grace_s * 1e9)
         out = []
-        self._ended = {cid: None for cid in self._ended if cid in self.comms}
-        if any(self.comms[cid].gone.all() and self.comms[cid].last_ns < grace for cid in self._ended):
-            for cid, c in self.comms.items():
-                destroyed = bool(c.gone.all())
-                if c.last_ns < idle or (destroyed and c.last_ns < grace):
+        # the namings not applied yet only make a time later (``_apply_touched``): a communicator
+        # that is not due by the times last applied is not due, and the order (least recently
+        # named first) is read, and so brought up to date, only when one may be
+        comms = self._comms
+        self._ended = {cid: None for cid in self._ended if cid in comms}
+
+        def ended_due() -> bool:
+            return any(comms[cid].gone.all() and comms[cid].last_ns < grace for cid in self._ended)
+
+        head = next(iter(comms.values()), None)
+        if ended_due() or (head is not None and head.last_ns < idle):
+            if self._touched:
+                self._apply_touched()  # the times and the order exact
+            if ended_due():
+                for cid, c in comms.items():
+                    destroyed = bool(c.gone.all())
+                    if c.last_ns < idle or (destroyed and c.last_ns < grace):
+                        out.append(cid)
+                        if destroyed:
+                            self.tombstones[cid] = None
+            else:
+                # none destroyed: the idle ones lead (least recently named first, master time
+                # only grows), so the scan stops at the first that is not (not a scan of every
+                # communicator at every tick)
+                for cid, c in comms.items():
+                    if c.last_ns >= idle:
+                        break
                     out.append(cid)
-                    if destroyed:
-                        self.tombstones[cid] = None
-        else:
-            # none destroyed: the idle ones lead (least recently named first, master time only
-            # grows), so the scan stops at the first that is not (not a scan of every
-            # communicator at every tick)
-            for cid, c in self.comms.items():
-                if c.last_ns >= idle:
-                    break
-                out.append(cid)
         if out:
             self._known = None
         for cid in out:
