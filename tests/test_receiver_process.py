@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -164,3 +165,43 @@ def test_the_receiving_process_ends_with_a_killed_master(tmp_path):
     assert kids, "the master has a receiving process"
     m.stop(signal.SIGKILL)
     wait_for(lambda: not any(proctree.alive(k) for k in kids), 30, "the receiving process to exit")
+
+
+def test_a_receiving_process_held_back_by_the_master_stops_when_asked():
+    """Senders flood while the master reads nothing: the receiver waits on its queue to the
+    master, and a close still ends it at once (STOP is read while it waits), not after a kill."""
+    rp = ReceiverProcess(f"tcp://127.0.0.1:{free_port()}", job="j1")
+    proc = rp._proc
+    sent, done = [0], threading.Event()
+    msg = wire.encode(_ops(500, 0))
+
+    def flood() -> None:  # 190 MB: more than the receiver's queue to the master holds
+        s = zmq.Context.instance().socket(zmq.PUSH)
+        s.setsockopt(zmq.METADATA, b"X-C4D-Job:j1")
+        s.setsockopt(zmq.SNDTIMEO, 100)
+        s.connect(rp.endpoint)
+        while sent[0] < 3000 and not done.is_set():
+            try:
+                s.send(msg)
+                sent[0] += 1
+            except zmq.Again:  # held back: until the test is over
+                continue
+        s.close(linger=0)
+
+    t = threading.Thread(target=flood, daemon=True)
+    t.start()
+    seen = [-1]
+
+    def stuck() -> bool:  # the sender stopped moving: the receiver waits on the master
+        was, seen[0] = seen[0], sent[0]
+        return was == sent[0]
+
+    try:
+        wait_for(stuck, 60, "the flood to back up", interval=0.3)
+        assert sent[0] < 3000
+    finally:
+        start = time.monotonic()
+        rp.close()
+    assert proc.returncode == 0 and time.monotonic() - start < 4.5  # (a kill comes after 5 s)
+    done.set()
+    t.join(10)

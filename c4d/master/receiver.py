@@ -44,6 +44,7 @@ START_S = 60.0  # the receiver's process imports numpy, pyzmq and c4d: seconds o
 QUEUE_MESSAGES = 8  # each a poll's batches (at most C4D_RECV_BYTES): the pair's memory is bounded by this
 POLL_S = 0.05  # the receiver's wait for senders, so that it answers the master's requests this soon
 COUNTS_S = 1.0  # with nothing received, the counts (refused connections, handshakes) go this often
+SYNC_S = 1.0  # a sync takes what is queued for at most this long (a flood never ends it), as Master.drain
 _COUNTS = ("messages", "records", "bad_messages", "refused_handshakes", "refused_connections",
            "other_job_records", "held_polls")  # fmt: skip
 
@@ -75,9 +76,18 @@ def _serve(endpoint: str, bind: str, curve: str | None, job: str | None, level: 
         sys.exit(2)
     sock.send(READY + col.endpoint.encode())
 
+    asked = {SYNC: False, STOP: False}
+
+    def requests() -> None:
+        while sock.poll(0):
+            op = sock.recv()[:1]
+            if op in asked:
+                asked[op] = True
+
     def send(frames: list[Any]) -> bool:
         while not sock.poll(500, zmq.POLLOUT):  # the master is behind: the senders' queues wait
-            if os.getppid() != parent:
+            requests()
+            if os.getppid() != parent or asked[STOP]:
                 return False
         sock.send_multipart(frames, copy=False)
         return True
@@ -87,19 +97,18 @@ def _serve(endpoint: str, bind: str, curve: str | None, job: str | None, level: 
     try:
         while os.getppid() == parent:
             raws = col.poll(POLL_S)
-            sync = False
-            while sock.poll(0):
-                op = sock.recv()[:1]
-                if op == STOP:
-                    return
-                sync = sync or op == SYNC
+            requests()
+            if asked[STOP]:
+                return
+            sync, asked[SYNC] = asked[SYNC], False
+            until = time.monotonic() + SYNC_S
             while True:
                 if raws:
                     joined = schema.join_records(raws, schema.HEADER)
                     if not send([DATA + _counts(col), joined]):
                         return
                     sent, last = b"", time.monotonic()
-                if not sync or not raws:
+                if not sync or not raws or time.monotonic() > until:
                     break
                 raws = col.poll(0)  # a sync: every message already queued, then the mark
             now = _counts(col)
