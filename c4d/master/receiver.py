@@ -236,36 +236,12 @@ class ReceiverProcess:
         return self.local
 
     # -- its counts, as the Collector's --------------------------------------------------
-    def _count(self, name: str) -> int:
+    def __getattr__(self, name: str) -> int:
+        """``messages``, ``records``, ``bad_messages`` and the Collector's other counts: the
+        receiver's, then its own Collector's after a take-over."""
+        if name not in _COUNTS:
+            raise AttributeError(name)
         return int(self._c[name]) + (getattr(self.local, name) if self.local is not None else 0)
-
-    @property
-    def messages(self) -> int:
-        return self._count("messages")
-
-    @property
-    def records(self) -> int:
-        return self._count("records")
-
-    @property
-    def bad_messages(self) -> int:
-        return self._count("bad_messages")
-
-    @property
-    def refused_handshakes(self) -> int:
-        return self._count("refused_handshakes")
-
-    @property
-    def refused_connections(self) -> int:
-        return self._count("refused_connections")
-
-    @property
-    def other_job_records(self) -> int:
-        return self._count("other_job_records")
-
-    @property
-    def held_polls(self) -> int:
-        return self._count("held_polls")
 
     @property
     def bad_reasons(self) -> Counter[str]:
