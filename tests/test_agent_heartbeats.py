@@ -5,6 +5,8 @@ the diagnoses stay those of the raw stream is tests/test_agent_summary.py's."""
 from __future__ import annotations
 
 import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from c4d.agent.heartbeats import HeartbeatMerge, PeerMerge
 from c4d.record import schema
@@ -14,6 +16,7 @@ from tests.test_agent_untrusted import _job, _opsum
 
 NONE = schema.UINT64_MAX
 PERIOD = 200_000_000
+MOVES = ("n_issued", "n_arrived", "n_done", "last_arrive_ns", "last_done_ns")
 
 
 def hb(rank: int, cid: int, k: int, n: int, pend: int = NONE, flags: int = 0, dropped: int = 0) -> np.ndarray:
@@ -139,3 +142,68 @@ def test_a_summary_is_a_report_from_every_member():
     after = eng.ranks.last_recv
     assert (after[:4] == t + 5).all()  # the communicator's members, ranks 0-3
     assert (after[4:] == before[4:]).all()
+
+
+class _Rule:
+    """The merge's rule (the module's docstring) row by row, in arrival order: the reference the
+    array version is held to."""
+
+    def __init__(self, every: int) -> None:
+        self.every, self.s = every, {}
+
+    def keep(self, rows: np.ndarray) -> list[bool]:
+        moved, last = {}, {}  # (rank, time) -> progressed; rank -> its batch's previous (arrived, done)
+        for h in rows[rows["comm_id"] == 0]:
+            g, cur = int(h["rank"]), (int(h["n_arrived"]), int(h["n_done"]))
+            sl = self.s.get((0, g))
+            if g in last:
+                moved[g, int(h["time_ns"])] = cur != last[g]
+            else:
+                moved[g, int(h["time_ns"])] = sl is not None and sl["seen"] and cur != sl["moves"][1:3]
+            last[g] = cur
+        out = []
+        for h in rows:
+            key, t = (int(h["comm_id"]), int(h["rank"])), int(h["time_ns"])
+            sl = self.s.setdefault(key, {"moves": (0,) * 5, "pend": 0, "dropped": 0, "skipped": 0,
+                                         "time": 0, "forced": False, "seen": False})  # fmt: skip
+            mv = tuple(
+                int(h[f]) for f in ("n_issued", "n_arrived", "n_done", "last_arrive_ns", "last_done_ns")
+            )
+            p = moved.get((key[1], t), mv != sl["moves"])
+            since = int(h["pend_start_ns"]) or int(h["pend_issue_ns"])
+            long = since > 0 and t - since > (t - sl["time"]) // 2
+            pend = int(h["pend_seq"])
+            stalled = key[0] != 0 and pend != NONE and (pend == sl["pend"] or (sl["seen"] and long))
+            stop = not p or stalled
+            fwd = (not sl["seen"] or stop or int(h["hb_flags"]) != 0 or int(h["dropped"]) != sl["dropped"]
+                   or sl["forced"] or sl["skipped"] + 1 >= self.every)  # fmt: skip
+            sl.update(moves=mv, pend=pend, dropped=int(h["dropped"]), time=t, forced=stop or not sl["seen"],
+                      skipped=0 if fwd else sl["skipped"] + 1, seen=True)  # fmt: skip
+            out.append(fwd)
+        return out
+
+
+_ROW = st.tuples(st.integers(0, 3), st.integers(0, 2), st.integers(0, 1), st.integers(0, 1),
+                 st.sampled_from([NONE, 0, 1]), st.integers(0, 3), st.integers(0, 19))  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 6), st.lists(st.tuples(st.integers(0, 2), st.lists(_ROW, max_size=14)), max_size=12))
+def test_the_merge_decides_as_its_rule_row_by_row(every, batches):
+    """Random batches (ranks with one or several heartbeats of an instant, communicators and the
+    process, counters that move or not, pending ops old and new, flags, drops): the array version
+    forwards what the rule applied row by row in arrival order forwards."""
+    m, rule = HeartbeatMerge(every), _Rule(every)
+    moved = {}
+    t = PERIOD
+    for step, rows in batches:
+        t += step * PERIOD // 2
+        b = np.zeros(len(rows), schema.HEARTBEAT)
+        b["kind"], b["version"] = Kind.HEARTBEAT, schema.SCHEMA_VERSION
+        for i, (g, c, later, move, pend, flags, age) in enumerate(rows):
+            n = moved[g, c] = moved.get((g, c), 0) + move
+            b[i]["rank"], b[i]["comm_id"], b[i]["time_ns"] = g, (0, 7, 9)[c], t + later * PERIOD // 4
+            b[i]["n_issued"] = b[i]["n_arrived"] = b[i]["n_done"] = n
+            b[i]["pend_seq"], b[i]["hb_flags"], b[i]["dropped"] = pend, flags == 3, flags == 2
+            b[i]["pend_start_ns" if age % 2 else "pend_issue_ns"] = max(0, t - age * PERIOD // 10)
+        assert m.keep(b).tolist() == rule.keep(b)
