@@ -26,6 +26,7 @@ import argparse
 import json
 import logging
 import os
+import resource
 import subprocess
 import sys
 from pathlib import Path
@@ -48,11 +49,7 @@ MIB = 1 << 20
 
 
 def peak_rss_mib() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # (KiB on Linux)
 
 
 def _feed(ing: Ingest, raw: np.ndarray, t: int) -> None:
@@ -60,16 +57,22 @@ def _feed(ing: Ingest, raw: np.ndarray, t: int) -> None:
         ing.feed(raw[i : i + BATCH], t)
 
 
+def _job(shape: Shape, t: int, agents: bool = False) -> tuple[Load, Engine, Ingest]:
+    """The job's load, and an edge and engine (their limits from the environment, as the master
+    reads them) that took every REGISTER and COMM init of it at master time ``t``."""
+    load = Load(shape, t, agents=agents)
+    eng = Engine(EngineConfig.from_env())
+    ing = Ingest(eng, Edge(Limits.from_env()))
+    _feed(ing, load.hello(), t)  # (stamped ``t``: the load's start)
+    ing.tick(t)
+    return load, eng, ing
+
+
 def state(ranks: int, pp: int, tp_rings: bool) -> dict:
     """One variant (its limits from the environment, as the master reads them)."""
     shape = Shape(pp=pp, dp=max(1, ranks // (8 * pp)))
     t = 1_000_000_000_000_000_000
-    load = Load(shape, t)
-    eng = Engine(EngineConfig.from_env())
-    ing = Ingest(eng, Edge(Limits.from_env()))
-    hello = load.hello()
-    _feed(ing, hello, t)
-    ing.tick(t)
+    load, eng, ing = _job(shape, t)
     offered = {"tp": shape.world // shape.tp, "pp": shape.world // shape.pp, "dp": shape.tp * shape.pp}
     ids = {"tp": load.tp_id, "pp": load.pp_id, "dp": load.dp_id}
     admitted = {k: len(set(v.tolist()) & set(ing.edge.comms)) for k, v in ids.items()}
@@ -117,13 +120,7 @@ def kept(ranks: int, pp: int, seconds: float, window_s: int, direct: bool = Fals
     kept for the slow judge."""
     shape = Shape(pp=pp, dp=max(1, ranks // (8 * pp)), window_s=window_s)
     t0 = 1_000_000_000_000_000_000
-    load = Load(shape, t0, agents=not direct)
-    eng = Engine(EngineConfig.from_env())
-    ing = Ingest(eng, Edge(Limits.from_env()))
-    hello = load.hello()
-    hello["time_ns"] = t0
-    _feed(ing, hello, t0)
-    ing.tick(t0)
+    load, eng, ing = _job(shape, t0, agents=not direct)
     pool = eng._pool
     most, at, records = 0, 0.0, 0
     rounds = int(seconds * shape.rate)

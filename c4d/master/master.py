@@ -46,14 +46,9 @@ from c4d.util import heap
 log = logging.getLogger("c4d")
 
 
-def engine_process_from_env() -> bool:
-    """``C4D_MASTER_ENGINE_PROCESS``: set and not 0."""
-    return os.environ.get("C4D_MASTER_ENGINE_PROCESS", "").strip() not in ("", "0")
-
-
-def receiver_process_from_env() -> bool:
-    """``C4D_MASTER_RECEIVER_PROCESS``: set and not 0."""
-    return os.environ.get("C4D_MASTER_RECEIVER_PROCESS", "").strip() not in ("", "0")
+def _switch(var: str) -> Callable[[], bool]:
+    """A MasterConfig default read from the environment: ``var`` set and not 0."""
+    return lambda: os.environ.get(var, "").strip() not in ("", "0")
 
 
 MAX_AUTO_SHARDS = 4  # beyond, the join (front, clock, judges) bounds a sharded engine (docs/engine-shards.md)
@@ -101,11 +96,11 @@ class MasterConfig:
     # answer status requests here (c4d/master/status.py); "auto": next to the record endpoint; None: nowhere
     status: str | None = None
     # the engine in a process of its own (c4d.master.engine_process); c4d run's master too
-    engine_process: bool = field(default_factory=engine_process_from_env)
+    engine_process: bool = field(default_factory=_switch("C4D_MASTER_ENGINE_PROCESS"))
     # its communicators over this many shards (c4d/engine/shards.py); 0: by core count
     engine_shards: int = field(default_factory=engine_shards_from_env)
     # receiving (the socket, decoding, the job's check) in a process of its own (c4d.master.receiver)
-    receiver_process: bool = field(default_factory=receiver_process_from_env)
+    receiver_process: bool = field(default_factory=_switch("C4D_MASTER_RECEIVER_PROCESS"))
 
 
 class Master:
@@ -115,7 +110,7 @@ class Master:
         out: TextIO | None = None,
         on_diagnosis: list[Callable[[Any], None]] | None = None,
         enrich: Callable[[Any], Any] | None = None,
-        collector: Collector | ReceiverProcess | None = None,
+        collector: Collector | None = None,
     ):
         self.cfg = cfg
         self.out = out or sys.stdout
@@ -124,17 +119,18 @@ class Master:
         # a collector passed in (c4d run keeps one endpoint across restarts) is the caller's to close
         self._own_collector = collector is None
         keys = None
+        self.collector: Collector | ReceiverProcess
         if collector is None:
             from c4d.master import curve
 
             keys = curve.load(cfg.curve) if cfg.curve else None
             if cfg.receiver_process:
-                collector = ReceiverProcess(cfg.bind, curve=cfg.curve, job=cfg.job)
+                self.collector = ReceiverProcess(cfg.bind, curve=cfg.curve, job=cfg.job)
             else:
-                collector = Collector(cfg.bind, curve=keys, job=cfg.job)
+                self.collector = Collector(cfg.bind, curve=keys, job=cfg.job)
         else:
             collector.serve(cfg.job)  # a new attempt may be a new job
-        self.collector: Collector | ReceiverProcess = collector
+            self.collector = collector
         self.endpoint = self.collector.endpoint
         self.status = None
         if cfg.status:
