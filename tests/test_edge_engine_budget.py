@@ -31,13 +31,15 @@ def _forged_world(t: int) -> tuple[Engine, Ingest]:
     return eng, ing
 
 
-def _ring_flood(ing: Ingest, t: int, comms: int, members: int = 1024) -> None:
-    """Ops only two members of each communicator report, spread over its ring (tests/flood.py)."""
+def _ring_flood(ing: Ingest, t: int, comms: int, members: int = 1024) -> int:
+    """Ops only two members of each communicator report, spread over its ring (tests/flood.py);
+    the rows fed."""
     w = Comm.slots(members)
     per = max(1, 2 * w // flood.BIG)
     for k in range(comms * per):
         ing.feed(flood.ring_ops(0x5000_0000, members, t, k).view(schema.HEADER), t)
     ing.tick(t)
+    return comms * per * flood.BIG
 
 
 def test_op_rings_a_sender_forces_stay_within_the_ring_budget(monkeypatch):
@@ -85,10 +87,10 @@ def test_rows_past_a_full_ring_budget_are_dropped_and_counted(monkeypatch):
     monkeypatch.setenv("C4D_MAX_RING_BYTES", "1M")
     t = H.now_ns()
     eng, ing = _forged_world(t)
-    _ring_flood(ing, t, 2)
+    fed = _ring_flood(ing, t, 2)
     assert eng._pool.held["ring"] == 0
     assert all(c._ring is None for c in eng.comms.values())
-    assert eng._pool.dropped["ring bytes"] == 4 * flood.BIG
+    assert eng._pool.dropped["ring bytes"] == fed
     assert ing.failures == {}
 
 
@@ -224,21 +226,21 @@ def test_completed_ops_of_a_window_of_a_day_are_a_bounded_sample_with_the_defaul
     """The same flood with the per-window sample on (the default): a communicator's first
     window keeps the cap and about half of it per doubling of its sample (c4d/engine/sampling.py),
     and past the cap at most one chunk's sample before each doubling (BIG, BIG / 2, ...: 2 BIG in
-    all): a few times the cap for a hundred times as many ops, and the budget refuses none."""
+    all): a few times the cap for sixty times as many ops, and the budget refuses none."""
     t = H.now_ns()
     eng = Engine(EngineConfig())
     ing = Ingest(eng, Edge())
     r = flood.register(0, 8, t)
     r["bw_check_period_s"] = 86400
     assert ing.feed(r.view(schema.HEADER), t)
-    ops = 200 * flood.BIG
+    cap = EngineConfig().slow_window_ops
+    ops = -(-60 * cap // flood.BIG) * flood.BIG  # sixty times the cap, in the largest messages
     for k in range(0, ops, flood.BIG):
         a = flood.big_ops(0, t)
         a["comm_rank"], a["comm_nranks"], a["seq"] = 0, 1, k + np.arange(flood.BIG)
         ing.feed(a.view(schema.HEADER), t)
         ing.tick(t)
     c = eng.comms[eng._comm_index[0xBAD]]
-    cap = EngineConfig().slow_window_ops
     kept = sum(len(p) for p in c.kept())
     doublings = math.ceil(math.log2(ops / cap))
     assert ops > 50 * cap and 0 < kept <= cap * (1 + doublings / 2) + 2 * flood.BIG, (ops, kept)
@@ -250,8 +252,8 @@ def test_what_the_engine_budgets_refuse_is_counted_with_the_edges_refusals(monke
     monkeypatch.setenv("C4D_MAX_RING_BYTES", "1M")
     t = H.now_ns()
     _eng, ing = _forged_world(t)
-    _ring_flood(ing, t, 1)
-    assert ing.edge.rejected["ring bytes"] == 2 * flood.BIG
+    fed = _ring_flood(ing, t, 1)
+    assert ing.edge.rejected["ring bytes"] == fed
 
 
 def test_communicators_ever_admitted_stop_at_their_budget(monkeypatch):

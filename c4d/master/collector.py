@@ -53,10 +53,13 @@ if TYPE_CHECKING:
 log = logging.getLogger("c4d.master.collector")
 
 DEFAULT_ENDPOINT = "tcp://127.0.0.1:5555"
-# A shim batch is at most 512 records (64 KiB); a node agent's messages are at most this too
+# A shim batch is at most 255 records (32,656 bytes); a node agent's messages are at most this too
 # (c4d/agent/agent.py). libzmq closes the connection of a peer that sends a bigger message before
-# allocating it. Every connection may make libzmq hold two of them: keep it small.
-MAX_MESSAGE_BYTES = 128 << 10
+# allocating it. A connection's queue is counted in messages (Intake.hwm), and its reader tells
+# libzmq's I/O thread "read on" every (mark + 1) / 2 messages read: at 128 KiB the budget held
+# two, a wake-up of that thread for every message (15% of a 16,384-rank master's capacity,
+# docs/performance.md); at 32 KiB it holds eight, in less memory.
+MAX_MESSAGE_BYTES = 32 << 10
 JOB_PROPERTY = "X-C4D-Job"  # ZMTP connection property the shim sets (ZMQ_METADATA)
 JOB_BYTES = schema.REGISTER["job"].itemsize - 1  # a job id is compared on what REGISTER holds
 _HANDSHAKE_FAILED = (
@@ -77,7 +80,7 @@ class Intake:
     over MAX_MESSAGE_BYTES messages, at least 1; plus the message being read)."""
     queued_bytes: int = 768 << 20
     """C4D_RECV_QUEUED_BYTES: what libzmq may hold for every connection together; connections
-    beyond this over ``held_per_sender`` are shut as they come (the default: 2,048 at once)."""
+    beyond this over ``held_per_sender`` are shut as they come (the default: 2,730 at once)."""
     poll_bytes: int = 64 << 20
     """C4D_RECV_BYTES: what one poll takes from the socket; the rest stays queued per connection."""
 

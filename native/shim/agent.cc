@@ -62,8 +62,10 @@ namespace c4d {
 
 namespace {
 
-constexpr uint32_t kBatchMax = 512;                 // records per ZeroMQ message
+constexpr uint32_t kBatchMax = 255;                 // records per ZeroMQ message (the master takes 32 KiB)
 constexpr uint64_t kBatchMaxAgeNs = 50000000ull;    // or when the oldest waits 50 ms
+static_assert(sizeof(c4d_batch_header) + kBatchMax * C4D_RECORD_SIZE <= (32u << 10),
+              "a batch is at most what the master takes (c4d/master/collector.py MAX_MESSAGE_BYTES)");
 constexpr uint64_t kPollBusyNs = 5000000ull;        // ops in flight: poll events every 5 ms (event
                                                     // times do not depend on it; CPU does)
 constexpr uint64_t kPollIdleNs = 50000000ull;       // nothing in flight (= the batch age limit)

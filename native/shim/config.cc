@@ -234,7 +234,7 @@ void config_load(Config* c) {
   c->heartbeat_ms = int(env_int("C4D_HEARTBEAT_MS", 1000, 10, 3600000));
   c->queue_capacity = round_pow2(uint32_t(env_int("C4D_QUEUE_CAPACITY", 65536, 1, 1 << 24)));
   c->event_pool = uint32_t(env_int("C4D_EVENT_POOL", 4096, 2, 1 << 20));
-  c->send_hwm = int(env_int("C4D_SEND_HWM", 256, 1, 1 << 20));
+  c->send_hwm = int(env_int("C4D_SEND_HWM", 512, 1, 1 << 20));
   c->exit_flush_ms = int(env_int("C4D_EXIT_FLUSH_MS", 200, 0, 60000));
   c->clock_offset_ns = env_int("C4D_CLOCK_OFFSET_NS", 0, -(int64_t(1) << 62), int64_t(1) << 62);
   c->peer_track = uint32_t(env_int("C4D_PEER_TRACK", 4096, 16, 1 << 20));
