@@ -238,13 +238,18 @@ class Collector:
         self._agreeing, self._held, self._held_bytes = {}, [], 0
 
     def poll(self, timeout_s: float, max_messages: int = 1000) -> list[np.ndarray]:
-        """Wait up to ``timeout_s`` for batches; return every batch ready (at most ``max_messages``)."""
+        """Wait up to ``timeout_s`` for batches; return every batch ready (at most ``max_messages``
+        messages'), in order. Consecutive messages of the job served come joined into one batch:
+        a message is ~25 records from a node agent at 16,384 ranks, and a view of each, then their
+        join, cost the master's loop a tenth of its time."""
         out: list[np.ndarray] = []
         if not self._wait(timeout_s):
             return out
         deadline = time.monotonic() + 0.05  # never starve the caller's tick
         room = self.intake.poll_bytes
-        while len(out) < max_messages and time.monotonic() < deadline:
+        run: list[memoryview] = []  # records of the job served, their headers checked, not yet viewed
+        taken = 0
+        while taken < max_messages and time.monotonic() < deadline:
             if room <= 0:  # the rest waits in the senders' queues (bounded per connection)
                 self.held_polls += 1
                 self.ratelog(
@@ -260,35 +265,73 @@ class Collector:
             except zmq.Again:
                 break
             self.messages += 1
-            room -= len(msg.buffer)
+            taken += 1
+            buf = msg.buffer
+            room -= len(buf)
             try:
-                raw = wire.decode(msg.buffer)
+                _, version = wire.check(buf)
             except wire.BadBatch as e:
                 self.bad_messages += 1
                 self.bad_reasons[e.reason] += 1
                 self.ratelog(e.reason, "dropped a malformed message: %s", e)
                 continue
-            job = self._job_of(msg, raw)
-            if self.job is None and job and self.agree > 1:
-                self._candidate(job, raw, out)
+            if version == schema.SCHEMA_VERSION and self._served_by(msg):
+                run.append(buf[wire.HEADER_BYTES :])  # nearly every message
                 continue
-            if not self._same_job(job, raw) or not self._registers_named(raw):
-                continue
-            self.records += len(raw)
-            out.append(raw)
+            self._join_run(run, out)
+            self._one(msg, wire.decode(buf), out)
+        self._join_run(run, out)
         return out
 
-    def _registers_named(self, raw: np.ndarray) -> bool:
+    def _served_by(self, msg: zmq.Frame) -> bool:
+        """Whether the message came on a connection found to name the job served (its property)."""
+        if self._served_prop is None:
+            return False
+        try:
+            return msg.get(JOB_PROPERTY) == self._served_prop
+        except zmq.ZMQError:
+            return False
+
+    def _one(self, msg: zmq.Frame, raw: np.ndarray, out: list[np.ndarray]) -> None:
+        """A message judged alone: its job, the job's agreement, the REGISTERs of a job named."""
+        job = self._job_of(msg, raw)
+        if self.job is None and job and self.agree > 1:
+            self._candidate(job, raw, out)
+            return
+        if not self._same_job(job, raw) or not self._registers_named(raw):
+            return
+        self.records += len(raw)
+        out.append(raw)
+
+    def _join_run(self, run: list[memoryview], out: list[np.ndarray]) -> None:
+        """Messages of the job served, their records joined; under a job named, judged alone
+        after all when a REGISTER among them names another (``_registers_named``, as one by one)."""
+        if not run:
+            return
+        raw = np.frombuffer(bytearray().join(run), schema.HEADER)
+        if self.named and not self._registers_named(raw, refuse=False):
+            for part in run:
+                one = np.frombuffer(part, schema.HEADER)
+                if self._registers_named(one):
+                    self.records += len(one)
+                    out.append(one)
+        else:
+            self.records += len(raw)
+            out.append(raw)
+        run.clear()
+
+    def _registers_named(self, raw: np.ndarray, refuse: bool = True) -> bool:
         """Under a job named (--job J), a message naming no job is not J, and neither is one whose
         REGISTER records name another job or none (compared in the sanitized form the edge
-        writes them in)."""
+        writes them in); ``refuse``: such a message refused (counted, logged)."""
         if not self.named:
             return True
         reg = raw["kind"] == schema.Kind.REGISTER
         jobs = {names.clean(job_key(bytes(j))) for j in np.unique(raw[reg].view(schema.REGISTER)["job"])}
         if jobs <= {names.clean(self.job or "")}:
             return True
-        self._refuse(next(iter(jobs - {names.clean(self.job or "")})), raw)
+        if refuse:
+            self._refuse(next(iter(jobs - {names.clean(self.job or "")})), raw)
         return False
 
     def _job_of(self, msg: zmq.Frame, raw: np.ndarray) -> str:

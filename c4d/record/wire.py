@@ -1,6 +1,7 @@
 """Batches on the wire: one ZeroMQ message = a 16-byte batch header + n fixed-size records.
 
-Decoding is one ``numpy.frombuffer`` per message. A message that does not parse is
+Decoding is one ``numpy.frombuffer`` per message (or, for a reader that joins many messages,
+``check`` per message and one view of the records joined). A message that does not parse is
 rejected whole with a one-line reason (``BadBatch``), never guessed at.
 """
 
@@ -27,10 +28,21 @@ class BadBatch(ValueError):
 
 _HEADER = struct.Struct("<IHHIi")  # schema.BATCH_HEADER: magic, version, record_size, n_records, rank
 assert _HEADER.size == schema.BATCH_HEADER.itemsize
+HEADER_BYTES = _HEADER.size  # where a batch's records start
 
 
 def decode(msg: bytes | memoryview) -> np.ndarray:
     """Return the batch's records as ``schema.HEADER`` rows (a copy-free view of ``msg``)."""
+    n, version = check(msg)
+    raw = np.frombuffer(msg, dtype=schema.HEADER, count=n, offset=_HEADER.size)
+    # a writer of the current version writes every record in it (the edge refuses a heartbeat
+    # of an older one inside: validate.py); an older writer's batch is normalised row by row
+    return raw if version == schema.SCHEMA_VERSION else schema.upgrade(raw)
+
+
+def check(msg: bytes | memoryview) -> tuple[int, int]:
+    """The batch's record count and schema version, its header checked (``BadBatch``): what a
+    reader that joins many batches' records before viewing them needs (c4d.master.collector)."""
     n_bytes = len(msg)
     if n_bytes < _HEADER.size:
         raise BadBatch(f"message of {n_bytes} bytes is shorter than a batch header", "short message")
@@ -50,10 +62,7 @@ def decode(msg: bytes | memoryview) -> np.ndarray:
         raise BadBatch(
             f"batch says {n} records ({expect} bytes) but the message has {n_bytes} bytes", "length mismatch"
         )
-    raw = np.frombuffer(msg, dtype=schema.HEADER, count=n, offset=_HEADER.size)
-    # a writer of the current version writes every record in it (the edge refuses a heartbeat
-    # of an older one inside: validate.py); an older writer's batch is normalised row by row
-    return raw if version == schema.SCHEMA_VERSION else schema.upgrade(raw)
+    return n, version
 
 
 def encode(records: np.ndarray, rank: int = -1) -> bytes:
