@@ -153,3 +153,36 @@ def test_each_attempt_on_a_kept_endpoint_serves_its_own_job(tmp_path):
     finally:
         c.close()
     assert c.job == "attempt-2" and len(got) == 1 and not c.bad_reasons
+
+
+def test_messages_joined_in_one_poll_keep_their_order_and_a_forged_register_is_refused_alone(tmp_path):
+    """A poll joins consecutive messages of the job served into one batch (Collector.poll); under
+    a job named, a message on the job's own connection whose REGISTER names another job is still
+    refused on its own, and the rest, malformed messages and all, keep their order."""
+    n = 60
+    msgs = [wire.encode(R.ops(5, rank=1, start_seq=5 * k).view(schema.HEADER), 1) for k in range(n)]
+    msgs[20] = b"not a batch"
+    msgs[40] = _register(2, b"B")  # the job's connection, another job's registration
+    for named in (True, False):
+        c = Collector(f"ipc://{tmp_path}/m{int(named)}.sock", job="A" if named else None)
+        try:
+            _push(c.endpoint, _register(1, b"A"), job="A")  # the connection found to serve A
+            got = _collect(c, 1)
+            s = zmq.Context.instance().socket(zmq.PUSH)  # open until read: a connection's queue
+            s.setsockopt(zmq.METADATA, b"X-C4D-Job:A")  # at the master holds 8 messages
+            s.connect(c.endpoint)
+            for m in msgs:
+                s.send(m)
+            got += _collect(c, 1 + n)
+            s.close(linger=0)
+        finally:
+            c.close()
+        rows = schema.join_records(got, schema.HEADER)
+        ops = rows[rows["kind"] == schema.Kind.OP].view(schema.OP)
+        want = [s for k in range(n) if k not in (20, 40) for s in range(5 * k, 5 * k + 5)]
+        assert ops["seq"].tolist() == want  # every op, in the order sent
+        assert c.bad_reasons["bad magic"] + c.bad_reasons["short message"] == 1
+        assert c.bad_reasons["other job"] == (1 if named else 0)
+        reg = rows[rows["kind"] == schema.Kind.REGISTER]
+        assert reg["rank"].tolist() == ([1] if named else [1, 2])
+        assert c.records == len(rows)
