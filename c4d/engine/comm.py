@@ -247,13 +247,18 @@ class Comm:
         return t if t >= 0 else None
 
     # -- what its pool hands it or takes back ---------------------------------------------
-    def add_summaries(self, rows: list[np.ndarray], gaps: list[np.ndarray], la_min: int) -> None:
-        """Runs of its node summaries (views of the pool's blocks, or copies of its own:
-        Pool.settle) appended to what it keeps: its members' compute columns only; ``la_min``:
-        their earliest last arrival (the pool's)."""
+    def add_summaries(self, rows: list[np.ndarray], gaps: list[np.ndarray], la_min: int,
+                      join: bool = False) -> None:  # fmt: skip
+        """Runs of its node summaries (views of the pool's blocks: Pool.settle) appended to what
+        it keeps: its members' compute columns only; ``la_min``: their earliest last arrival
+        (the pool's); ``join``: the parts just appended joined into one (those joined before
+        stay)."""
         self.pending.extend(rows)
         self.pending_gaps.extend(g[:, : self.n] for g in gaps)
         self.pending_min_la = min(self.pending_min_la, la_min)
+        if join:
+            _join_latest(self.pending, len(rows), cat)
+            _join_latest(self.pending_gaps, len(gaps), np.concatenate)
 
     def kept_bytes(self) -> int:
         """What it keeps for the slow judge now, in bytes (a view counts its own: Pool.recount)."""

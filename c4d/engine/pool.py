@@ -23,7 +23,7 @@ from typing import Protocol
 
 import numpy as np
 
-from c4d.engine.rows import NO_ROWS, P2P, cat, grow, take
+from c4d.engine.rows import NO_ROWS, P2P, grow
 from c4d.engine.sampling import WindowSampler
 from c4d.util.ratelog import RateLimitedLog
 
@@ -243,7 +243,9 @@ class Pooled(Protocol):
     p2p_pending_min_la: int
     peer_rows: list[np.ndarray]
 
-    def add_summaries(self, rows: list[np.ndarray], gaps: list[np.ndarray], la_min: int) -> None: ...
+    def add_summaries(
+        self, rows: list[np.ndarray], gaps: list[np.ndarray], la_min: int, join: bool = False
+    ) -> None: ...
 
     def leave_pool(self) -> None: ...
 
@@ -382,8 +384,6 @@ class Pool:
         idx, which, head, tail = idx[o], which[o], head[o], tail[o]
         starts = np.flatnonzero(np.r_[True, idx[1:] != idx[:-1]])
         ends = np.r_[starts[1:], len(idx)].tolist()
-        if join:
-            return self._hand_joined(blocks, idx, which, head, tail, starts, ends)
         which_l, head_l, tail_l = which.tolist(), head.tolist(), tail.tolist()
         for i, a, z in zip(idx[starts].tolist(), starts.tolist(), ends, strict=True):
             c = self.comms.get(i)
@@ -391,26 +391,7 @@ class Pool:
                 continue
             rows = [blocks[which_l[k]].out[head_l[k] : tail_l[k]] for k in range(a, z)]
             gaps = [blocks[which_l[k]].gaps[head_l[k] : tail_l[k]] for k in range(a, z)]
-            c.add_summaries(rows, gaps, int(self.pmin[i]))
-
-    def _hand_joined(self, blocks: list[SummaryBlock], idx: np.ndarray, which: np.ndarray, head: np.ndarray,
-                     tail: np.ndarray, starts: np.ndarray, ends: list[int]) -> None:  # fmt: skip
-        """``settle(join=True)``: every run's rows gathered in communicator order at once, then
-        each communicator's cut out as a copy of its own (a view would keep every other's rows
-        alive with its own): two joins a communicator were most of a settle (2,048 at 16,384 ranks)."""
-        at = np.cumsum([0] + [len(b.out) for b in blocks[:-1]])
-        lens = tail - head
-        off = np.cumsum(lens) - lens  # each run's first row in the gathered rows
-        pos = np.repeat(at[which] + head - off, lens) + np.arange(int(lens.sum()))
-        out = take(cat([b.out for b in blocks]), pos)
-        gaps = np.concatenate([b.gaps for b in blocks])[pos]
-        bound = np.r_[off, len(pos)].tolist()
-        for i, a, z in zip(idx[starts].tolist(), starts.tolist(), ends, strict=True):
-            c = self.comms.get(i)
-            if c is None:  # freed since
-                continue
-            lo, hi = bound[a], bound[z]
-            c.add_summaries([out[lo:hi].copy()], [gaps[lo:hi, : c.n].copy()], int(self.pmin[i]))
+            c.add_summaries(rows, gaps, int(self.pmin[i]), join)
 
     def settle_one(self, c: Pooled) -> None:
         """Communicator ``c``'s summaries not handed out yet, handed to it (before rows of its
