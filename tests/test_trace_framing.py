@@ -175,3 +175,26 @@ def test_a_newer_format_is_refused_in_one_line(tmp_path):
     (tmp_path / "new.c4d").write_bytes(bytes(blob))
     with pytest.raises(trace.TraceError, match="format 99 is newer"):
         trace.read_raw(tmp_path / "new.c4d")
+
+
+def test_a_large_batch_is_written_in_frames_of_at_most_512_records(tmp_path):
+    """The master writes a poll's messages joined (c4d.master.collector): a flipped bit costs the
+    512-record frame it hit, not the whole batch."""
+    rows = np.zeros(1300, schema.HEADER)
+    rows["kind"], rows["version"], rows["rank"] = schema.Kind.OP, schema.SCHEMA_VERSION, 0
+    rows["time_ns"] = F.T0 + np.arange(1300)
+    p = tmp_path / "big.c4d"
+    w = trace.TraceWriter(p, {"command": "test"})
+    w.flush()
+    start = w._f.tell()
+    w.write(rows)
+    w.close()
+    assert p.stat().st_size - start == 3 * framing.HEAD_BYTES + 1300 * schema.RECORD_SIZE  # 512, 512, 276
+    second = start + _frame_bytes(512) + framing.HEAD_BYTES + 100  # inside the second frame's payload
+
+    def flip(b):
+        b[second] ^= 1
+
+    got = _damaged_copy(p, tmp_path / "flip.c4d", flip)
+    assert len(got.damaged) == 1
+    assert got.raw["time_ns"].tolist() == rows["time_ns"][np.r_[0:512, 1024:1300]].tolist()

@@ -4,8 +4,8 @@ Layout::
 
     b"C4DTRACE"  u32 format_version  u32 meta_len  meta (UTF-8 JSON)  frame*
 
-Format 2 (written now): each batch as received, and each master TICK record, is one frame
-with a sync marker, its length and a CRC32C (c4d/record/framing.py): a reader verifies each frame,
+Format 2 (written now): each batch as received (in frames of at most 512 records), and each
+master TICK record, is one frame with a sync marker, its length and a CRC32C (c4d/record/framing.py): a reader verifies each frame,
 skips a damaged one, resynchronizes at the next marker and reports what it skipped.
 Format 1 (still read): records (128 bytes each) back to back, no framing.
 
@@ -43,6 +43,7 @@ if TYPE_CHECKING:  # pandas is slow to import: only the DataFrame views import i
 
 MAGIC = b"C4DTRACE"
 FORMAT_VERSION = 2
+FRAME_RECORDS = 512  # records a frame holds at most: what one damaged frame can cost
 FILE_MODE = 0o640
 _PREFIX = struct.Struct("<8sII")
 
@@ -76,10 +77,12 @@ class TraceWriter:
         self.records = 0
 
     def write(self, raw: np.ndarray) -> None:
-        """One frame: the records of one batch."""
-        if len(raw):
-            self._f.write(framing.encode(np.ascontiguousarray(raw).tobytes()))
-            self.records += len(raw)
+        """A batch's records, in frames of at most FRAME_RECORDS: a damaged frame costs its own
+        records only, however many messages the batch joined (c4d.master.collector)."""
+        data = np.ascontiguousarray(raw).tobytes()
+        step = FRAME_RECORDS * schema.RECORD_SIZE
+        self._f.write(b"".join(framing.encode(data[a : a + step]) for a in range(0, len(data), step)))
+        self.records += len(raw)
 
     def tick(self, now_ns: int) -> None:
         """Mark that the engine was evaluated at ``now_ns`` (so a replay evaluates at the same moments)."""
