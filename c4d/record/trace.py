@@ -5,8 +5,9 @@ Layout::
     b"C4DTRACE"  u32 format_version  u32 meta_len  meta (UTF-8 JSON)  frame*
 
 Format 2 (written now): each batch as received (in frames of at most 512 records), and each
-master TICK record, is one frame with a sync marker, its length and a CRC32C (c4d/record/framing.py): a reader verifies each frame,
-skips a damaged one, resynchronizes at the next marker and reports what it skipped.
+master TICK record, is one frame with a sync marker, its length and a CRC32C
+(c4d/record/framing.py): a reader verifies each frame, skips a damaged one, resynchronizes at
+the next marker and reports what it skipped.
 Format 1 (still read): records (128 bytes each) back to back, no framing.
 
 Format rule: FORMAT_VERSION changes when the file layout around the records changes (this
