@@ -309,7 +309,7 @@ class Collector:
         if not run:
             return
         raw = np.frombuffer(bytearray().join(run), schema.HEADER)
-        if self.named and not self._registers_named(raw, refuse=False):
+        if not self._registers_named(raw, refuse=False):
             for part in run:
                 one = np.frombuffer(part, schema.HEADER)
                 if self._registers_named(one):
