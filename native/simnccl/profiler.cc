@@ -194,6 +194,9 @@ void start_step(ProxyWork& w, int s, uint64_t now) {
                             : starved  ? ncclProfilerProxyStepSendGPUWait
                                        : ncclProfilerProxyStepSendWait,
                             &a);
+    /* The plugin timed the wait as it recorded it: a thread preempted before that (a busy
+     * host) would otherwise stop the step at once, a transfer the plugin sees take no time. */
+    w.started_at[size_t(s)] = std::max(now, now_ns());
   }
 }
 
