@@ -151,7 +151,7 @@ class Ingest:
             ops, cols, extra = self.ops.front(ops, rank[kind == Kind.OP])
         if len(parts[Kind.STAGE]):
             self.stages.feed(parts[Kind.STAGE], recv_r[kind == Kind.STAGE])
-        new = new_in(self.index.index.__contains__, parts[Kind.COMM], hb, ops, sums)
+        new = new_in(self.index.known, parts[Kind.COMM], hb, ops, sums)
         return CommRows(
             parts[Kind.COMM], hb, ops, cols, extra, sums, recv_s, parts[Kind.PEER], self.chunk_recv, new
         )

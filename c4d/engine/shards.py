@@ -363,7 +363,7 @@ class ShardedEngine(Feeds):
     def free_comms(self, cids) -> int:
         freed = sorted(i for part in self._all("free", [(list(cids),)] * self.n_shards) for i in part)
         for cid in cids:
-            self._numbers.index.pop(int(cid), None)
+            self._numbers.forget(int(cid))
         for i in freed:
             m = self.metas.pop(i, None)
             if m is not None:
