@@ -12,7 +12,7 @@ from c4d.engine.comm_index import CommIndex
 from c4d.engine.config import EngineConfig
 from c4d.engine.pool import Pool
 from c4d.engine.ranks import RankTable
-from c4d.engine.rows import END_SYNC
+from c4d.engine.rows import END_SYNC, take
 from c4d.engine.sampling import sampled
 from c4d.engine.summaries import Summaries
 from c4d.record import schema
@@ -136,7 +136,7 @@ class SummaryIngest:
             u = u[per[u] > 0]
             if not len(u):
                 return
-            out, gaps = out[ins], gaps[ins]
+            out, gaps = take(out, ins), gaps[ins]
             tails = np.cumsum(per)
             heads = tails - per  # (la_min stays a lower bound, as after Pool's own sample)
         self.pool.keep_summaries(out, gaps, idx[u], heads[u], tails[u], la_min[u])

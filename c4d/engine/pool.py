@@ -23,7 +23,7 @@ from typing import Protocol
 
 import numpy as np
 
-from c4d.engine.rows import NO_ROWS, P2P, grow
+from c4d.engine.rows import NO_ROWS, P2P, grow, take
 from c4d.engine.sampling import WindowSampler
 from c4d.util.ratelog import RateLimitedLog
 
@@ -356,7 +356,7 @@ class Pool:
         got = self.sampler.select(out["last_arrive"], out["seq"], idx, head, tail)
         if got is not None:
             rows, counts = got
-            out, gaps = out[rows], gaps[rows]
+            out, gaps = take(out, rows), gaps[rows]  # (whole rows: field by field was 3% of the engine)
             some = counts > 0
             idx, la_min, counts = idx[some], la_min[some], counts[some]
             tail = np.cumsum(counts)
