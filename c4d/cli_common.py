@@ -1,14 +1,76 @@
-"""What every c4d command line shares: exit statuses, the parser and help formatter, and
-what a run's diagnoses make of its exit status (docs/cli.md). The top command (the ``c4d.cli``
-package) and the families outside it (``check``, ``demo``, ``run``, ``sim``) import it; it imports
-none of them, so every command starts without the others' modules. It stays outside c4d/cli/,
-whose ``__init__`` loads every family of the top command: ``python -m c4d.check`` does not."""
+"""What every c4d command line shares: exit statuses, the parser and help formatter, the option
+types for numbers and log levels, and what a run's diagnoses make of its exit status
+(docs/cli.md). The top command (the ``c4d.cli`` package) and the families outside it
+(``check``, ``demo``, ``run``, ``sim``) import it; it imports none of them, so every command
+starts without the others' modules. It stays outside c4d/cli/, whose ``__init__`` loads every
+family of the top command: ``python -m c4d.check`` does not."""
 
 from __future__ import annotations
 
 import argparse
+import logging
+import math
 
 EXIT_OK, EXIT_BAD, EXIT_FOUND = 0, 1, 2
+
+
+LOG_LEVELS = {
+    "trace": logging.DEBUG,
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warning": logging.WARNING,
+    "error": logging.ERROR,
+    "fatal": logging.CRITICAL,
+}
+
+
+def log_level(text: str) -> int:
+    try:
+        return LOG_LEVELS[text.lower()]
+    except KeyError:
+        raise argparse.ArgumentTypeError(f"log level must be one of {', '.join(LOG_LEVELS)}") from None
+
+
+def number(
+    kind: type = int,
+    *,
+    at_least: float | None = None,
+    above: float | None = None,
+    at_most: float | None = None,
+    hint: str = "",
+):
+    """An option's type: a finite ``kind`` (int or float) within the bounds given; anything else
+    is argparse's one-line error naming the option. Finite, because nan compares false with every
+    bound and would pass them (``--factor nan`` once did); ``hint``: what the bound means."""
+    what = "an integer" if kind is int else "a number"
+    tail = f" ({hint})" if hint else ""
+
+    def conv(text: str):
+        try:
+            v = kind(text)
+        except (ValueError, OverflowError):
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+        if not math.isfinite(v):
+            raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+        for bound, rule, bad in (
+            (at_least, ">=", lambda b: v < b),
+            (above, ">", lambda b: v <= b),
+            (at_most, "<=", lambda b: v > b),
+        ):
+            if bound is not None and bad(bound):
+                raise argparse.ArgumentTypeError(f"{text!r} must be {rule} {bound:g}{tail}")
+        return v
+
+    conv.__name__ = kind.__name__  # (argparse names the type in some of its messages)
+    return conv
+
+
+def positive(kind: type = int):
+    """A count or a size that must be > 0."""
+    return number(kind, above=0)
+
+
+port = number(int, at_least=0, at_most=65535, hint="a TCP port; 0: any free one")
 
 
 class Parser(argparse.ArgumentParser):

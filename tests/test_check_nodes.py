@@ -103,7 +103,8 @@ def test_crashed_worker_is_faulty_and_odd_count_works():
 
 def test_bad_arguments_are_one_line():
     p = nodes(1)
-    assert p.returncode == 1 and "argument --nodes: '1': a node check needs at least 2 nodes" in p.stderr
+    says = "argument --nodes: '1' must be >= 2 (a node check needs at least 2 nodes)"
+    assert p.returncode == 1 and says in p.stderr
     p = subprocess.run(
         [sys.executable, "-m", "c4d.check", "nodes", "--straggler-factor", "0.5"],
         capture_output=True,

@@ -32,7 +32,16 @@ def run(*args, env=None, timeout=180, cwd=None) -> subprocess.CompletedProcess:
     [
         ((), "the following arguments are required: COMMAND"),
         (("sim", "--ranks", "0"), "argument --ranks: '0' must be > 0"),
-        (("sim", "--ranks", "x"), "argument --ranks: 'x' is not a number"),
+        (("sim", "--ranks", "x"), "argument --ranks: 'x' is not an integer"),
+        (("sim", "--clock-skew", "nan"), "argument --clock-skew: 'nan' is not a finite number"),
+        (("analyze", "x.c4d", "--max-import-seconds", "nan"), "'nan' is not a finite number"),
+        # a port out of range was a traceback from the metrics server; a negative one a bind error
+        # that named the master's own endpoint
+        (("master", "--metrics-port", "70000"), "argument --metrics-port: '70000' must be <= 65535"),
+        (("master", "--metrics-port", "-5"), "argument --metrics-port: '-5' must be >= 0"),
+        (("master", "--engine-shards", "0"), "argument --engine-shards: '0' must be >= 1"),
+        (("run", "--nprocs", "0", "--", "true"), "argument --nprocs: '0' must be > 0"),
+        (("run", "--grace-period", "inf", "--", "true"), "--grace-period: 'inf' is not a finite number"),
         (("sim", "--bogus"), "unrecognized arguments: --bogus"),
         (("sim", "--fault", "explode@rank=1"), "unknown kind 'explode': one of noncomm-hang"),
         (("sim", "--fault", "noncomm-hang:rank=6"), "separated by '@', not ':'"),

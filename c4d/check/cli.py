@@ -18,7 +18,7 @@ from pathlib import Path
 
 from c4d.actions import blacklist
 from c4d.check.result import CheckResult, Status, emit
-from c4d.cli_common import EXIT_HELP, HelpFormatter
+from c4d.cli_common import EXIT_HELP, HelpFormatter, number
 
 EXIT_OK, EXIT_FAILED, EXIT_CANNOT_RUN = 0, 2, 1
 # checks that exercise the node (versions are only read); troubleshoot vouches for a node
@@ -26,45 +26,12 @@ EXIT_OK, EXIT_FAILED, EXIT_CANNOT_RUN = 0, 2, 1
 VERIFYING = ("DiskTest", "AllReduceTest", "NCCLTest", "GPUTest")
 
 
-def _positive_int(s: str) -> int:
-    try:
-        v = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{s}' is not an integer") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"'{s}' must be >= 1")
-    return v
-
-
-def _node_count(s: str) -> int:
-    v = _positive_int(s)
-    if v < 2:
-        raise argparse.ArgumentTypeError(f"'{s}': a node check needs at least 2 nodes")
-    return v
-
-
-def _nonneg_float(s: str) -> float:
-    try:
-        v = float(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{s}' is not a number") from None
-    if not v >= 0:
-        raise argparse.ArgumentTypeError(f"'{s}' must be >= 0")
-    return v
-
-
-def _positive_float(s: str) -> float:
-    v = _nonneg_float(s)
-    if v == 0:
-        raise argparse.ArgumentTypeError(f"'{s}' must be > 0")
-    return v
-
-
-def _factor(s: str) -> float:
-    v = _positive_float(s)
-    if v <= 1.0:
-        raise argparse.ArgumentTypeError(f"'{s}' must be > 1 (a multiple of the median)")
-    return v
+_positive_int = number(int, at_least=1)
+_node_count = number(int, at_least=2, hint="a node check needs at least 2 nodes")
+_nonneg_float = number(float, at_least=0)
+_positive_float = number(float, above=0)
+_factor = number(float, above=1, hint="a multiple of the median")
+_count = number(int, at_least=0)
 
 
 def _blacklist(path: str | None, nodes: list[str]) -> list[str] | None:
@@ -95,7 +62,7 @@ def _add_boot_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--min-disk-read-mbs", type=_nonneg_float, default=0.0, metavar="MB/S", help="fail a disk below this"
     )
-    g.add_argument("--expect-gpus", type=int, metavar="N", help="fail unless exactly N GPUs are visible")
+    g.add_argument("--expect-gpus", type=_count, metavar="N", help="fail unless exactly N GPUs are visible")
     g.add_argument(
         "--expect-cuda", metavar="VER", help="fail unless the CUDA version is VER (prefix, e.g. 12.4)"
     )
@@ -620,7 +587,7 @@ def add_parser(subparsers) -> None:
     )
     p.add_argument(
         "--parallel-groups",
-        type=int,
+        type=_count,
         metavar="N",
         help="groups of a round run at once, 0 = all (default: all on GPUs; 1 on CPU, where the "
         "simulated nodes share the cores)",
@@ -640,7 +607,10 @@ def add_parser(subparsers) -> None:
         help="rank 0's host and a free port; with --nodes and --node-rank",
     )
     g.add_argument(
-        "--node-rank", type=int, metavar="R", help="this host's rank, 0..N-1 (default $JOB_COMPLETION_INDEX)"
+        "--node-rank",
+        type=_count,
+        metavar="R",
+        help="this host's rank, 0..N-1 (default $JOB_COMPLETION_INDEX)",
     )
     g.add_argument(
         "--node-name", help="this node's name (default: $C4D_NODE_NAME, $SLURMD_NODENAME, the hostname)"

@@ -14,10 +14,9 @@ from c4d.cli.common import (
     engine_overrides,
     is_c4d_trace,
     load_for_offline,
-    positive,
     report_damage,
 )
-from c4d.cli_common import EXIT_BAD, EXIT_FOUND, EXIT_OK, found
+from c4d.cli_common import EXIT_BAD, EXIT_FOUND, EXIT_OK, found, positive
 from c4d.formats.budget import DEFAULT_MAX_BYTES, DEFAULT_MAX_SECONDS
 
 

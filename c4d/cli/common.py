@@ -11,40 +11,11 @@ import argparse
 import logging
 import sys
 
-from c4d.cli_common import EXIT_HELP, HelpFormatter
-
-LOG_LEVELS = {
-    "trace": logging.DEBUG,
-    "debug": logging.DEBUG,
-    "info": logging.INFO,
-    "warning": logging.WARNING,
-    "error": logging.ERROR,
-    "fatal": logging.CRITICAL,
-}
-
-
-def log_level(text: str) -> int:
-    try:
-        return LOG_LEVELS[text.lower()]
-    except KeyError:
-        raise argparse.ArgumentTypeError(f"log level must be one of {', '.join(LOG_LEVELS)}") from None
+from c4d.cli_common import EXIT_HELP, HelpFormatter, log_level, port, positive
 
 
 def setup_logging(level: int) -> None:
     logging.basicConfig(level=level, stream=sys.stderr, format="c4d %(levelname)s %(message)s", force=True)
-
-
-def positive(kind):
-    def conv(text: str):
-        try:
-            v = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if v <= 0:
-            raise argparse.ArgumentTypeError(f"{text!r} must be > 0")
-        return v
-
-    return conv
 
 
 def byte_size(text: str) -> int:
@@ -110,7 +81,7 @@ def add_master_opts(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--hang-times", type=positive(int), metavar="N", help="override the job's C4D_HANG_TIMES")
     p.add_argument(
-        "--metrics-port", type=int, metavar="PORT", help="serve Prometheus metrics on 127.0.0.1:PORT"
+        "--metrics-port", type=port, metavar="PORT", help="serve Prometheus metrics on 127.0.0.1:PORT"
     )
 
 

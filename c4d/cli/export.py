@@ -16,7 +16,7 @@ from c4d.cli.common import (
     load_for_offline,
     report_damage,
 )
-from c4d.cli_common import EXIT_BAD
+from c4d.cli_common import EXIT_BAD, number
 
 
 def add_parser(subparsers) -> None:
@@ -70,10 +70,10 @@ def _add_export(subparsers) -> None:
         "--comms", type=_comm_list, metavar="IDS", help="only these communicators (hex ids, comma-separated)"
     )
     p.add_argument(
-        "--start", type=float, metavar="S", help="only records from S seconds after the trace started"
+        "--start", type=number(float), metavar="S", help="only records from S seconds after the trace started"
     )
     p.add_argument(
-        "--end", type=float, metavar="S", help="only records before S seconds after the trace started"
+        "--end", type=number(float), metavar="S", help="only records before S seconds after the trace started"
     )
     p.set_defaults(func=cmd_export)
 

@@ -4,7 +4,6 @@ and ``keygen`` (the master's CURVE keys)."""
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import logging
 import os
@@ -15,12 +14,10 @@ from c4d.cli.common import (
     add_command,
     add_master_opts,
     live_console,
-    log_level,
     make_master,
-    positive,
     setup_logging,
 )
-from c4d.cli_common import EXIT_BAD, EXIT_FOUND, EXIT_OK, found
+from c4d.cli_common import EXIT_BAD, EXIT_FOUND, EXIT_OK, found, log_level, number, positive
 
 
 def add_parser(subparsers) -> None:
@@ -70,7 +67,7 @@ def _add_master(subparsers) -> None:
     )
     p.add_argument(
         "--engine-shards",
-        type=_shards,
+        type=number(int, at_least=1),
         default=None,
         metavar="N",
         help="split the engine's communicators over N processes, the cross-communicator judges "
@@ -281,13 +278,3 @@ def _stop_on_signals() -> Callable[[], bool]:
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, handler)
     return lambda: bool(asked)
-
-
-def _shards(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a count >= 1")
-    return n

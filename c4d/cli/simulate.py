@@ -14,10 +14,9 @@ from c4d.cli.common import (
     add_quick,
     live_console,
     make_master,
-    positive,
     setup_logging,
 )
-from c4d.cli_common import EXIT_BAD
+from c4d.cli_common import EXIT_BAD, number, positive
 from c4d.util import signals
 
 
@@ -86,13 +85,19 @@ def _add_sim(subparsers) -> None:
     )
     p.add_argument(
         "--clock-skew",
-        type=float,
+        type=number(float, at_least=0),
         default=0.0,
         metavar="SECONDS",
         help="node clocks offset by up to ± this much",
     )
     p.add_argument("--seed", type=int, default=0, metavar="N", help="seed of the clock skew and the jitter")
-    p.add_argument("--spare-nodes", type=int, default=0, metavar="N", help="idle nodes a relaunch can use")
+    p.add_argument(
+        "--spare-nodes",
+        type=number(int, at_least=0),
+        default=0,
+        metavar="N",
+        help="idle nodes a relaunch can use",
+    )
     p.add_argument(
         "--exclude-nodes",
         default=os.environ.get("C4D_EXCLUDE_NODES_FILE"),

@@ -12,6 +12,7 @@ import os
 import socket
 import sys
 
+from c4d.cli_common import log_level, number, positive
 from c4d.run.policy import RETRYABLE_PATTERNS, Policy, PolicyConfig, compile_patterns
 from c4d.util import signals
 
@@ -23,44 +24,9 @@ diagnoses.jsonl, blacklist.txt, isolated.json, actions.jsonl, evidence/, summary
 See docs/run.md."""
 
 
-def _seconds(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be ≥ 0")
-    return v
-
-
-def _count(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be ≥ 0")
-    return v
-
-
-def _positive(text: str) -> int:
-    v = _count(text)
-    if v == 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be > 0")
-    return v
-
-
-def _level(text: str) -> int:
-    levels = {
-        "debug": logging.DEBUG,
-        "info": logging.INFO,
-        "warning": logging.WARNING,
-        "error": logging.ERROR,
-    }
-    try:
-        return levels[text.lower()]
-    except KeyError:
-        raise argparse.ArgumentTypeError(f"log level must be one of {', '.join(levels)}") from None
+_seconds = number(float, at_least=0)
+_count = number(int, at_least=0)
+_positive = positive(int)
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -168,7 +134,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     )
     g.add_argument(
         "--nprocs",
-        type=int,
+        type=_positive,
         default=1,
         metavar="N",
         help="start N copies of CMD (LOCAL_RANK=0..N-1; default 1)",
@@ -210,7 +176,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     g.add_argument("--hang-times", type=_positive, metavar="N", help="override the job's C4D_HANG_TIMES")
     g.add_argument(
         "--log-level",
-        type=_level,
+        type=log_level,
         default=logging.WARNING,
         metavar="L",
         help="c4d's own log on stderr: info, warning (default) or error",
