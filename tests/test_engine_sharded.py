@@ -7,7 +7,6 @@ of their own give the same; a shard that dies is said, not hidden."""
 
 from __future__ import annotations
 
-import argparse
 import functools
 import gzip
 import logging
@@ -240,7 +239,10 @@ def test_c4d_master_engine_shards_names_a_hang_live(tmp_path, libc4d, simtrain):
 
 
 def test_engine_shards_from_the_command_line_and_the_environment(monkeypatch, caplog):
-    from c4d.cli.serve import _shards
+    from c4d.cli import build_parser
+
+    def shards(text: str):
+        return build_parser().parse_args(["master", "--engine-shards", text]).engine_shards
 
     assert engine_shards(0, cores=2) == 1 and engine_shards(0, cores=5) == 3
     assert engine_shards(0, cores=64) == MAX_AUTO_SHARDS and engine_shards(3, cores=2) == 3
@@ -249,9 +251,9 @@ def test_engine_shards_from_the_command_line_and_the_environment(monkeypatch, ca
     with caplog.at_level(logging.WARNING, logger="c4d"):
         assert engine_shards_from_env({"C4D_ENGINE_SHARDS": "two"}) == 0
     assert "C4D_ENGINE_SHARDS" in caplog.text
-    assert _shards("2") == 2
+    assert shards("2") == 2
     for bad in ("0", "-1", "x"):
-        with pytest.raises(argparse.ArgumentTypeError):
-            _shards(bad)
+        with pytest.raises(SystemExit):  # (the parser's one-line error, exit status 1)
+            shards(bad)
     monkeypatch.setenv("C4D_ENGINE_SHARDS", "2")
     assert MasterConfig().engine_shards == 2
