@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import subprocess
 from pathlib import Path
 
@@ -51,7 +52,12 @@ def run(*args, env=None, timeout=180, cwd=None) -> subprocess.CompletedProcess:
         (("demo", "--fault", "noncomm-hang@rank=99"), "rank 99 outside 0..15"),
         (("analyze",), "the following arguments are required: PATH"),
         (("analyze", "/nonexistent/job.c4d"), "/nonexistent/job.c4d"),
-        (("master", "--bind", "nonsense://x"), "cannot bind nonsense://x"),
+        (("master", "--bind", "nonsense://x"), "cannot bind the master to nonsense://x"),
+        # the trace's path, not the endpoint, is what failed (it said "cannot bind tcp://...")
+        (
+            ("master", "--bind", "tcp://127.0.0.1:*", "--trace", "/nonexistent/dir/x.c4d"),
+            "c4d master: cannot write the trace /nonexistent/dir/x.c4d: No such file or directory",
+        ),
         (("check",), "the following arguments are required"),
         (("check", "nodes", "--nodes", "1"), "a node check needs at least 2 nodes"),
     ],
@@ -63,6 +69,17 @@ def test_bad_input_is_one_line_and_exit_1(args, says, tmp_path):
     assert says in p.stderr and "Traceback" not in p.stderr and "usage:" not in p.stderr
     if p.stderr.startswith(("c4d: ", "c4d sim: argument", "c4d analyze: the")):
         assert "--help)" in p.stderr  # the hint in place of the usage block
+
+
+def test_a_busy_metrics_port_is_named_not_the_endpoint(tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        p = run("master", "--bind", "tcp://127.0.0.1:*", "--metrics-port", str(port),
+                env={"HOME": str(tmp_path)}, timeout=60)  # fmt: skip
+    assert p.returncode == 1, (p.returncode, p.stderr)
+    assert p.stderr.strip() == f"c4d master: cannot serve metrics on 127.0.0.1:{port}: Address already in use"
 
 
 def _subparsers(ap: argparse.ArgumentParser, prefix: str = "c4d"):

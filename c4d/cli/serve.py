@@ -191,8 +191,8 @@ def cmd_master(args) -> int:
     except CurveKeyError as e:  # --curve KEYDIR: no keys, or a secret key others can read
         print(f"c4d master: {e}", file=sys.stderr)
         return EXIT_BAD
-    except (OSError, ValueError) as e:  # zmq errors are OSErrors: a bad or busy endpoint
-        print(f"c4d master: cannot bind {args.bind}: {e}", file=sys.stderr)
+    except (OSError, ValueError) as e:  # each says what failed: the endpoint, the trace, the metrics port
+        print(f"c4d master: {e}", file=sys.stderr)
         return EXIT_BAD
     print(f"c4d master listening on {m.endpoint}", file=sys.stderr, flush=True)
     if m.status is not None:

@@ -153,13 +153,21 @@ class Master:
             self.engine: Any = EngineProcess(cfg.engine_overrides, split=split, shards=shards)
         else:
             self.engine = make_engine(cfg.engine_overrides, split=split)
-        self.trace = TraceWriter(cfg.trace, {"endpoint": self.endpoint, **cfg.meta}) if cfg.trace else None
+        self.trace = None
         self.metrics = None
-        if cfg.metrics_port is not None:
-            from c4d.master.metrics import Metrics
+        try:
+            if cfg.trace:
+                self.trace = self._open(f"cannot write the trace {cfg.trace}", TraceWriter, cfg.trace,
+                                        {"endpoint": self.endpoint, **cfg.meta})  # fmt: skip
+            if cfg.metrics_port is not None:
+                from c4d.master.metrics import Metrics
 
-            self.metrics = Metrics()
-            self.metrics_port = self.metrics.serve(cfg.metrics_port)
+                self.metrics = Metrics()
+                where = f"cannot serve metrics on 127.0.0.1:{cfg.metrics_port}"
+                self.metrics_port = self._open(where, self.metrics.serve, cfg.metrics_port)
+        except OSError:
+            self._abandon()
+            raise
         self.edge = Edge(cfg.limits or Limits.from_env())
         sinks: list[Any] = [lambda ok: self.received.add(ok, time.time_ns(), self.edge.columns_of(ok))]
         on_free: list[Any] = [self.received.forget]
@@ -356,6 +364,22 @@ class Master:
     def finish(self) -> None:
         """The run is over: say which incidents were still open (once)."""
         self._log_events(self.incidents.close(time.time_ns()))
+
+    @staticmethod
+    def _open(what: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)``; its failure one OSError that says what could not be done (the command
+        line prints it as it is: a trace's path or a metrics port is not the master's endpoint)."""
+        try:
+            return fn(*args)
+        except (OSError, OverflowError) as e:  # (OverflowError: a port beyond 65535)
+            raise OSError(f"{what}: {getattr(e, 'strerror', None) or e}") from None
+
+    def _abandon(self) -> None:
+        """What ``__init__`` started, stopped when a later part of it fails."""
+        for part in (self.collector if self._own_collector else None, self.status, self.trace, self.engine):
+            if part is not None and hasattr(part, "close"):
+                with contextlib.suppress(Exception):
+                    part.close()
 
     def close(self) -> None:
         self.settle()
