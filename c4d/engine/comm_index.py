@@ -19,6 +19,7 @@ from c4d.engine.ranks import RankTable
 from c4d.engine.rows import MAX_NRANKS, OpCols, take
 from c4d.engine.summaries import Summaries
 from c4d.record import schema
+from c4d.util.sorted_lookup import find_sorted
 
 
 class Numbering:
@@ -60,7 +61,7 @@ class Numbering:
         runs of ids; a set lookup each was 2% of the engine at 16,384 ranks)."""
         if self._ids is None:
             self._ids = np.array(sorted(self.index), np.uint64)
-        return _found(self._ids, ids)[1]
+        return find_sorted(self._ids, ids)[1]
 
     def make(self, new: list[tuple[int, int]]) -> list[tuple[int, int, int]]:
         """Number the communicators a chunk names first (``new_in``: (id, size), in the order
@@ -152,7 +153,7 @@ class CommIndex:
         lk_ids, lk_idx, lk_n = self._lk
         if not len(lk_ids):
             return np.full(len(ids), -1, np.int64), np.full(len(ids), -1, np.int64)
-        pos, hit = _found(lk_ids, ids)
+        pos, hit = find_sorted(lk_ids, ids)
         return np.where(hit, lk_idx[pos], -1), np.where(hit, lk_n[pos], -1)
 
     def by_comm(
@@ -307,15 +308,6 @@ class CommIndex:
             freed.append(i)
             self._ranks.leave(i, c.grank)
         return freed
-
-
-def _found(keys: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Where each of ``ids`` would be in the sorted ``keys`` (clamped to them) and whether it is
-    there: one search of them all."""
-    if not len(keys):
-        return np.zeros(len(ids), np.intp), np.zeros(len(ids), bool)
-    pos = np.minimum(np.searchsorted(keys, ids), len(keys) - 1)
-    return pos, keys[pos] == ids
 
 
 def new_in(

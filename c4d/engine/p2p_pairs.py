@@ -17,6 +17,7 @@ from c4d.engine.comm import Comm
 from c4d.engine.ranks import RankTable
 from c4d.engine.rows import OP_SPLIT, P2P_DONE, RECV, SEND, OpCols, lexsort, take
 from c4d.record import schema
+from c4d.util.sorted_lookup import find_sorted
 
 # One side of a p2p transfer waiting for its counterpart (send k from src to dst pairs with
 # recv k at dst from src).
@@ -214,6 +215,5 @@ class P2PPairs:
         big = np.iinfo(np.int64).max
         if not len(self.bkey):
             return np.full(len(key), big, np.int64)
-        pos = np.minimum(np.searchsorted(self.bkey, key), len(self.bkey) - 1)
-        hit = self.bkey[pos] == key
+        pos, hit = find_sorted(self.bkey, key)
         return np.where(hit, np.minimum(self.bcur[pos], self.bprev[pos]), big)

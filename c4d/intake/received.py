@@ -14,6 +14,7 @@ import numpy as np
 
 from c4d.record import names, schema
 from c4d.record.columns import Columns
+from c4d.util.sorted_lookup import find_sorted
 
 
 @dataclass
@@ -149,8 +150,8 @@ class Received:
         ids, idx = self._lookup
         if not len(ids):
             return np.full(len(cid), -1, np.int64)
-        pos = np.minimum(np.searchsorted(ids, cid), len(ids) - 1)
-        return np.where(ids[pos] == cid, idx[pos], -1)
+        pos, hit = find_sorted(ids, cid)
+        return np.where(hit, idx[pos], -1)
 
     def _pair_keys(self, cid: np.ndarray, g: np.ndarray, idx: np.ndarray | None = None) -> np.ndarray:
         """Key of each (communicator, rank) pair; -1 for a communicator not known yet (``idx``:
@@ -308,5 +309,4 @@ def _in_sorted(keys: np.ndarray, known: np.ndarray) -> np.ndarray:
     if r is not None:
         h, run = r
         return _in_sorted(keys[h], known)[run]
-    pos = np.minimum(np.searchsorted(known, keys), len(known) - 1)
-    return (known[pos] == keys) & (keys >= 0)
+    return find_sorted(known, keys)[1] & (keys >= 0)

@@ -60,6 +60,7 @@ from c4d.record import names, oppart, schema
 from c4d.record.columns import Columns
 from c4d.record.schema import Kind, Op, OpFlag
 from c4d.util.ratelog import RateLimitedLog
+from c4d.util.sorted_lookup import find_sorted
 
 log = logging.getLogger("c4d.intake.validate")
 
@@ -643,8 +644,8 @@ class Edge:
         ids, sizes = self._ids()  # (a destroyed communicator is no longer among them)
         if not len(ids):
             return False
-        at = np.minimum(np.searchsorted(ids, uniq), len(ids) - 1)
-        if not (ids[at] == uniq).all():
+        at, hit = find_sorted(ids, uniq)
+        if not hit.all():
             return False
         n_of = sizes[at][inv]
         changed = ~peer_row & (nr != n_of)
