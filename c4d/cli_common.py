@@ -52,14 +52,15 @@ def number(
             raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
         if not math.isfinite(v):
             raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
-        for bound, rule, bad in (
-            (at_least, ">=", lambda b: v < b),
-            (above, ">", lambda b: v <= b),
-            (at_most, "<=", lambda b: v > b),
-        ):
-            if bound is not None and bad(bound):
-                raise argparse.ArgumentTypeError(f"{text!r} must be {rule} {bound:g}{tail}")
-        return v
+        if at_least is not None and v < at_least:
+            rule = f">= {at_least:g}"
+        elif above is not None and v <= above:
+            rule = f"> {above:g}"
+        elif at_most is not None and v > at_most:
+            rule = f"<= {at_most:g}"
+        else:
+            return v
+        raise argparse.ArgumentTypeError(f"{text!r} must be {rule}{tail}")
 
     conv.__name__ = kind.__name__  # (argparse names the type in some of its messages)
     return conv
