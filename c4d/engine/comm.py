@@ -36,6 +36,36 @@ PENDING_PARTS = 16  # chunks' rows a communicator keeps as views for the slow ju
 class Comm:
     """One communicator's arrays. ``n`` members, op ring of ``W`` sequence slots."""
 
+    # per member (Pool.MEMBER gives each its initial value): the latest heartbeat's view
+    # (hb_time on the rank's clock), its oldest pending op (pend_count, pend_dtype and
+    # pend_redop: what members must agree on, consistency.py), from OP records the highest
+    # collective seq finished + 1 (op_done) and the running compute sum at its latest op here
+    # (last_cum); per op ring slot (Pool.SLOT): tag, opk, processed
+    grank: np.ndarray
+    gone: np.ndarray
+    hb_seen: np.ndarray
+    hb_time: np.ndarray
+    n_issued: np.ndarray
+    n_arrived: np.ndarray
+    n_done: np.ndarray
+    last_arrive: np.ndarray
+    pend_seq: np.ndarray
+    pend_op: np.ndarray
+    pend_peer: np.ndarray
+    pend_flags: np.ndarray
+    pend_issue: np.ndarray
+    pend_start: np.ndarray
+    p2p_in_flight: np.ndarray
+    pend_count: np.ndarray
+    pend_dtype: np.ndarray
+    pend_redop: np.ndarray
+    op_done: np.ndarray
+    last_cum: np.ndarray
+    owner: np.ndarray
+    tag: np.ndarray
+    opk: np.ndarray
+    processed: np.ndarray
+
     @staticmethod
     def slots(n: int) -> int:
         """W, the op ring's sequence slots for ``n`` members."""
@@ -52,32 +82,11 @@ class Comm:
         self.idx, self.id, self.n = idx, cid, n
         self.mbase = self.sbase = -1  # where its arrays lie in the engine's Pool (-1: its own)
         self.W = Comm.slots(n)
-        self.grank = np.full(n, -1, np.int64)
-        self.gone = np.zeros(n, bool)
         self.parent = 0
         # bumped by every change to what the hang graph reads (hang.WaitGraph skips a
         # communicator nobody waited in at the version it last saw)
         self.version = 0
         self.idle_version = -1
-        # latest heartbeat per member
-        self.hb_seen = np.zeros(n, bool)
-        self.hb_time = np.zeros(n, np.int64)  # rank clock
-        self.n_issued = np.zeros(n, np.int64)
-        self.n_arrived = np.zeros(n, np.int64)
-        self.n_done = np.zeros(n, np.int64)
-        self.last_arrive = np.zeros(n, np.int64)
-        self.pend_seq = np.full(n, -1, np.int64)
-        self.pend_op = np.full(n, 255, np.int16)
-        self.pend_peer = np.full(n, -1, np.int32)
-        self.pend_flags = np.zeros(n, np.int16)
-        self.pend_issue = np.zeros(n, np.int64)
-        self.pend_start = np.zeros(n, np.int64)
-        self.p2p_in_flight = np.zeros(n, np.int64)
-        self.pend_count = np.zeros(n, np.uint64)  # what members must agree on (consistency.py)
-        self.pend_dtype = np.full(n, 255, np.int16)
-        self.pend_redop = np.full(n, 255, np.int16)
-        # from OP records
-        self.op_done = np.zeros(n, np.int64)  # highest collective seq finished + 1
         # p2p completion counters, (comm rank, op, peer) -> seq + 1 (p2p_done): the engine's
         # Pool keeps every communicator's (P2PDone); one of its own keeps them here
         self._pool = pool
@@ -91,15 +100,11 @@ class Comm:
         self._first_own: int | None = None
         # op ring
         W = self.W
-        self.tag = np.full(W, -1, np.int64)
         # the members' rows of ops not complete within one chunk (scatter): made on first use; a
         # communicator whose ops always come complete, or only as node agents' summaries or
         # p2p, never needs them (W x n each: 1.2 GiB for the 49k members of 16,384 ranks)
         self._ring: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
-        self.last_cum = np.full(n, -1, np.int64)  # each member's running compute sum at its latest op here
-        self.opk = np.zeros(W, np.uint8)
         self.nbytes = np.zeros(W, np.int64)
-        self.processed = np.zeros(W, bool)
         self.incomplete = 0  # ops evicted before every member reported
         # derived
         self.pending: list[np.ndarray] = []  # COMPLETED rows not yet judged by a slow window
@@ -118,7 +123,9 @@ class Comm:
         self.p2p_rows = 0
         self.p2p_taken = np.empty(0, RECENT_XFER)  # the last measured transfers the judge took
         if pool is not None:
-            pool.attach(self)
+            pool.attach(self)  # its per-member and per-slot arrays: views of the pool's
+        else:
+            Pool.fresh(self)
 
     # -- the op ring's member rows ----------------------------------------------------------
     def ring_rows(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:

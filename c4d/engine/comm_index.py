@@ -129,7 +129,10 @@ class CommIndex:
     def make(self, new: list[tuple[int, int]]) -> None:
         """Make the communicators a chunk names first (``Numbering.make``), before any of its
         rows is ingested."""
-        for cid, i, n in self.numbering.make(new):
+        made = list(self.numbering.make(new))
+        if len(made) > 1:
+            self._pool.reserve([(n, Comm.slots(n)) for _, _, n in made])
+        for cid, i, n in made:
             self._at(cid, i, n)
 
     def adopt(self, made: list[tuple[int, int, int]]) -> None:

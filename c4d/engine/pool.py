@@ -429,23 +429,7 @@ class Pool:
             self.member["owner"][c.mbase : c.mbase + c.n] = c.idx
             self._base(c)
             return
-        grown = False
-        if self.m_used + c.n > len(self.member["grank"]) or self.s_used + c.W > len(self.slot["tag"]):
-            live = self.comms.values()
-            m_live, s_live = sum(d.n for d in live) + c.n, sum(d.W for d in live) + c.W
-            if 2 * m_live <= self.m_used or 2 * s_live <= self.s_used:
-                self._compact()  # freed ranges of other sizes: reused, not added to
-                grown = True
-        for arrs, spec, used, need in (
-            (self.member, self.MEMBER, self.m_used, c.n),
-            (self.slot, self.SLOT, self.s_used, c.W),
-        ):
-            cap = len(next(iter(arrs.values())))
-            if used + need > cap:
-                size = max(1024, 2 * cap, used + need)
-                for k, _dt, f in spec:
-                    arrs[k] = grow(arrs[k], size, f)
-                grown = True
+        grown = self._room(c.n, c.W)
         c.mbase, c.sbase = self.m_used, self.s_used
         self.m_used += c.n
         self.s_used += c.W
@@ -454,6 +438,44 @@ class Pool:
             self._point(d)
         self.member["owner"][c.mbase : c.mbase + c.n] = c.idx
         self._base(c)
+
+    def reserve(self, sizes: list[tuple[int, int]]) -> None:
+        """Room for communicators of these (members, op ring slots), about to be made together
+        (CommIndex.make): the pool grows once for those no freed range of their size takes, not
+        at each doubling on the way (a growth re-points every communicator's views: most of
+        making 6,176)."""
+        members = slots = 0
+        for (n, w), k in Counter(sizes).items():
+            k -= len(self.free.get(n, ()))
+            if k > 0:
+                members, slots = members + k * n, slots + k * w
+        if (members or slots) and self._room(members, slots):
+            for d in self.comms.values():
+                self._point(d)
+
+    def _room(self, members: int, slots: int) -> bool:
+        """Grown (or compacted) so that ``members`` and ``slots`` more fit at the end; whether
+        the arrays moved (the communicators' views must be re-pointed)."""
+        grown = False
+        if self.m_used + members > len(self.member["grank"]) or self.s_used + slots > len(self.slot["tag"]):
+            live = self.comms.values()
+            m_live, s_live = sum(d.n for d in live) + members, sum(d.W for d in live) + slots
+            if 2 * m_live <= self.m_used or 2 * s_live <= self.s_used:
+                self._compact()  # freed ranges of other sizes: reused, not added to
+                grown = True
+        for arrs, spec, used, need in (
+            (self.member, self.MEMBER, self.m_used, members),
+            (self.slot, self.SLOT, self.s_used, slots),
+        ):
+            cap = len(next(iter(arrs.values())))
+            if used + need > cap:
+                size = max(1024, 2 * cap)
+                while size < used + need:  # doubled as often as one at a time would have
+                    size *= 2
+                for k, _dt, f in spec:
+                    arrs[k] = grow(arrs[k], size, f)
+                grown = True
+        return grown
 
     def _compact(self) -> None:
         """The attached communicators' ranges moved to the front, in order, the freed ones
@@ -602,6 +624,14 @@ class Pool:
             self.held[what] -= c.drop_ring()
         elif what == "peer":
             self.held[what] -= c.drop_peers()
+
+    @classmethod
+    def fresh(cls, c: Pooled) -> None:
+        """A communicator outside any pool (a node agent's) given arrays of its own, each at its
+        initial value."""
+        for specs, size in ((cls.MEMBER, c.n), (cls.SLOT, c.W)):
+            for k, dt, f in specs:
+                setattr(c, k, np.full(size, f, dt))
 
     @classmethod
     def _own(cls, c: Pooled) -> None:
