@@ -135,9 +135,12 @@ class Comm:
             W, n = self.W, self.n
             if self._pool is not None and not self._pool.room(self, "ring", W * n * RING_CELL_BYTES):
                 return None
-            # has, arrival, end, the member's compute before the op (-1 unknown; add_collectives)
-            self._ring = (np.zeros((W, n), bool), np.zeros((W, n), np.int64), np.zeros((W, n), np.int64),
-                          np.full((W, n), -1, np.int64))  # fmt: skip
+            # has, arrival, end, the member's compute before the op (-1 unknown; add_collectives).
+            # All zeros: a slot is read only once claimed by an op (scatter resets has and gap
+            # then), and zeros are pages the kernel gives when first touched: a 512-member ring
+            # is 12.5 MiB, and a -1 fill touched its gap's 4 MiB as it was made
+            has, arr, end, gap = (np.zeros((W, n), dt) for dt in (bool, np.int64, np.int64, np.int64))
+            self._ring = (has, arr, end, gap)
         return self._ring
 
     def drop_ring(self) -> int:
