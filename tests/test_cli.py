@@ -54,8 +54,18 @@ def run(*args, env=None, timeout=180, cwd=None) -> subprocess.CompletedProcess:
         (("analyze", "/nonexistent/job.c4d"), "/nonexistent/job.c4d"),
         (("master", "--bind", "nonsense://x"), "cannot bind the master to nonsense://x"),
         # the trace's path, not the endpoint, is what failed (it said "cannot bind tcp://...")
+        # (--status-bind none: "auto" takes the port below the one bound, which another test's
+        # socket may hold at that moment, and says so in a warning line of its own)
         (
-            ("master", "--bind", "tcp://127.0.0.1:*", "--trace", "/nonexistent/dir/x.c4d"),
+            (
+                "master",
+                "--bind",
+                "tcp://127.0.0.1:*",
+                "--status-bind",
+                "none",
+                "--trace",
+                "/nonexistent/dir/x.c4d",
+            ),
             "c4d master: cannot write the trace /nonexistent/dir/x.c4d: No such file or directory",
         ),
         (("check",), "the following arguments are required"),
@@ -76,7 +86,7 @@ def test_a_busy_metrics_port_is_named_not_the_endpoint(tmp_path):
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        p = run("master", "--bind", "tcp://127.0.0.1:*", "--metrics-port", str(port),
+        p = run("master", "--bind", "tcp://127.0.0.1:*", "--status-bind", "none", "--metrics-port", str(port),
                 env={"HOME": str(tmp_path)}, timeout=60)  # fmt: skip
     assert p.returncode == 1, (p.returncode, p.stderr)
     assert p.stderr.strip() == f"c4d master: cannot serve metrics on 127.0.0.1:{port}: Address already in use"
