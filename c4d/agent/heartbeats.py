@@ -38,6 +38,7 @@ from __future__ import annotations
 import numpy as np
 
 from c4d.record import schema
+from c4d.util.sorted_lookup import find_sorted
 
 _NONE = schema.UINT64_MAX  # pend_seq: nothing pending
 _MOVES = ("n_issued", "n_arrived", "n_done", "last_arrive_ns", "last_done_ns")
@@ -121,10 +122,10 @@ class HeartbeatMerge:
         if first.all():  # one process heartbeat a rank: a row's is its rank's, if of its instant
             pr = rank[ps]
             by = np.argsort(pr)
-            at = np.minimum(np.searchsorted(pr[by], rank), len(by) - 1)
-            j = ps[by][at]
-            hit = (rank[j] == rank) & (t[j] == t)
-            prog[hit] = moved[by][at][hit]
+            pos, hit = find_sorted(pr[by], rank)
+            j = ps[by][pos]
+            hit &= t[j] == t
+            prog[hit] = moved[by][pos][hit]
             return prog
         at = dict(zip(zip(rank[ps].tolist(), t[ps].tolist(), strict=True), moved.tolist(), strict=True))
         prog[:] = [at.get(k, -1) for k in zip(rank.tolist(), t.tolist(), strict=True)]

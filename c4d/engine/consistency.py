@@ -55,6 +55,7 @@ from c4d.engine.pool import Pool, budget_from_env
 from c4d.engine.types import DiagKind, How, Localization, Target
 from c4d.record import schema
 from c4d.record.schema import DTYPE_NAMES, DType, Op, OpFlag, op_name
+from c4d.util.sorted_lookup import find_sorted
 
 ROOTED = np.zeros(256, bool)
 ROOTED[[Op.Broadcast, Op.Reduce, Op.Gather, Op.Scatter]] = True
@@ -265,12 +266,7 @@ class Consistency:
                 np.minimum.reduceat(sig, heads) == np.maximum.reduceat(sig, heads)
             )[d]
         key = (comm[heads].astype(np.int64) << KEY_SHIFT) | seq[heads].astype(np.int64)
-        if len(self.key):
-            pos = np.minimum(np.searchsorted(self.key, key), len(self.key) - 1)
-            found = self.key[pos] == key
-        else:
-            pos = np.zeros(len(key), np.int64)
-            found = np.zeros(len(key), bool)
+        pos, found = find_sorted(self.key, key)
         plain = agree & ~found & (size >= n)
         if plain.all():  # every op whole and alike: nothing to keep
             return

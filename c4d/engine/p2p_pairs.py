@@ -195,8 +195,8 @@ class P2PPairs:
             uk, inv = np.unique(key, return_inverse=True)
             mn = np.full(len(uk), np.iinfo(np.int64).max, np.int64)
             np.minimum.at(mn, inv.ravel(), val)
-        at = np.minimum(np.searchsorted(self.bkey, uk), max(len(self.bkey) - 1, 0))
-        new = self.bkey[at] != uk if len(self.bkey) else np.ones(len(uk), bool)
+        _, known = find_sorted(self.bkey, uk)
+        new = ~known
         if new.any():
             big = np.iinfo(np.int64).max
             allk = np.concatenate([self.bkey, uk[new]])

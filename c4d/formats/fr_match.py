@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from c4d.record import schema
+from c4d.util.sorted_lookup import find_sorted
 
 Op = schema.Op
 
@@ -235,8 +236,8 @@ def p2p_unissued(
     issued = np.zeros(len(ukey), np.int64)
     np.maximum.at(issued, inv.ravel(), seq.astype(np.int64) + 1)
     theirs = key(other, 1 - d, rank.astype(np.int64))
-    at = np.minimum(np.searchsorted(ukey, theirs), len(ukey) - 1)
-    got = np.where(ukey[at] == theirs, issued[at], 0)
+    at, hit = find_sorted(ukey, theirs)
+    got = np.where(hit, issued[at], 0)
     ok = np.isin(rank, list(counted)) & np.isin(other, list(counted))
     return ok & (seq >= got)
 
