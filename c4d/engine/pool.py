@@ -442,8 +442,8 @@ class Pool:
     def reserve(self, sizes: list[tuple[int, int]]) -> None:
         """Room for communicators of these (members, op ring slots), about to be made together
         (CommIndex.make): the pool grows once for those no freed range of their size takes, not
-        at each doubling on the way (a growth re-points every communicator's views: most of
-        making 6,176)."""
+        at each doubling on the way (each growth re-points the views of every communicator made
+        so far)."""
         members = slots = 0
         for (n, w), k in Counter(sizes).items():
             k -= len(self.free.get(n, ()))
