@@ -7,6 +7,8 @@
         --speed 1 2   # paced at the job's rate and at twice it
     python analysis/bench_master.py --ranks 16384 --window-s 10 --seconds 25 --engine-process \
         --engine-shards 1 2   # the engine's capacity against its shard count
+    python analysis/bench_master.py --ranks 16384 --window-s 10 --seconds 25 --engine-process \
+        --agent-flush-ms 100 0   # agents at 100 ms against the period they take for the job
 
 A synthetic TP x PP x DP job (analysis/master_load.py: valid v1 records, 500 collectives per
 second per rank, 8 ranks a node, slow-detection windows of ``--window-s``: 1 s by default, ten
@@ -87,7 +89,7 @@ def _sender(endpoint: str, shape: Shape, agents: bool, rounds: int, paced: bool,
     ctx = zmq.Context()
     n_senders = shape.nodes if agents else shape.world
     socks = [_push(ctx, endpoint) for _ in range(min(n_senders, CONNECTIONS))]
-    step = CHUNK_ROUNDS * (2 if agents else 1)  # an agent flushes every 100 ms, a shim every 50 ms
+    step = _flush_rounds(shape) if agents else CHUNK_ROUNDS  # an agent's flush, a shim's 50 ms
     wins = [(k, min(k + step, rounds)) for k in range(0, rounds, step)]
     if paced:
         # the job's clock starts once every message is built (sending is all the sender does
@@ -126,6 +128,15 @@ def _sender(endpoint: str, shape: Shape, agents: bool, rounds: int, paced: bool,
     for s in socks:
         s.close(linger=-1)
     ctx.term()
+
+
+def _flush_rounds(shape: Shape) -> int:
+    """Rounds per agent flush: ``shape.flush_ms``, else the period a node agent takes for this
+    job (c4d/agent/flush.py)."""
+    from c4d.agent.flush import flush_period_s
+
+    s = shape.flush_ms / 1e3 or flush_period_s(shape.world, shape.tp, shape.hb_ms)
+    return max(1, round(s * shape.rate))
 
 
 def _push(ctx, endpoint: str):
@@ -514,7 +525,13 @@ def main() -> int:
                     help="with --ranks: 1 receives in a process of its own (c4d master "
                          "--receiver-process), 0 in the master's loop (the default); both: each in "
                          "turn, side by side")  # fmt: skip
+    ap.add_argument("--agent-flush-ms", type=float, nargs="+", default=[0.0], metavar="MS",
+                    help="with --ranks: the agents' flush period (default 0: the one a node agent takes "
+                         "for the job, c4d/agent/flush.py; 100 was every agent's before it grew with the "
+                         "job); several: each in turn, side by side")  # fmt: skip
     args = ap.parse_args()
+    if args.agent_flush_ms != [0.0] and not args.ranks:
+        ap.error("--agent-flush-ms compares --ranks runs: give --ranks")
     if args.receivers != [0] and not args.ranks:
         ap.error("--receivers compares --ranks runs: give --ranks")
     if args.engine_shards != [1] and not (args.ranks and args.engine_process):
@@ -610,19 +627,22 @@ def _sizes(sizes: list[int], cap_s: float, T: int, args) -> int:
     a master of its own."""
     out: list[dict] = []
     paced_out: list[dict] = []
-    runs = [(n, ops, k, rc) for n in sizes for ops in args.agent_window_ops for k in args.engine_shards
-            for rc in args.receivers]  # fmt: skip
-    for n, ops, k, rc in runs:
+    runs = [(n, ops, k, rc, fl) for n in sizes for ops in args.agent_window_ops for k in args.engine_shards
+            for rc in args.receivers for fl in args.agent_flush_ms]  # fmt: skip
+    for n, ops, k, rc, fl in runs:
         os.environ["C4D_ENGINE_SHARDS"] = str(k)  # (each run's master is spawned: it reads it)
         os.environ["C4D_MASTER_RECEIVER_PROCESS"] = str(rc)
         sh = f", {k} engine shards" if len(args.engine_shards) > 1 or k > 1 else ""
         if rc or len(args.receivers) > 1:
             sh += ", a receiving process" if rc else ", receiving in the loop"
         shape = Shape(tp=8, pp=min(4, max(1, n // 8)), dp=max(1, n // 32), hang_timeout_us=T,
-                      window_s=args.window_s, pp_every=args.pp_every, window_ops=ops)  # fmt: skip
+                      window_s=args.window_s, pp_every=args.pp_every, window_ops=ops,
+                      flush_ms=fl)  # fmt: skip
+        flush_ms = round(_flush_rounds(shape) / shape.rate * 1e3)
+        sh += f", flush {flush_ms} ms"
         prof = f"{args.profile}.{n}" if args.profile else None
         c = _fresh(capacity, shape, True, cap_s, args.engine_process, prof)
-        c["agent_window_ops"], c["engine_shards"] = ops, k
+        c["agent_window_ops"], c["engine_shards"], c["agent_flush_ms"] = ops, k, flush_ms
         out.append(c)
         verdict = "real time" if c["records_per_s"] >= c["job_records_per_s"] else "falls behind"
         print(f"agents (window sample {ops or 'off'}{sh}) {n:>6} ranks, {cap_s:g} s of the job: "
@@ -641,7 +661,7 @@ def _sizes(sizes: list[int], cap_s: float, T: int, args) -> int:
             # goes on (the windows a hang covers are not: docs/engine.md, Stalls)
             fast = replace(shape, rate=shape.rate * x)
             r = _fresh(paced, fast, True, cap_s, max(cap_s / 3, cap_s - 3.0), args.engine_process)
-            r["speed"], r["agent_window_ops"], r["engine_shards"] = x, ops, k
+            r["speed"], r["agent_window_ops"], r["engine_shards"], r["agent_flush_ms"] = x, ops, k, flush_ms
             r["receivers"] = rc
             paced_out.append(r)
             print(f"agents (window sample {ops or 'off'}{sh}) {n:>6} ranks paced {cap_s:g} s at {x:g}x "

@@ -53,6 +53,7 @@ class Shape:
     # the agents' sample of each TP group's all-reduces per window (C4D_SLOW_WINDOW_OPS; 0: all sent)
     window_ops: int = EngineConfig.slow_window_ops
     hang_times: int = 3
+    flush_ms: float = 0  # the agents' flush (0: the period an agent takes for the job, c4d/agent/flush.py)
 
     @property
     def world(self) -> int:

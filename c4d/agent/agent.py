@@ -5,9 +5,11 @@
         └► Edge.admit ─► Summariser.feed ─► PUSH (connect) ─► c4d master
 
 One thread owns everything (sockets, edge, summariser, trace), as in the master: ``step``
-receives for at most ``flush_s`` and then forwards what it has, so records reach the master
-at most one flush later than they would directly. ``c4d agent`` runs ``Agent.run``;
-``c4d run`` steps an ``Agent`` from its supervisor loop (docs/run.md).
+receives for at most one flush period and then forwards what it has, so records reach the
+master at most one period later than they would directly. The period is ``flush_s`` when given,
+else it follows the job's size as its REGISTER records tell it (c4d/agent/flush.py: 100 ms for
+up to 1,000 nodes, longer beyond, so that the master's messages stay bounded). ``c4d agent``
+runs ``Agent.run``; ``c4d run`` steps an ``Agent`` from its supervisor loop (docs/run.md).
 
 What it holds is bounded in bytes (docs/untrusted-input.md): the receive side as the master's
 (``c4d.master.collector.Intake``), what waits for the next flush (flushed early at
@@ -44,6 +46,7 @@ import numpy as np
 import zmq
 import zmq.utils.monitor
 
+from c4d.agent.flush import FLUSH_MIN_S, flush_period_s
 from c4d.agent.summary import Summariser
 from c4d.engine.config import EngineConfig
 from c4d.intake.validate import Edge, Limits
@@ -70,7 +73,8 @@ class AgentConfig:
     """the master's endpoint (what C4D_MASTER_ADDR would say without an agent)"""
     bind: str = "tcp://127.0.0.1:*"
     """where this node's ranks send (their C4D_MASTER_ADDR)"""
-    flush_s: float = 0.1
+    flush_s: float | None = None
+    """forward this often (None: by the job's size, c4d/agent/flush.py)"""
     trace: str | None = None
     """a node-local trace of the full stream, every batch as it arrived"""
     send_bytes: int = 256 << 20
@@ -149,9 +153,11 @@ class Agent:
         self.ratelog = RateLimitedLog(log)
         self._buf: list[np.ndarray] = []
         self._buf_bytes = 0
-        self._next_flush = time.monotonic() + cfg.flush_s
+        self.flush_s = cfg.flush_s or FLUSH_MIN_S  # (by the job's size once its ranks register)
+        self._next_flush = time.monotonic() + self.flush_s
         # the latest REGISTER and STAGE per rank: repeated to a master that (re)connects
         self._hello: dict[tuple[int, int], bytes] = {}
+        self._sizes: dict[int, tuple[int, int, int]] = {}  # rank -> its world, local rank, heartbeat
         self.upstream = self._served_job()
         self.refused_by: str | None = None  # the job the master serves when it refuses this one
 
@@ -199,7 +205,7 @@ class Agent:
         # what waits for the flush is bounded like one poll: a flood is summarised sooner, not held
         if time.monotonic() < self._next_flush and self._buf_bytes < self.collector.intake.poll_bytes:
             return 0
-        self._next_flush = time.monotonic() + self.cfg.flush_s
+        self._next_flush = time.monotonic() + self.flush_s
         return self.flush()
 
     def flush(self) -> int:
@@ -322,6 +328,25 @@ class Agent:
             rows = out[out["kind"] == k]
             for r in rows:
                 self._hello[(int(k), int(r["rank"]))] = r.tobytes()
+            if k == schema.Kind.REGISTER and len(rows) and self.cfg.flush_s is None:
+                self._sized(rows.view(schema.REGISTER))
+
+    def _sized(self, reg: np.ndarray) -> None:
+        """The flush period for the job its ranks registered (the node's ranks: those registered
+        here, or more where a local rank says so)."""
+        cols = (reg[f].tolist() for f in ("rank", "world_size", "local_rank", "heartbeat_ms"))
+        for g, w, lr, hb in zip(*cols, strict=True):
+            self._sizes[g] = (w, lr, hb)
+        sizes = self._sizes.values()
+        world = max(w for w, _, _ in sizes)
+        local = max(len(self._sizes), max(lr for _, lr, _ in sizes) + 1)
+        hb = min((h for _, _, h in sizes if h > 0), default=0)
+        p = flush_period_s(world, local, hb)
+        if p != self.flush_s:
+            log.info("c4d agent: forwarding every %d ms (a job of %d ranks, %d on this node)",
+                     round(p * 1e3), world, local)  # fmt: skip
+            self._next_flush += p - self.flush_s
+            self.flush_s = p
 
     def _reconnected(self) -> None:
         """A (re)connection to the master: repeat what a master needs first (module doc)."""

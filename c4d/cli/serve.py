@@ -137,7 +137,11 @@ def _add_agent(subparsers) -> None:
         "--trace", metavar="FILE", help="keep the node's full stream in this trace (c4d analyze reads it)"
     )
     p.add_argument(
-        "--flush-ms", type=positive(int), default=100, metavar="MS", help="forward to the master this often"
+        "--flush-ms",
+        type=positive(int),
+        metavar="MS",
+        help="forward to the master this often (default: by the job's size, 100 ms up to 1,000 nodes and "
+        "longer beyond, within one heartbeat: all agents send the master at most 10,000 messages a second)",
     )
     p.add_argument(
         "--job",
@@ -222,8 +226,8 @@ def cmd_agent(args) -> int:
 
     setup_logging(args.log_level)
     stop = _stop_on_signals()  # between two steps: a flush in progress completes
-    cfg = AgentConfig(master=args.master, bind=args.bind, flush_s=args.flush_ms / 1000, trace=args.trace,
-                      job=args.job, agree=args.agree,
+    cfg = AgentConfig(master=args.master, bind=args.bind, trace=args.trace, job=args.job, agree=args.agree,
+                      flush_s=args.flush_ms / 1000 if args.flush_ms else None,
                       master_status=None if args.master_status == "none" else args.master_status)  # fmt: skip
     try:
         a = Agent(cfg)
