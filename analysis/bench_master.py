@@ -68,6 +68,7 @@ sys.path[:0] = [str(_ROOT), str(_ROOT / "analysis")]
 
 from master_load import Load, Shape  # noqa: E402
 
+from c4d.agent.agent import MAX_BATCH as MAX_ROWS  # noqa: E402  (an agent's flush, split in messages)
 from c4d.record import schema  # noqa: E402
 
 # Connections the sender opens, each carrying its share of the senders' messages (sender k on
@@ -97,18 +98,16 @@ def _sender(endpoint: str, shape: Shape, agents: bool, rounds: int, paced: bool,
         # state) says how long that takes. A fixed lead was 1.6 s short at 8,192 ranks through
         # agents, and the late start was counted as the master's.
         c0 = time.perf_counter()
-        Load(shape, t0_ns, agents=agents, hang=hang).messages(*wins[0])
+        Load(shape, t0_ns, agents=agents, hang=hang).messages(*wins[0], MAX_ROWS)
         build_s = (time.perf_counter() - c0) * len(wins)
         t0_ns = max(t0_ns, time.time_ns() + int((1.0 + 1.5 * build_s) * 1e9))
         start.value = t0_ns
     load = Load(shape, t0_ns, agents=agents, hang=hang)
-    pre = [load.messages(a, b) for a, b in wins]  # built before the clock starts: sending is all it does
-    from c4d.master.collector import MAX_MESSAGE_BYTES
-
+    pre = [load.messages(a, b, MAX_ROWS) for a, b in wins]  # built before the clock starts: then only sends
     # stamped when sent: sent before the job's clock starts (t0), a REGISTER stamped t0 would
     # tell the master the ranks' clocks run ahead (clock.py's receipt bound) and make every
     # wait look longer by that much
-    hello = load.hello_messages(MAX_MESSAGE_BYTES // schema.RECORD_SIZE - 1, min(t0_ns, time.time_ns()))
+    hello = load.hello_messages(MAX_ROWS, min(t0_ns, time.time_ns()))
     ready.set()
     n = 0
     worst = 0.0
@@ -412,6 +411,7 @@ def paced(shape: Shape, agents: bool, seconds: float, hang_at_s: float, engine_p
         "sender_late_s": round(lag.value, 3),
         "sender_nice": prio.value,
         "drain_s": round(drain, 3),
+        "never_arrived": sent.value - m.collector.records,  # (an oversized message loses its connection)
         "backlog_max_records": int(max(backlog)) if backlog else 0,
         "kept_up": drain < 1.0 and lag.value < 0.5,
         "master_cpu_share": round(cpu / seconds, 2),

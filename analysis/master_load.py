@@ -137,11 +137,11 @@ class Load:
         order = np.argsort(who, kind="stable")
         return raw[order], who[order]
 
-    def messages(self, k0: int, k1: int) -> tuple[list[bytes], np.ndarray]:
-        """Rounds [k0, k1) as ZeroMQ messages: one batch per sender (rank or node agent), and
-        each message's sender."""
+    def messages(self, k0: int, k1: int, max_rows: int) -> tuple[list[bytes], np.ndarray]:
+        """Rounds [k0, k1) as ZeroMQ messages: each sender's (rank's or node agent's) rows in
+        messages of at most ``max_rows``, as an agent splits a flush, and each message's sender."""
         raw, who = self.by_sender(k0, k1)
-        return _encoded(raw, who)
+        return _encoded(raw, who, max_rows)
 
     def hello_messages(self, max_rows: int, time_ns: int) -> tuple[list[bytes], np.ndarray]:
         """``hello`` as its senders send it (each sender's rows in messages of at most
@@ -150,11 +150,7 @@ class Load:
         h["time_ns"] = time_ns
         who = self._sender(h)
         order = np.argsort(who, kind="stable")
-        h, who = h[order], who[order]
-        # at most max_rows per message: a running index within each sender's rows
-        start = np.r_[0, np.flatnonzero(who[1:] != who[:-1]) + 1]
-        within = np.arange(len(who)) - np.repeat(start, np.diff(np.r_[start, len(who)]))
-        return _encoded(h, who * (len(h) + 1) + within // max_rows, senders=who)
+        return _encoded(h[order], who[order], max_rows)
 
     def _sender(self, part: np.ndarray) -> np.ndarray:
         g = part["rank"].astype(np.int64)
@@ -285,15 +281,16 @@ class Load:
         return out
 
 
-def _encoded(
-    raw: np.ndarray, key: np.ndarray, senders: np.ndarray | None = None
-) -> tuple[list[bytes], np.ndarray]:
-    """``raw`` (grouped by ``key``) as one message per run of ``key``, and each message's sender
-    (``senders``' value at the run, else the key itself)."""
+def _encoded(raw: np.ndarray, who: np.ndarray, max_rows: int) -> tuple[list[bytes], np.ndarray]:
+    """``raw`` (each sender's rows together, ``who`` the sender of each) as messages of at most
+    ``max_rows`` rows of one sender, and each message's sender."""
     from c4d.record import wire
 
     if not len(raw):
         return [], np.empty(0, np.int64)
+    # a running index within each sender's rows: a new message every max_rows of them
+    start = np.r_[0, np.flatnonzero(who[1:] != who[:-1]) + 1]
+    within = np.arange(len(who)) - np.repeat(start, np.diff(np.r_[start, len(who)]))
+    key = who.astype(np.int64) * (len(raw) + 1) + within // max_rows
     cuts = np.flatnonzero(key[1:] != key[:-1]) + 1
-    first = np.r_[0, cuts]
-    return [wire.encode(part) for part in np.split(raw, cuts)], (key if senders is None else senders)[first]
+    return [wire.encode(part) for part in np.split(raw, cuts)], who[np.r_[0, cuts]]
