@@ -70,3 +70,28 @@ def test_bench_engine_steady():
     full = _last_json("bench_engine.py", "--synthetic", "64")
     steady = _last_json("bench_engine.py", "--synthetic", "64", "--steady")
     assert steady["records_per_s"] > 0 and full["records_per_s"] > 0
+
+
+def test_the_load_sends_a_flush_in_messages_the_master_takes():
+    """An agent splits a flush into messages of at most MAX_BATCH records; the bench's agents
+    must too: one 32 KiB-plus message makes libzmq close the connection (the master's
+    message limit) and its records never arrive (a 2x paced run lost 1.3 M of them)."""
+    analysis = str(ROOT / "analysis")
+    sys.path.insert(0, analysis)
+    try:
+        from master_load import Load, Shape
+    finally:
+        sys.path.remove(analysis)
+    from c4d.agent.agent import MAX_BATCH
+    from c4d.master.collector import MAX_MESSAGE_BYTES
+    from c4d.record import wire
+
+    def load():  # (a load's window sample is state: each call its own)
+        return Load(Shape(tp=8, pp=4, dp=4, rate=1000.0, window_s=10), 1_700_000_000_000_000_000, agents=True)
+
+    rows, _ = load().window(0, 400)  # 400 ms of a node's first window: each TP all-reduce's summary
+    msgs, who = (sent := load()).messages(0, 400, MAX_BATCH)
+    assert max(len(m) for m in msgs) <= MAX_MESSAGE_BYTES
+    got = [wire.decode(m) for m in msgs]
+    assert sum(len(g) for g in got) == len(rows) > 16 * MAX_BATCH  # every row, more than one message each
+    assert all((sent.node[g["rank"]] == w).all() for g, w in zip(got, who.tolist(), strict=True))
