@@ -158,3 +158,26 @@ def test_register_repeats_are_taken_when_they_change_something():
     assert new.ranks[r1].pid == int(reg.view(schema.REGISTER)["pid"][1])  # the repeat after the move
     assert new.ranks[r2].node == names.clean(bytes(reg.view(schema.REGISTER)["node"][2]))
     assert new.world_size == int(moved["world_size"][3])
+
+
+def test_comm_records_taken_per_communicator_give_what_one_by_one_gave():
+    """A job's start: COMM records of many communicators and ranks in one batch, some naming a
+    parent, some repeating a member, a size that changes: the same members, sizes, parents and
+    order of communicators as the record-by-record reference."""
+    rng = np.random.default_rng(11)
+    for _ in range(200):
+        n = int(rng.integers(1, 200))
+        com = np.zeros(n, schema.COMM)
+        com["kind"], com["version"] = schema.Kind.COMM, schema.SCHEMA_VERSION
+        com["rank"] = rng.integers(0, 40, n)
+        com["comm_id"] = rng.choice(np.array([7, 1 << 63, 3, 12345678901234], np.uint64), n)
+        com["comm_nranks"] = rng.integers(1, 9, n)
+        com["parent_id"] = np.where(rng.random(n) < 0.2, rng.integers(1, 1 << 40, n), 0)
+        raw = com.view(schema.HEADER)
+        new, ref = Received(), _Reference()
+        cuts = np.sort(rng.choice(np.arange(1, n), min(n - 1, 2), replace=False)) if n > 1 else []
+        for part in np.split(raw, cuts):
+            new.add(part, 5)
+            ref.add(part, 5)
+        assert _state(new) == _state(ref)
+        assert list(new.comms) == list(ref.comms)  # first named, first listed

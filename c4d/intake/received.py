@@ -190,18 +190,48 @@ class Received:
             r, pid, node = rows["rank"].astype(np.int64), rows["pid"], rows["node"]
             new = (self._reg_pid[r] != pid) | (self._reg_node[r] != node)
             new |= rows["world_size"] > self.world_size
-            for rec in rows[new]:  # what a repeat says again is known
-                info = self._rank(int(rec["rank"]))
-                info.node = names.clean(bytes(rec["node"]))
-                info.pid = int(rec["pid"])
-                self.world_size = max(self.world_size, int(rec["world_size"]))
+            if new.any():  # what a repeat says again is known
+                fresh = rows[new]
+                self.world_size = max(self.world_size, int(fresh["world_size"].max()))
+                nodes: dict[bytes, str] = {}  # (a node's ranks name it alike: cleaned once)
+                for g, p, nd in zip(fresh["rank"].tolist(), fresh["pid"].tolist(), fresh["node"].tolist(),
+                                    strict=True):  # fmt: skip
+                    info = self._rank(g)
+                    info.node = nodes.get(nd) or nodes.setdefault(nd, names.clean(nd))
+                    info.pid = p
             self._reg_pid[r], self._reg_node[r] = pid, node
-        for rec in raw[kind == schema.Kind.COMM].view(schema.COMM):
-            c = self._comm(int(rec["comm_id"]))
-            self._cc["nranks"][self._cidx[c.comm_id]] = int(rec["comm_nranks"])
-            c.parent_id = int(rec["parent_id"]) or c.parent_id
-            c.ranks.add(int(rec["rank"]))
-            self._rank(int(rec["rank"])).comms.add(c.comm_id)
+        com = kind == schema.Kind.COMM
+        if com.any():
+            self._comm_records(raw[com].view(schema.COMM))
+
+    def _comm_records(self, com: np.ndarray) -> None:
+        """Who the communicators are: their size (the latest record's), parent (the latest
+        named) and members. A large job's start brings one COMM record per member of every
+        communicator (49,152 at 16,384 ranks), so they are taken per communicator and per
+        rank, not one by one."""
+        cid, g = com["comm_id"], com["rank"].astype(np.int64)
+        ids, first, inv = np.unique(cid, return_index=True, return_inverse=True)
+        order = np.argsort(inv, kind="stable")  # each communicator's records together, in order
+        ends = np.cumsum(np.bincount(inv, minlength=len(ids)))
+        starts = ends - np.bincount(inv, minlength=len(ids))
+        nranks = com["comm_nranks"][order][ends - 1].tolist()
+        par = com["parent_id"][order]
+        named = np.where(par != 0, np.arange(len(par)), -1)
+        last = np.maximum.reduceat(named, starts)  # each one's latest record naming a parent
+        parent = np.where(last >= 0, par[np.maximum(last, 0)], 0).tolist()
+        members = g[order].tolist()
+        ids_l, s_l, e_l = ids.tolist(), starts.tolist(), ends.tolist()
+        for j in np.argsort(first, kind="stable").tolist():  # in the order they were first named
+            c = self._comm(ids_l[j])
+            self._cc["nranks"][self._cidx[c.comm_id]] = nranks[j]
+            c.parent_id = parent[j] or c.parent_id
+            c.ranks.update(members[s_l[j] : e_l[j]])
+        by_rank = np.argsort(g, kind="stable")
+        rs, cs = g[by_rank], cid[by_rank].tolist()
+        heads = np.flatnonzero(np.r_[True, rs[1:] != rs[:-1]])
+        tails = np.r_[heads[1:], len(rs)]
+        for r, a, b in zip(rs[heads].tolist(), heads.tolist(), tails.tolist(), strict=True):
+            self._rank(r).comms.update(cs[a:b])
 
     def _ops(self, v: np.ndarray | Columns, sel: np.ndarray) -> None:
         """OP rows (``v``: the batch viewed as OP records, ``sel`` which rows are), every
