@@ -66,8 +66,8 @@ def agent_and_ranks(tmp_path):
         up.close(linger=0)
 
 
-def _step_until(a: Agent, cond, what: str):
-    return wait_for(lambda: (a.step(0.02), cond())[1], 30, what)
+def _step_until(a: Agent, cond, what: str, timeout_s: float = 30):
+    return wait_for(lambda: (a.step(0.02), cond())[1], timeout_s, what)
 
 
 def test_an_agent_of_a_large_job_forwards_less_often(agent_and_ranks):
@@ -108,3 +108,21 @@ def test_a_period_given_stays(agent_and_ranks):
     ranks.send(_register(7, 16384, 7, 1000, time.time_ns()))
     _step_until(a, lambda: a.stats["forwarded"] >= 1, "the agent to forward the registration")
     assert a.flush_s == 0.05
+
+
+def test_what_waits_for_a_flush_is_bounded_in_bytes(agent_and_ranks):
+    """A flood does not wait for the period (a forged REGISTER can lengthen it to its cap):
+    past FLUSH_BYTES the agent summarises and forwards at once. Here the period is 30 s and
+    the node's ranks send 5 MiB: forwarded well before it."""
+    from c4d.agent.agent import MAX_BATCH
+    from c4d.agent.flush import FLUSH_BYTES
+
+    a, _, ranks = agent_and_ranks(flush_s=60.0)
+    t = time.time_ns()
+    one = np.frombuffer(wire.decode(_register(3, 64, 3, 1000, t)).tobytes(), schema.HEADER)
+    batch = wire.encode(np.repeat(one, MAX_BATCH), 3)  # the shim's REGISTER repeats, a batch's worth
+    n = -(-(FLUSH_BYTES + (1 << 20)) // (MAX_BATCH * schema.RECORD_SIZE))
+    for _ in range(n):
+        ranks.send(batch)
+    _step_until(a, lambda: a.stats["forwarded"] >= 1, "the agent to forward before its period", 30)
+    assert a.flush_s == 60.0

@@ -13,10 +13,10 @@ runs ``Agent.run``; ``c4d run`` steps an ``Agent`` from its supervisor loop (doc
 
 What it holds is bounded in bytes (docs/untrusted-input.md): the receive side as the master's
 (``c4d.master.collector.Intake``), what waits for the next flush (flushed early at
-``Intake.poll_bytes``), the queue to the master (``send_bytes`` in messages of at most
-``SEND_MESSAGE_BYTES``), and its communicator tables, which follow the edge's: a communicator
-no record named for ``C4D_AGENT_COMM_IDLE_S`` (its ranks stopped using it), destroyed or evicted
-is forgotten by the summariser too.
+``flush.FLUSH_BYTES`` or ``Intake.poll_bytes``, the less), the queue to the master
+(``send_bytes`` in messages of at most ``SEND_MESSAGE_BYTES``), and its communicator tables,
+which follow the edge's: a communicator no record named for ``C4D_AGENT_COMM_IDLE_S`` (its
+ranks stopped using it), destroyed or evicted is forgotten by the summariser too.
 
 One job, named (``--job``, else the job id in its environment as the shim reads it) or else the
 first job ``agree`` ranks registered with (c4d.master.collector: messages are held until then), and never
@@ -46,7 +46,7 @@ import numpy as np
 import zmq
 import zmq.utils.monitor
 
-from c4d.agent.flush import FLUSH_MIN_S, flush_period_s
+from c4d.agent.flush import FLUSH_BYTES, FLUSH_MIN_S, flush_period_s
 from c4d.agent.summary import Summariser
 from c4d.engine.config import EngineConfig
 from c4d.intake.validate import Edge, Limits
@@ -155,6 +155,7 @@ class Agent:
         self._buf_bytes = 0
         self.flush_s = cfg.flush_s or FLUSH_MIN_S  # (by the job's size once its ranks register)
         self._next_flush = time.monotonic() + self.flush_s
+        self._flush_bytes = min(FLUSH_BYTES, self.collector.intake.poll_bytes)
         # the latest REGISTER and STAGE per rank: repeated to a master that (re)connects
         self._hello: dict[tuple[int, int], bytes] = {}
         self._sizes: dict[int, tuple[int, int, int]] = {}  # rank -> its world, local rank, heartbeat
@@ -202,8 +203,8 @@ class Agent:
         self._buf.extend(raws)
         self._buf_bytes += sum(r.nbytes for r in raws)
         self._reconnected()
-        # what waits for the flush is bounded like one poll: a flood is summarised sooner, not held
-        if time.monotonic() < self._next_flush and self._buf_bytes < self.collector.intake.poll_bytes:
+        # what waits for the flush is bounded (c4d/agent/flush.py): a flood is summarised sooner, not held
+        if time.monotonic() < self._next_flush and self._buf_bytes < self._flush_bytes:
             return 0
         self._next_flush = time.monotonic() + self.flush_s
         return self.flush()

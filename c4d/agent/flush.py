@@ -8,6 +8,11 @@ each, a fifth of what the master's loop spends on that job. So the period grows 
 until all agents together send at most ``MASTER_MESSAGES_PER_S``: 100 ms up to 1,000 nodes,
 205 ms at 2,048, 820 ms at 8,192.
 
+What waits for a flush is bounded in bytes as well (``FLUSH_BYTES``): a node's records of
+several seconds, a flood's of a moment. A flood (a forged REGISTER can claim a world that
+lengthens the period to its cap) is then summarised and forwarded in pieces of that size
+whatever the period, and the agent's working set stays what it was at 100 ms.
+
 A flush delays a rank's records by up to its period, so the period stays within one heartbeat
 of the job (C4D_HEARTBEAT_MS, from REGISTER): a rank's evidence reaches the master at least
 every two heartbeats, inside the master's staleness bound (two heartbeats and 250 ms), and the
@@ -20,6 +25,8 @@ from __future__ import annotations
 MASTER_MESSAGES_PER_S = 10_000  # what all the job's agents send the master together, at most
 FLUSH_MIN_S = 0.1  # a small job's agents: records at most this late
 FLUSH_MAX_S = 1.0
+# flushed early past this: 32,768 records, 7 s of a node of 8 ranks at 500 collectives a second
+FLUSH_BYTES = 4 << 20
 
 
 def flush_period_s(world: int, local: int, heartbeat_ms: int) -> float:
