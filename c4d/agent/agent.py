@@ -158,7 +158,6 @@ class Agent:
         self._flush_bytes = min(FLUSH_BYTES, self.collector.intake.poll_bytes)
         # the latest REGISTER and STAGE per rank: repeated to a master that (re)connects
         self._hello: dict[tuple[int, int], bytes] = {}
-        self._sizes: dict[int, tuple[int, int, int]] = {}  # rank -> its world, local rank, heartbeat
         self.upstream = self._served_job()
         self.refused_by: str | None = None  # the job the master serves when it refuses this one
 
@@ -330,19 +329,19 @@ class Agent:
             for r in rows:
                 self._hello[(int(k), int(r["rank"]))] = r.tobytes()
             if k == schema.Kind.REGISTER and len(rows) and self.cfg.flush_s is None:
-                self._sized(rows.view(schema.REGISTER))
+                self._sized()
 
-    def _sized(self, reg: np.ndarray) -> None:
-        """The flush period for the job its ranks registered (the node's ranks: those registered
-        here, or more where a local rank says so)."""
-        cols = (reg[f].tolist() for f in ("rank", "world_size", "local_rank", "heartbeat_ms"))
-        for g, w, lr, hb in zip(*cols, strict=True):
-            self._sizes[g] = (w, lr, hb)
-        sizes = self._sizes.values()
-        world = max(w for w, _, _ in sizes)
-        local = max(len(self._sizes), max(lr for _, lr, _ in sizes) + 1)
-        hb = min((h for _, _, h in sizes if h > 0), default=0)
-        p = flush_period_s(world, local, hb)
+    def _sized(self) -> None:
+        """The flush period for the job its ranks registered (their latest REGISTER, kept for a
+        reconnecting master; the node's ranks: those registered here, or more where a local rank
+        says so)."""
+        reg = np.frombuffer(
+            b"".join(v for (k, _), v in self._hello.items() if k == schema.Kind.REGISTER), schema.REGISTER
+        )
+        world = int(reg["world_size"].max())
+        local = max(len(reg), int(reg["local_rank"].max()) + 1)
+        hbs = reg["heartbeat_ms"][reg["heartbeat_ms"] > 0]
+        p = flush_period_s(world, local, int(hbs.min()) if len(hbs) else 0)
         if p != self.flush_s:
             log.info("c4d agent: forwarding every %d ms (a job of %d ranks, %d on this node)",
                      round(p * 1e3), world, local)  # fmt: skip

@@ -212,8 +212,9 @@ class Received:
         cid, g = com["comm_id"], com["rank"].astype(np.int64)
         ids, first, inv = np.unique(cid, return_index=True, return_inverse=True)
         order = np.argsort(inv, kind="stable")  # each communicator's records together, in order
-        ends = np.cumsum(np.bincount(inv, minlength=len(ids)))
-        starts = ends - np.bincount(inv, minlength=len(ids))
+        counts = np.bincount(inv, minlength=len(ids))
+        ends = np.cumsum(counts)
+        starts = ends - counts
         nranks = com["comm_nranks"][order][ends - 1].tolist()
         par = com["parent_id"][order]
         named = np.where(par != 0, np.arange(len(par)), -1)
