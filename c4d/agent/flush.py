@@ -2,7 +2,7 @@
 
 Every agent's flush is one message (or a few) at the master, and a message costs the master's
 loop about 3.5 us whatever it holds (libzmq's and pyzmq's per-message work: the frame, the
-pipes' activation; docs/performance.md, 2026-12-05), besides what its records cost. At 100 ms
+pipes' activation; docs/performance.md, Scale), besides what its records cost. At 100 ms
 and 2,048 nodes (16,384 ranks of 8 GPUs) that is 20,480 messages a second of about 25 records
 each, a fifth of what the master's loop spends on that job. So the period grows with the job
 until all agents together send at most ``MASTER_MESSAGES_PER_S``: 100 ms up to 1,000 nodes,
