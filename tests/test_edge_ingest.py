@@ -375,6 +375,26 @@ def test_the_edge_hands_on_the_columns_of_a_batch_it_admitted_whole():
     assert len(ok) == len(bad) - 1 and edge.columns_of(ok) is None
 
 
+def test_a_batch_with_the_jobs_registrations_again_is_admitted_without_a_copy():
+    """A rank registers again (the shim does, for a master that restarted): its clean names need
+    no rewriting, so the batch goes on as it came, its columns with it; a name to clean still
+    gets the batch copied and the name cleaned, the rows sent left as they were."""
+    t = H.now_ns()
+    edge = Edge()
+    edge.admit(H.as_header(H.registers(WORLD, t), H.comm_init(range(WORLD), H.WORLD_COMM, WORLD, t)), t)
+    again = H.as_header(H.allreduces(WORLD, range(2), t), H.registers(WORLD, t))
+    ok = edge.admit(again, t)
+    assert ok is again and edge.columns_of(ok) is not None
+    dirty = H.registers(WORLD, t, node_of=lambda r: f"node-{r // 4}".encode())
+    dirty["job"] = b"job\x011"
+    batch = H.as_header(H.allreduces(WORLD, range(2, 4), t), dirty)
+    before = batch.copy()
+    ok = edge.admit(batch, t)
+    assert ok is not batch and edge.columns_of(ok) is None
+    assert set(ok.view(schema.REGISTER)["job"][ok["kind"] == Kind.REGISTER].tolist()) == {b"job_1"}
+    assert batch.tobytes() == before.tobytes()
+
+
 # -- issue 41: the communicator tables bounded in bytes ----------------------------------------
 def _flood_comms(ing: Ingest, t: int, n: int, first: int = 0x5000_0000, members: int = 1) -> None:
     """``n`` new communicators of ``members`` ranks each (a COMM init per member), 4,000 rows a batch."""

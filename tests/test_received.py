@@ -181,3 +181,25 @@ def test_comm_records_taken_per_communicator_give_what_one_by_one_gave():
             ref.add(part, 5)
         assert _state(new) == _state(ref)
         assert list(new.comms) == list(ref.comms)  # first named, first listed
+
+
+def test_a_communicator_whose_members_were_all_counted_takes_no_others():
+    """Once a communicator's size worth of members are counted (a job's steady state: its
+    records are not searched for new members any more), a record naming another rank in it (a
+    forgery or a bug: the edge checks the communicator rank, not who holds it) adds none; a
+    communicator with members not yet heard from still counts each as it comes."""
+
+    def ops(cid: int, n: int, ranks: list[int]) -> np.ndarray:
+        r = np.zeros(len(ranks), schema.OP)
+        r["kind"], r["version"], r["rank"] = schema.Kind.OP, schema.SCHEMA_VERSION, ranks
+        r["comm_id"], r["comm_nranks"], r["comm_rank"] = cid, n, np.arange(len(ranks)) % n
+        return r.view(schema.HEADER)
+
+    got = Received()
+    got.add(ops(0xA, 2, [0, 1]), 5)
+    got.add(ops(0xB, 4, [0, 1]), 5)
+    got.add(ops(0xA, 2, [5, 0]), 5)
+    got.add(ops(0xB, 4, [2, 6]), 5)
+    assert got.comms[0xA].ranks == {0, 1}
+    assert got.comms[0xB].ranks == {0, 1, 2, 6}
+    assert got.comms[0xA].ops == 4 and got.ranks[5].ops == 1  # (counted all the same)

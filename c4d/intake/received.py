@@ -49,7 +49,10 @@ class Received:
     A batch is read through views of its rows (no copy per record kind)."""
 
     _COUNTERS = ("records", "ops", "last_seen_ns", "dropped", "sent")
-    _COMM_COUNTERS = (("ops", np.int64), ("bytes", np.uint64), ("max_seq", np.int64), ("nranks", np.int64))
+    # and the (communicator, rank) pairs counted so far, per communicator: in its ranks
+    # (False), and in the ranks' communicators too (True)
+    _COMM_COUNTERS = (("ops", np.int64), ("bytes", np.uint64), ("max_seq", np.int64), ("nranks", np.int64),
+                      (False, np.int64), (True, np.int64))  # fmt: skip
 
     def __init__(self) -> None:
         self._info: dict[int, RankInfo] = {}  # in the order ranks were first seen
@@ -233,6 +236,7 @@ class Received:
         tails = np.r_[heads[1:], len(rs)]
         for r, a, b in zip(rs[heads].tolist(), heads.tolist(), tails.tolist(), strict=True):
             self._rank(r).comms.update(cs[a:b])
+        self._known_pairs(np.unique(self._pair_keys(cid, g)), (True, False))
 
     def _ops(self, v: np.ndarray | Columns, sel: np.ndarray) -> None:
         """OP rows (``v``: the batch viewed as OP records, ``sel`` which rows are), every
@@ -288,7 +292,20 @@ class Received:
 
     def _members(self, cid: np.ndarray, g: np.ndarray, of_rank: bool, idx: np.ndarray | None = None) -> None:
         """Rank g[i] is a member of communicator cid[i], once per distinct pair (``of_rank``:
-        the rank's own list of communicators too, as heartbeats and COMM records say)."""
+        the rank's own list of communicators too, as heartbeats and COMM records say). A
+        communicator whose size worth of members were counted is not searched again (a job's
+        steady state); a record naming yet another rank in it (a forgery or a bug: the edge
+        checks the communicator rank, not who holds it) adds none."""
+        idx = self._index(cid) if idx is None else idx
+        cc = self._cc
+        if len(cc["nranks"]):
+            at = np.maximum(idx, 0)
+            n = cc["nranks"][at]
+            open_ = (idx < 0) | (n == 0) | (cc[of_rank][at] < n)
+            if not open_.any():
+                return
+            if not open_.all():
+                cid, g, idx = cid[open_], g[open_], idx[open_]
         known = self._known[of_rank]
         fresh = ~_in_sorted(self._pair_keys(cid, g, idx), known)
         if not fresh.any():
@@ -303,12 +320,18 @@ class Received:
             if of_rank:
                 self._rank(r).comms.add(c_id)
         keys = np.unique(self._pair_keys(cs[new], gs[new]))  # every communicator is known now
-        for k in (True, False) if of_rank else (False,):
+        self._known_pairs(keys, (True, False) if of_rank else (False,))
+
+    def _known_pairs(self, keys: np.ndarray, which: tuple[bool, ...]) -> None:
+        """(communicator, rank) pair keys (sorted, distinct) counted from now on: a COMM record
+        counts its pair both ways, so the heartbeats of a job's start find theirs known."""
+        for k in which:
             known = self._known[k]
             add = keys[(keys >= 0) & ~_in_sorted(keys, known)]
             # into the sorted array where they go: np.union1d would sort it all again for every
             # batch that names new pairs (thousands a batch while a large job starts)
             self._known[k] = np.insert(known, np.searchsorted(known, add), add)
+            np.add.at(self._cc[k], add >> 32, 1)
 
     def forget(self, cids: list[int]) -> None:
         """Drop freed communicators (destroyed or long silent: c4d/intake/validate.py, Edge.expire)."""

@@ -47,6 +47,7 @@ order of first appearance), so a replay that feeds the trace in other slices agr
 from __future__ import annotations
 
 import bisect
+import functools
 import logging
 import os
 from collections import Counter, OrderedDict
@@ -332,9 +333,9 @@ class Edge:
             self.rejected[reason] += k
             hint = _HINT.get(reason, "")
             self.ratelog(reason, "%s: dropped %d record(s): %s%s", self.who, k, reason, hint, n=k)
-        if keep.all() and not (kind == _REGISTER).any():
+        if keep.all() and not _renames(raw, np.flatnonzero(kind == _REGISTER)):
             self._last = (raw, cols)
-            return raw  # nothing to drop or rewrite: no copy
+            return raw  # nothing to drop or rewrite (a job's REGISTER names are clean): no copy
         # a copy: names are rewritten in place
         out = schema.take_records(raw, keep) if not keep.all() else raw.copy()
         self._sanitize(out)
@@ -697,12 +698,28 @@ class Edge:
         if not len(reg):
             return
         v = out.view(schema.REGISTER)
-        for field in ("node", "job"):
+        for field in _NAMES:
             col = v[field][reg]
             uniq, inv = np.unique(col, return_inverse=True)
-            limit = schema.REGISTER[field].itemsize
-            clean = np.array([names.clean(bytes(u)).encode()[:limit] for u in uniq], dtype=col.dtype)
+            clean = np.array([_clean(bytes(u), field) for u in uniq], dtype=col.dtype)
             v[field][reg] = clean[inv.ravel()]
+
+
+_NAMES = ("node", "job")  # the REGISTER fields the edge rewrites (names.clean)
+
+
+@functools.lru_cache(maxsize=4096)  # a job's few names, cleaned once (a flood of others only misses)
+def _clean(name: bytes, field: str) -> bytes:
+    return names.clean(name).encode()[: schema.REGISTER[field].itemsize]
+
+
+def _renames(raw: np.ndarray, reg: np.ndarray) -> bool:
+    """Whether ``_sanitize`` would rewrite a name of the REGISTER rows ``reg`` of ``raw``: a
+    job's own names are clean already, so its REGISTER records need no copy of their batch."""
+    if not len(reg):
+        return False
+    v = raw[reg].view(schema.REGISTER)
+    return any(_clean(bytes(u), field) != bytes(u) for field in _NAMES for u in np.unique(v[field]))
 
 
 # -- domain checks, one function per kind: rows in, reason code per row out ---------------
