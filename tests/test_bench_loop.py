@@ -13,7 +13,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_bench_loop_measures_the_loop_beside_a_baseline():
     cmd = [sys.executable, str(ROOT / "analysis" / "bench_loop.py"), "--ranks", "1024", "--seconds", "1",
-           "--from-s", "1", "--repeats", "1", "--per-poll", "32", "--baseline", str(ROOT), "--json"]  # fmt: skip
+           "--from-s", "1", "--repeats", "1", "--per-poll", "32", "--baseline", str(ROOT),
+           "--json"]  # fmt: skip
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     runs = json.loads(p.stdout.strip().splitlines()[-1])

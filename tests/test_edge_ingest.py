@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import subprocess
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from c4d.engine import Engine, EngineConfig
+from c4d.intake import validate
 from c4d.intake.ingest import Ingest
 from c4d.intake.validate import Edge, Limits
 from c4d.record import schema, trace
@@ -459,13 +461,19 @@ def test_new_communicators_past_the_byte_budget_are_refused_and_counted():
     )
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(["name", "destroy", "expire"]), st.integers(0, 3),
-                          st.integers(0, 4)), max_size=40))  # fmt: skip
-def test_expire_frees_what_it_would_with_every_naming_applied_first(steps):
+                          st.integers(0, 4)), max_size=40), st.sampled_from([1, 2, 3, 64]))  # fmt: skip
+def test_expire_frees_what_it_would_with_every_naming_applied_first(steps, fold):
     """Edge.expire reads the communicators' order only when one may be due (the namings not
-    applied yet only make times later): the same communicators freed, at the same ticks, as
-    an edge whose order is brought up to date before every expire."""
+    applied yet only make times later, and are folded into one, each communicator's latest,
+    every ``fold`` batches): the same communicators freed, at the same ticks, and the same
+    order at the end, as an edge whose order is brought up to date before every expire."""
+    with mock.patch.object(validate, "_TOUCHED_BATCHES", fold):
+        _expire_as_applied(steps)
+
+
+def _expire_as_applied(steps) -> None:
     s = 10**9
     t0 = H.now_ns()
     lim = Limits(comm_idle_s=5, destroyed_grace_s=2)
@@ -482,7 +490,9 @@ def test_expire_frees_what_it_would_with_every_naming_applied_first(steps):
                 e.admit(H.as_header(H.allreduces(4, [seq[c]], t, cid=c)), t)
             elif what == "destroy":
                 e.admit(H.as_header(H.comm_init(range(4), c, 4, t, event=schema.CommEvent.DESTROY)), t)
+        _ = edges[0].comms  # the reference: each batch's namings applied as it comes
         seq[c] += what == "name"
         if what == "expire":
-            _ = edges[0].comms  # the order brought up to date, as every expire did before
             assert edges[0].expire(t) == edges[1].expire(t)
+    want = [(cid, c.last_ns) for cid, c in edges[0].comms.items()]
+    assert [(cid, c.last_ns) for cid, c in edges[1].comms.items()] == want

@@ -114,7 +114,7 @@ MAX_DEVICE = 4096
 # gather of its rows: a check is cheap per contiguous element, a gather of a kind's columns is
 # not (node agents' batches are mostly summaries with about a third OP rows)
 IN_PLACE_SHARE = 0.25
-_TOUCHED_BATCHES = 64  # batches whose namings may wait for the order to be read
+_TOUCHED_BATCHES = 64  # batches' namings kept apart before they are folded into one (_fold_touched)
 MAX_RESULT = 64  # ncclResult_t: 9 values today (nccl_abi.h), room for new ones
 NO_OP = 255  # heartbeat pend_op: none
 # TICK is the master's own
@@ -255,9 +255,10 @@ class Edge:
         self.world = 0
         self.node_names: set[str] = set()
         self._comms: OrderedDict[int, _Comm] = OrderedDict()  # least recently named first (``comms``)
-        # communicators named since the order above was last brought up to date: (master time,
-        # ids in order of first appearance) per batch, applied when the order is read
-        self._touched: list[tuple[int, np.ndarray]] = []
+        # communicators named since the order above was last brought up to date: (master times,
+        # ids in order of naming) per batch, folded every _TOUCHED_BATCHES batches into one
+        # (each id's latest naming) and applied when the order is read
+        self._touched: list[tuple[np.ndarray, np.ndarray]] = []
         self._known: tuple[np.ndarray, np.ndarray] | None = None  # sorted ids and sizes of _comms
         self.slots = 0  # members of the admitted communicators, summed
         self.comm_bytes = 0  # what the master's tables hold for them (Comm.table_bytes), summed
@@ -401,18 +402,28 @@ class Edge:
             self._apply_touched()
         return self._comms
 
-    def _apply_touched(self) -> None:
-        """Move the communicators named since the last call to the end, by their latest naming
-        (batch, then first appearance in it): the order and times one move per communicator
-        per batch gives, in one move per communicator (a large job's batch names thousands)."""
+    def _fold_touched(self) -> None:
+        """The batches' namings as one: each communicator's latest (batch, then first appearance
+        in it), in naming order. At most one entry per communicator admitted, so the order is
+        brought up to date (a Python step per communicator) only when it is read: when one may
+        be due to expire, or to make room, not every few batches (24,608 communicators named
+        again and again at 65,536 ranks)."""
         t = self._touched
-        self._touched = []
+        when = np.concatenate([w for w, _ in t])
         ids = np.concatenate([i for _, i in t])
-        when = np.repeat(np.array([r for r, _ in t], np.int64), [len(i) for _, i in t])
         _, last = np.unique(ids[::-1], return_index=True)
         last = np.sort(len(ids) - 1 - last)  # each id's latest naming, in naming order
+        self._touched = [(when[last], ids[last])]
+
+    def _apply_touched(self) -> None:
+        """Move the communicators named since the last call to the end, by their latest naming:
+        the order and times one move per communicator per batch gives, in one move per
+        communicator (a large job's batch names thousands)."""
+        self._fold_touched()
+        ((when, ids),) = self._touched
+        self._touched = []
         comms = self._comms
-        for c_id, r in zip(ids[last].tolist(), when[last].tolist(), strict=True):
+        for c_id, r in zip(ids.tolist(), when.tolist(), strict=True):
             c = comms[c_id]
             c.last_ns = max(c.last_ns, r)
             comms.move_to_end(c_id)
@@ -658,9 +669,9 @@ class Edge:
         used[inv[ok]] = True
         named = np.flatnonzero(used)[np.argsort(first[used], kind="stable")]
         if len(named):
-            self._touched.append((recv_ns, uniq[named]))
+            self._touched.append((np.full(len(named), recv_ns, np.int64), uniq[named]))
             if len(self._touched) >= _TOUCHED_BATCHES:
-                self._apply_touched()
+                self._fold_touched()
         comms = self._comms
         for i in np.flatnonzero(ok & is_comm).tolist():  # lifecycle records: few, in arrival order
             c_id = int(uniq[inv[i]])
