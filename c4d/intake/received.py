@@ -114,6 +114,15 @@ class Received:
             self._reg_pid = np.concatenate([self._reg_pid, np.full(size - have, -1, np.int64)])
             self._reg_node = np.concatenate([self._reg_node, np.zeros(size - have, self._reg_node.dtype)])
 
+    def _count(self, g: np.ndarray, counter: str) -> None:
+        """One more for each row's rank ``g`` (ranks new here made known first, in rank order):
+        by the rows, not a count over every rank of the job (65,536 at a time, every batch)."""
+        self._grow(int(g.max()) + 1)
+        new = ~self._has_info[g]
+        if new.any():
+            self._seen(np.unique(g[new]))
+        np.add.at(self._c[counter], g, 1)
+
     def _seen(self, r_ids: np.ndarray) -> None:
         """Ranks (unique, ascending) known from now on, new ones in that order."""
         if len(r_ids):
@@ -181,12 +190,9 @@ class Received:
         self.records += len(raw)
         if not len(raw):
             return
-        rank = raw["rank"] if cols is None else cols["rank"]
-        per = np.bincount(rank.astype(np.int64))  # the edge admitted ranks of the job only
-        ranks = np.flatnonzero(per)
-        self._seen(ranks)
-        self._c["records"][ranks] += per[ranks]
-        self._c["last_seen_ns"][ranks] = recv_ns
+        rank = (raw["rank"] if cols is None else cols["rank"]).astype(np.int64)
+        self._count(rank, "records")  # the edge admitted ranks of the job only
+        self._c["last_seen_ns"][rank] = recv_ns
         reg = kind == schema.Kind.REGISTER
         if reg.any():
             rows = raw[reg].view(schema.REGISTER)
@@ -258,10 +264,7 @@ class Received:
             u, first = np.unique(i[unsized], return_index=True)
             cc["nranks"][u] = v["comm_nranks"][at][unsized][first]
         self._members(cid, g, of_rank=False, idx=i)
-        per = np.bincount(g)
-        r_ids = np.flatnonzero(per)
-        self._seen(r_ids)
-        self._c["ops"][r_ids] += per[r_ids]
+        self._count(g, "ops")
 
     def _heartbeats(self, v: np.ndarray | Columns, sel: np.ndarray) -> None:
         at = np.flatnonzero(sel)
