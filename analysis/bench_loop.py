@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import subprocess
 import sys
 import time
@@ -37,12 +38,11 @@ sys.path.insert(0, str(_HERE))
 from master_load import Load, Shape  # noqa: E402
 
 import c4d  # noqa: E402
+from c4d.agent.agent import MAX_BATCH as MAX_ROWS  # noqa: E402  (an agent's flush, split in messages)
 from c4d.engine.summaries import Summaries  # noqa: E402
 from c4d.master.master import Master, MasterConfig  # noqa: E402
 from c4d.record import schema, wire  # noqa: E402
 from c4d.util.ratelog import RateLimitedLog  # noqa: E402
-
-MAX_ROWS = 255  # an agent's batch (c4d/agent/agent.py, MAX_BATCH)
 
 
 class _Engine:
@@ -71,7 +71,7 @@ class _Polls:
     def __init__(self) -> None:
         self.batches: list[np.ndarray] = []
         self.at = 0
-        self.ratelog = RateLimitedLog(__import__("logging").getLogger("bench"))
+        self.ratelog = RateLimitedLog(logging.getLogger("bench"))
         self.messages = self.records = self.bad_messages = 0
 
     def serve(self, job) -> None:
